@@ -1,0 +1,137 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/envelope"
+	"github.com/outboxd/outboxd/health"
+	"github.com/outboxd/outboxd/replication"
+	"github.com/outboxd/outboxd/sink"
+)
+
+func run(ctx context.Context, path string, stderr io.Writer) error {
+	cfg, err := config.Load(path)
+	if err != nil {
+		return usageError{err}
+	}
+	log := hclog.New(&hclog.LoggerOptions{
+		Name:       "outboxd",
+		Level:      hclog.LevelFromString(cfg.Log.Level),
+		JSONFormat: cfg.Log.Format == "json",
+		Output:     stderr,
+	})
+	runner, err := buildRunner(cfg, log)
+	if err != nil {
+		return err
+	}
+	var srv *health.Server
+	if cfg.Health.Listen != "" {
+		// Bound now, so a port clash fails at start.
+		srv, err = health.Listen(cfg.Health.Listen, runner)
+		if err != nil {
+			return fmt.Errorf("health server: %w", err)
+		}
+		log.Info("health server listening", "addr", srv.Addr())
+	}
+	log.Info("starting", "origen", cfg.Origen, "dsn", cfg.Postgres.RedactedDSN(), "slot", cfg.Postgres.Slot,
+		"publication", cfg.Postgres.Publication, "brokers", strings.Join(cfg.Kafka.Brokers, ","))
+
+	serveErr := make(chan error, 1)
+	if srv != nil {
+		go func() { serveErr <- srv.Serve() }()
+	}
+	runErr := runner.Run(ctx)
+	if srv != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_ = srv.Shutdown(sctx)
+		cancel()
+		if err := <-serveErr; err != nil && runErr == nil {
+			runErr = fmt.Errorf("health server: %w", err)
+		}
+	}
+	return runErr
+}
+
+// buildRunner turns the configuration into a replication runner with a
+// Kafka producer per session.
+func buildRunner(cfg config.Config, log hclog.Logger) (*replication.Runner, error) {
+	routes := make([]envelope.Route, len(cfg.Routes))
+	tables := make([]replication.Table, len(cfg.Routes))
+	for i, r := range cfg.Routes {
+		cols := envelope.Columns{ID: r.Columns.ID, AgregatID: r.Columns.AgregatID, Tipus: r.Columns.Tipus,
+			Versio: r.Columns.Versio, Carrega: r.Columns.Carrega, CreatEn: r.Columns.CreatEn}
+		if cols.Versio == config.NoColumn {
+			cols.Versio = ""
+		}
+		routes[i] = envelope.Route{Schema: r.Schema, Table: r.Name, Topic: r.Topic, Columns: cols}
+		tables[i] = replication.Table{Schema: r.Schema, Name: r.Name}
+	}
+	sc := sink.Config{
+		Brokers: cfg.Kafka.Brokers, Partitioner: cfg.Kafka.Partitioner, Compression: cfg.Kafka.Compression,
+		Linger: cfg.Kafka.Linger, BatchSize: cfg.Kafka.BatchSize, BatchBytes: cfg.Kafka.BatchBytes,
+		MaxAttempts: cfg.Kafka.MaxAttempts, WriteTimeout: cfg.Kafka.WriteTimeout, ClientID: cfg.Kafka.ClientID,
+	}
+	// Fail on a bad producer setting now rather than at the first session.
+	if _, err := sink.New(sc, log); err != nil {
+		return nil, usageError{err}
+	}
+	sinkLog := log.Named("sink")
+	newProducer := func() (replication.Producer, error) { return sink.New(sc, sinkLog) }
+	p, pl := cfg.Postgres, cfg.Pipeline
+	rc := replication.Config{
+		DSN: p.DSN, Slot: p.Slot, Publication: p.Publication, CreateSlot: p.CreateSlot, CreatePublication: p.CreatePublication,
+		Tables: tables, StatusInterval: p.StatusInterval, IdleStatusInterval: p.IdleStatusInterval, ConnectTimeout: p.ConnectTimeout,
+		MaxInFlightEvents: pl.MaxInFlightEvents, MaxInFlightBytes: pl.MaxInFlightBytes, ShutdownTimeout: pl.ShutdownTimeout,
+		BackoffMin: pl.BackoffMin, BackoffMax: pl.BackoffMax,
+	}
+	return replication.NewRunner(rc, envelope.NewRouter(cfg.Origen, routes), newProducer, log.Named("replication"))
+}
+
+func check(path string, stdout io.Writer) error {
+	cfg, err := config.Load(path)
+	if err != nil {
+		fmt.Fprintf(stdout, "FAIL config: %v\n", err)
+		return usageError{errors.New("configuration is not valid")}
+	}
+	fmt.Fprintf(stdout, "ok   config: %d route(s), slot %s, publication %s\n", len(cfg.Routes), cfg.Postgres.Slot, cfg.Postgres.Publication)
+	return nil
+}
+
+func status(ctx context.Context, path, url string, stdout io.Writer) error {
+	if url == "" {
+		cfg, err := config.Load(path)
+		if err != nil {
+			return usageError{err}
+		}
+		if cfg.Health.Listen == "" {
+			return usageError{errors.New("health.listen is empty: the instance serves no /status; pass --url")}
+		}
+		url = "http://" + cfg.Health.Listen
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(url, "/")+"/status", nil)
+	if err != nil {
+		return usageError{err}
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("query status: %w", err)
+	}
+	defer resp.Body.Close()
+	var v map[string]any
+	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
+		return fmt.Errorf("decode status: %w", err)
+	}
+	out, _ := json.MarshalIndent(v, "", "  ")
+	fmt.Fprintln(stdout, string(out))
+	return nil
+}

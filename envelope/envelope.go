@@ -1,0 +1,203 @@
+// Package envelope turns one outbox row, as decoded from pgoutput, into the
+// Kafka record of the contract: key agregat_id, headers tipus and
+// id_esdeveniment, value the standard JSON envelope with carrega embedded
+// verbatim (never re-encoded).
+package envelope
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+
+	"github.com/jackc/pglogrepl"
+
+	"github.com/outboxd/outboxd"
+)
+
+// Columns names the outbox table's columns. An empty Versio means the table
+// has no version column and every event has versio 1.
+type Columns struct {
+	ID, AgregatID, Tipus, Versio, Carrega, CreatEn string
+}
+
+// Route sends one outbox table to one topic.
+type Route struct {
+	Schema, Table string
+	Topic         string
+	Columns       Columns
+}
+
+// Header names, as set by the polling relay.
+const (
+	HeaderTipus = "tipus"
+	HeaderID    = "id_esdeveniment"
+)
+
+// PostgreSQL type OIDs whose text form is already valid JSON.
+const (
+	oidJSON  = 114
+	oidJSONB = 3802
+)
+
+// RowError says why a row could not become a record. It names the table,
+// the column and the transaction's position so an operator can find the row.
+type RowError struct {
+	Table  string
+	Column string
+	Reason string
+}
+
+func (e *RowError) Error() string {
+	if e.Column == "" {
+		return fmt.Sprintf("outbox row in %s: %s", e.Table, e.Reason)
+	}
+	return fmt.Sprintf("outbox row in %s, column %q: %s", e.Table, e.Column, e.Reason)
+}
+
+// Router knows the routes and the service name.
+type Router struct {
+	origen []byte // origen already encoded as a JSON string
+	routes map[string]*Route
+}
+
+// NewRouter indexes routes by "schema.table".
+func NewRouter(origen string, routes []Route) *Router {
+	r := &Router{origen: appendString(nil, origen), routes: make(map[string]*Route, len(routes))}
+	for i := range routes {
+		rt := routes[i]
+		r.routes[rt.Schema+"."+rt.Table] = &rt
+	}
+	return r
+}
+
+// Binding maps one relation (as announced by a pgoutput Relation message) to
+// its route, with the mapped columns found by name.
+type Binding struct {
+	Name  string // schema.table
+	Route *Route // nil when the table has no route
+	// Column positions in the tuple, -1 when absent.
+	id, agregatID, tipus, versio, carrega, creatEn int
+	carregaIsJSON                                  bool
+}
+
+// Bind resolves a relation's columns. It does not fail on missing columns:
+// a table may be altered back before any insert arrives, so the error is
+// reported when a row needs the column.
+func (r *Router) Bind(rel *pglogrepl.RelationMessage) *Binding {
+	b := &Binding{Name: rel.Namespace + "." + rel.RelationName}
+	b.Route = r.routes[b.Name]
+	if b.Route == nil {
+		return b
+	}
+	find := func(name string) int {
+		for i, c := range rel.Columns {
+			if c.Name == name {
+				return i
+			}
+		}
+		return -1
+	}
+	c := b.Route.Columns
+	b.id, b.agregatID, b.tipus = find(c.ID), find(c.AgregatID), find(c.Tipus)
+	b.carrega, b.creatEn = find(c.Carrega), find(c.CreatEn)
+	b.versio = -1
+	if c.Versio != "" {
+		b.versio = find(c.Versio)
+	}
+	if b.carrega >= 0 {
+		t := rel.Columns[b.carrega].DataType
+		b.carregaIsJSON = t == oidJSON || t == oidJSONB
+	}
+	return b
+}
+
+// Build turns one inserted tuple into a record for the binding's route. The
+// record references the tuple's column buffers, which pglogrepl allocates
+// per message.
+func (r *Router) Build(b *Binding, tuple *pglogrepl.TupleData) (outboxd.Record, error) {
+	if b.Route == nil {
+		return outboxd.Record{}, &RowError{Table: b.Name, Reason: "the table is published but has no route; add a route for it or remove it from the publication"}
+	}
+	c := b.Route.Columns
+	col := func(idx int, name string) ([]byte, error) {
+		if idx < 0 {
+			return nil, &RowError{Table: b.Name, Column: name, Reason: "the column does not exist in the table (check the route's columns mapping)"}
+		}
+		if tuple == nil || idx >= len(tuple.Columns) {
+			return nil, &RowError{Table: b.Name, Column: name, Reason: "the column is missing from the decoded row"}
+		}
+		v := tuple.Columns[idx]
+		switch v.DataType {
+		case pglogrepl.TupleDataTypeText:
+			return v.Data, nil
+		case pglogrepl.TupleDataTypeNull:
+			return nil, &RowError{Table: b.Name, Column: name, Reason: "the value is NULL"}
+		default:
+			return nil, &RowError{Table: b.Name, Column: name, Reason: fmt.Sprintf("unexpected tuple data kind %q", v.DataType)}
+		}
+	}
+	id, err := col(b.id, c.ID)
+	if err != nil {
+		return outboxd.Record{}, err
+	}
+	key, err := col(b.agregatID, c.AgregatID)
+	if err != nil {
+		return outboxd.Record{}, err
+	}
+	tipus, err := col(b.tipus, c.Tipus)
+	if err != nil {
+		return outboxd.Record{}, err
+	}
+	versio := int64(1)
+	if c.Versio != "" {
+		raw, err := col(b.versio, c.Versio)
+		if err != nil {
+			return outboxd.Record{}, err
+		}
+		versio, err = strconv.ParseInt(string(raw), 10, 64)
+		if err != nil {
+			return outboxd.Record{}, &RowError{Table: b.Name, Column: c.Versio, Reason: fmt.Sprintf("%q is not an integer", raw)}
+		}
+	}
+	carrega, err := col(b.carrega, c.Carrega)
+	if err != nil {
+		return outboxd.Record{}, err
+	}
+	if !b.carregaIsJSON && !json.Valid(carrega) {
+		return outboxd.Record{}, &RowError{Table: b.Name, Column: c.Carrega, Reason: "the value is not valid JSON"}
+	}
+	creat, err := col(b.creatEn, c.CreatEn)
+	if err != nil {
+		return outboxd.Record{}, err
+	}
+	us, err := ParseTimestamptz(creat)
+	if err != nil {
+		return outboxd.Record{}, &RowError{Table: b.Name, Column: c.CreatEn, Reason: err.Error()}
+	}
+
+	val := make([]byte, 0, len(id)+len(tipus)+len(carrega)+len(r.origen)+96)
+	val = append(val, `{"id_esdeveniment":`...)
+	val = appendString(val, string(id))
+	val = append(val, `,"tipus":`...)
+	val = appendString(val, string(tipus))
+	val = append(val, `,"versio":`...)
+	val = strconv.AppendInt(val, versio, 10)
+	val = append(val, `,"data_ms":`...)
+	// Truncated toward zero, as the relay's int(timestamp()*1000) does.
+	val = strconv.AppendInt(val, us/1000, 10)
+	val = append(val, `,"origen":`...)
+	val = append(val, r.origen...)
+	val = append(val, `,"dades":`...)
+	val = append(val, carrega...)
+	val = append(val, '}')
+
+	return outboxd.Record{
+		Topic: b.Route.Topic,
+		Key:   key,
+		Value: val,
+		Headers: []outboxd.Header{
+			{Key: HeaderTipus, Value: tipus},
+			{Key: HeaderID, Value: id},
+		},
+	}, nil
+}

@@ -1,0 +1,216 @@
+package envelope_test
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+
+	"github.com/outboxd/outboxd/envelope"
+)
+
+func TestParseTimestamptz(t *testing.T) {
+	tests := []struct {
+		in   string
+		want time.Time
+	}{
+		{"2026-12-02 12:46:05.123456+00", time.Date(2026, 12, 2, 12, 46, 5, 123456000, time.UTC)},
+		{"2026-12-02 12:46:05+00", time.Date(2026, 12, 2, 12, 46, 5, 0, time.UTC)},
+		{"2026-12-02 18:16:05.5+05:30", time.Date(2026, 12, 2, 12, 46, 5, 500000000, time.UTC)},
+		{"2026-12-02 09:46:05.000001-03", time.Date(2026, 12, 2, 12, 46, 5, 1000, time.UTC)},
+		{"1900-01-01 00:00:00+00:09:21", time.Date(1899, 12, 31, 23, 50, 39, 0, time.UTC)},
+		{"1969-12-31 23:59:59.9995+00", time.Date(1969, 12, 31, 23, 59, 59, 999500000, time.UTC)},
+		{"12026-01-01 00:00:00+00", time.Date(12026, 1, 1, 0, 0, 0, 0, time.UTC)},
+		{"0044-03-15 12:00:00+00 BC", time.Date(-43, 3, 15, 12, 0, 0, 0, time.UTC)},
+	}
+	for _, tc := range tests {
+		t.Run(tc.in, func(t *testing.T) {
+			got, err := envelope.ParseTimestamptz([]byte(tc.in))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := tc.want.UnixMicro(); got != want {
+				t.Errorf("got %d µs, want %d µs", got, want)
+			}
+		})
+	}
+	for _, in := range []string{"", "infinity", "-infinity", "2026-12-02", "2026-12-02 12:46:05", "2026-13-02 12:46:05+00",
+		"2026-12-02 12:46:05.1234567+00", "2026-12-02 12:46:05+00x", "2026-12-02T12:46:05+00"} {
+		if _, err := envelope.ParseTimestamptz([]byte(in)); err == nil {
+			t.Errorf("%q: want an error", in)
+		}
+	}
+}
+
+// relation builds a Relation message for the seed's outbox table with the
+// given column order and types.
+func relation(cols ...string) *pglogrepl.RelationMessage {
+	types := map[string]uint32{"id": 2950, "agregat": 25, "agregat_id": 25, "tipus": 25, "versio": 23, "carrega": 3802, "creat_en": 1184, "publicat_en": 1184}
+	rel := &pglogrepl.RelationMessage{RelationID: 16400, Namespace: "public", RelationName: "outbox"}
+	for _, c := range cols {
+		typ, ok := types[c]
+		if !ok {
+			typ = 25
+		}
+		rel.Columns = append(rel.Columns, &pglogrepl.RelationMessageColumn{Name: c, DataType: typ})
+	}
+	return rel
+}
+
+func tuple(vals ...*string) *pglogrepl.TupleData {
+	td := &pglogrepl.TupleData{}
+	for _, v := range vals {
+		if v == nil {
+			td.Columns = append(td.Columns, &pglogrepl.TupleDataColumn{DataType: pglogrepl.TupleDataTypeNull})
+			continue
+		}
+		td.Columns = append(td.Columns, &pglogrepl.TupleDataColumn{DataType: pglogrepl.TupleDataTypeText, Data: []byte(*v)})
+	}
+	return td
+}
+
+func s(v string) *string { return &v }
+
+var seedCols = envelope.Columns{ID: "id", AgregatID: "agregat_id", Tipus: "tipus", Versio: "versio", Carrega: "carrega", CreatEn: "creat_en"}
+
+func TestBuildGolden(t *testing.T) {
+	r := envelope.NewRouter("comandes", []envelope.Route{{Schema: "public", Table: "outbox", Topic: "comandes.esdeveniments", Columns: seedCols}})
+	// Columns in a different order than the contract's CREATE TABLE: they
+	// are found by name.
+	b := r.Bind(relation("publicat_en", "carrega", "id", "tipus", "agregat", "agregat_id", "creat_en", "versio"))
+	carrega := `{"id": "P-2026-000123", "client": "anna", "linies": [{"producte": "formatge-curat", "quantitat": 2, "preu_centims": 1450}]}`
+	rec, err := r.Build(b, tuple(nil, s(carrega), s("6f1c9e2a-0a4b-4c8e-9d1f-2b3c4d5e6f70"), s("comanda.creada"), s("comanda"),
+		s("P-2026-000123"), s("2026-09-10 09:33:20.123999+02"), s("1")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	golden, err := os.ReadFile(filepath.Join("testdata", "comanda_creada.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := string(rec.Value), strings.TrimSpace(string(golden)); got != want {
+		t.Errorf("value:\n got %s\nwant %s", got, want)
+	}
+	if rec.Topic != "comandes.esdeveniments" || string(rec.Key) != "P-2026-000123" {
+		t.Errorf("topic %q key %q", rec.Topic, rec.Key)
+	}
+	if len(rec.Headers) != 2 || rec.Headers[0].Key != "tipus" || string(rec.Headers[0].Value) != "comanda.creada" ||
+		rec.Headers[1].Key != "id_esdeveniment" || string(rec.Headers[1].Value) != "6f1c9e2a-0a4b-4c8e-9d1f-2b3c4d5e6f70" {
+		t.Errorf("headers %+v", rec.Headers)
+	}
+	// A relay consumer decodes it with the field types it expects.
+	var env struct {
+		ID     string         `json:"id_esdeveniment"`
+		Tipus  string         `json:"tipus"`
+		Versio int            `json:"versio"`
+		DataMs int64          `json:"data_ms"`
+		Origen string         `json:"origen"`
+		Dades  map[string]any `json:"dades"`
+	}
+	if err := json.Unmarshal(rec.Value, &env); err != nil {
+		t.Fatal(err)
+	}
+	if env.DataMs != time.Date(2026, 9, 10, 7, 33, 20, 123000000, time.UTC).UnixMilli() {
+		t.Errorf("data_ms %d is not truncated to the millisecond", env.DataMs)
+	}
+	var dades map[string]any
+	_ = json.Unmarshal([]byte(carrega), &dades)
+	if got, _ := json.Marshal(env.Dades); string(got) != mustMarshal(dades) {
+		t.Errorf("dades %s differs from carrega", got)
+	}
+}
+
+func mustMarshal(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
+}
+
+func TestBuildDebeziumColumnsWithoutVersio(t *testing.T) {
+	cols := envelope.Columns{ID: "id", AgregatID: "aggregateid", Tipus: "type", Carrega: "payload", CreatEn: "timestamp"}
+	r := envelope.NewRouter("cataleg", []envelope.Route{{Schema: "app", Table: "outboxevent", Topic: "cataleg", Columns: cols}})
+	rel := &pglogrepl.RelationMessage{Namespace: "app", RelationName: "outboxevent"}
+	for _, c := range []struct {
+		n string
+		t uint32
+	}{{"id", 2950}, {"aggregatetype", 25}, {"aggregateid", 25}, {"type", 25}, {"payload", 25}, {"timestamp", 1184}} {
+		rel.Columns = append(rel.Columns, &pglogrepl.RelationMessageColumn{Name: c.n, DataType: c.t})
+	}
+	rec, err := r.Build(r.Bind(rel), tuple(s("a"), s("producte"), s("K-1"), s("producte.creat"), s(`"text\"json"`), s("1970-01-01 00:00:01.0015+00")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"id_esdeveniment":"a","tipus":"producte.creat","versio":1,"data_ms":1001,"origen":"cataleg","dades":"text\"json"}`
+	if string(rec.Value) != want {
+		t.Errorf("got %s\nwant %s", rec.Value, want)
+	}
+}
+
+func TestBuildBadRows(t *testing.T) {
+	r := envelope.NewRouter("comandes", []envelope.Route{{Schema: "public", Table: "outbox", Topic: "t", Columns: seedCols}})
+	full := relation("id", "agregat", "agregat_id", "tipus", "versio", "carrega", "creat_en", "publicat_en")
+	ok := func() []*string {
+		return []*string{s("id-1"), s("comanda"), s("K"), s("comanda.creada"), s("1"), s(`{}`), s("2026-01-01 00:00:00+00"), nil}
+	}
+	textCarrega := relation("id", "agregat", "agregat_id", "tipus", "versio", "carrega", "creat_en", "publicat_en")
+	textCarrega.Columns[5].DataType = 25
+	tests := []struct {
+		name   string
+		rel    *pglogrepl.RelationMessage
+		change func(v []*string)
+		column string
+		reason string
+	}{
+		{"null agregat_id", full, func(v []*string) { v[2] = nil }, "agregat_id", "NULL"},
+		{"null id", full, func(v []*string) { v[0] = nil }, "id", "NULL"},
+		{"versio not a number", full, func(v []*string) { v[4] = s("dos") }, "versio", "not an integer"},
+		{"versio numeric", full, func(v []*string) { v[4] = s("1.5") }, "versio", "not an integer"},
+		{"carrega text not JSON", textCarrega, func(v []*string) { v[5] = s("hola") }, "carrega", "not valid JSON"},
+		{"creat_en infinity", full, func(v []*string) { v[6] = s("infinity") }, "creat_en", "infinite"},
+		{"tipus column missing", relation("id", "agregat", "agregat_id", "kind", "versio", "carrega", "creat_en"), nil, "tipus", "does not exist"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			v := ok()
+			if tc.change != nil {
+				tc.change(v)
+			}
+			_, err := r.Build(r.Bind(tc.rel), tuple(v...))
+			var re *envelope.RowError
+			if !errors.As(err, &re) {
+				t.Fatalf("want a RowError, got %v", err)
+			}
+			if re.Column != tc.column || !strings.Contains(re.Reason, tc.reason) || re.Table != "public.outbox" {
+				t.Errorf("got %v", err)
+			}
+		})
+	}
+	// A table without a route.
+	other := &pglogrepl.RelationMessage{Namespace: "public", RelationName: "comandes"}
+	if _, err := r.Build(r.Bind(other), tuple()); err == nil || !strings.Contains(err.Error(), "no route") {
+		t.Errorf("unrouted table: got %v", err)
+	}
+}
+
+func TestStringEscapingMatchesEncodingJSON(t *testing.T) {
+	r := envelope.NewRouter("comandes", []envelope.Route{{Schema: "public", Table: "outbox", Topic: "t", Columns: seedCols}})
+	b := r.Bind(relation("id", "agregat", "agregat_id", "tipus", "versio", "carrega", "creat_en"))
+	for _, in := range []string{"plain", `quo"te`, `back\slash`, "new\nline\ttab\rcr", "\x00\x01\x1f", "àèí·l€ 😀", "bad\xffutf8", "sep\u2028\u2029", "<html>&"} {
+		rec, err := r.Build(b, tuple(s("id"), s("a"), s("K"), s(in), s("1"), s("{}"), s("2026-01-01 00:00:00+00")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var env struct{ Tipus string }
+		if err := json.Unmarshal(rec.Value, &env); err != nil {
+			t.Fatalf("%q: %v in %s", in, err, rec.Value)
+		}
+		want := strings.ToValidUTF8(in, "\ufffd")
+		if env.Tipus != want {
+			t.Errorf("%q round-tripped as %q", in, env.Tipus)
+		}
+	}
+}

@@ -1,0 +1,333 @@
+package integration_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+
+	"github.com/outboxd/outboxd/integration/testenv"
+)
+
+const debeziumSchema = `
+CREATE SCHEMA pagaments;
+CREATE TABLE pagaments.outboxevent (
+    id            UUID        PRIMARY KEY,
+    aggregatetype TEXT        NOT NULL,
+    aggregateid   TEXT        NOT NULL,
+    type          TEXT        NOT NULL,
+    payload       JSONB       NOT NULL,
+    timestamp     TIMESTAMPTZ NOT NULL DEFAULT now()
+);
+`
+
+const debeziumRoute = `  - table: pagaments.outboxevent
+    topic: %s
+    columns: {id: id, agregat_id: aggregateid, tipus: type, versio: "-", carrega: payload, creat_en: timestamp}
+`
+
+// TestEndToEnd: thousands of rows in transactions of mixed sizes, many
+// aggregates, two tables (seed and Debezium column names) routed to two
+// topics; every record exactly as specified, per-aggregate commit order.
+func TestEndToEnd(t *testing.T) {
+	f := newFixture(t, seedSchema+debeziumSchema, map[string]int{"comandes": 6, "pagaments": 4})
+	ctx := context.Background()
+	d := f.start(daemonConfig{routes: fmt.Sprintf(seedRoute, f.topic("comandes")) + fmt.Sprintf(debeziumRoute, f.topic("pagaments"))})
+
+	seed := newWriter(f, 1, 300, "outbox")
+	dbz := newWriter(f, 2, 50, "pagaments.outboxevent")
+	sizes := []int{1, 1, 2, 5, 10, 50, 200, 1, 3, 500}
+	for i := 0; seed.n < 4000; i++ {
+		if err := seed.txn(ctx, sizes[i%len(sizes)]); err != nil {
+			t.Fatal(err)
+		}
+		if i%3 == 0 {
+			if err := dbz.txn(ctx, 5*(1+i%7)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	end := f.walLSN()
+	r1 := seed.verify(ctx, f.topic("comandes"), "murmur2")
+	r2 := dbz.verify(ctx, f.topic("pagaments"), "murmur2")
+	f.waitConfirmed(end, 30*time.Second)
+	t.Logf("comandes: %+v, pagaments: %+v", r1, r2)
+	if r1.duplicates+r2.duplicates != 0 {
+		t.Errorf("no crash happened, yet %d duplicates", r1.duplicates+r2.duplicates)
+	}
+	d.term()
+}
+
+// TestSlotHoldsWhileBrokerDown: with the broker stopped, new rows must not
+// move confirmed_flush_lsn; once it is back, every row arrives and the slot
+// catches up.
+func TestSlotHoldsWhileBrokerDown(t *testing.T) {
+	f := newFixture(t, seedSchema, map[string]int{"comandes": 3})
+	ctx := context.Background()
+	d := f.start(daemonConfig{routes: fmt.Sprintf(seedRoute, f.topic("comandes")), extra: "  # broker outage test\n"})
+	w := newWriter(f, 3, 40, "outbox")
+	for i := 0; i < 20; i++ {
+		if err := w.txn(ctx, 5); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.waitConfirmed(f.walLSN(), 30*time.Second)
+
+	if err := env.StopKafka(); err != nil {
+		t.Fatal(err)
+	}
+	restarted := false
+	defer func() {
+		if !restarted {
+			_ = env.StartKafka()
+		}
+	}()
+	before := f.walLSN()
+	for i := 0; i < 30; i++ {
+		if err := w.txn(ctx, 1+i%4); err != nil {
+			t.Fatal(err)
+		}
+	}
+	after := f.walLSN()
+	// Sample the slot for a while: outboxd retries, reconnects and
+	// replays, but the rows are not in Kafka, so the slot must not pass
+	// the position where they begin.
+	var maxSeen pglogrepl.LSN
+	for deadline := time.Now().Add(12 * time.Second); time.Now().Before(deadline); {
+		c, _ := f.slot()
+		maxSeen = max(maxSeen, c)
+		if c > before {
+			t.Fatalf("broker down: confirmed_flush_lsn moved to %s, past %s where unacknowledged rows start", c, before)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err := env.StartKafka(); err != nil {
+		t.Fatal(err)
+	}
+	restarted = true
+	rep := w.verify(ctx, f.topic("comandes"), "murmur2")
+	f.waitConfirmed(after, 60*time.Second)
+	t.Logf("during the outage the slot stayed at <= %s (rows from %s to %s); after: %+v", maxSeen, before, after, rep)
+	d.term()
+}
+
+// TestRestartKill9: kill -9 at random moments while a writer runs, restart
+// each time: nothing missing, per-aggregate order of first deliveries kept.
+func TestRestartKill9(t *testing.T) {
+	f := newFixture(t, seedSchema, map[string]int{"comandes": 4})
+	ctx := context.Background()
+	dc := daemonConfig{routes: fmt.Sprintf(seedRoute, f.topic("comandes"))}
+	d := f.start(dc)
+	w := newWriter(f, 4, 100, "outbox")
+	errc := make(chan error, 1)
+	go func() {
+		for i := 0; i < 600; i++ {
+			if err := w.txn(ctx, 1+i%20); err != nil {
+				errc <- err
+				return
+			}
+			time.Sleep(3 * time.Millisecond)
+		}
+		errc <- nil
+	}()
+	rng := rand.New(rand.NewPCG(7, 7))
+	var positions []pglogrepl.LSN
+	for round := 0; round < 5; round++ {
+		time.Sleep(time.Duration(200+rng.IntN(600)) * time.Millisecond)
+		c, _ := f.slot()
+		positions = append(positions, c)
+		d.kill()
+		time.Sleep(time.Duration(rng.IntN(300)) * time.Millisecond)
+		d = f.start(dc)
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	end := f.walLSN()
+	rep := w.verify(ctx, f.topic("comandes"), "murmur2")
+	f.waitConfirmed(end, 30*time.Second)
+	if positions[0] == positions[len(positions)-1] {
+		t.Fatalf("the slot never advanced between kills (%v): the test did not exercise a resume", positions)
+	}
+	t.Logf("5 kill -9 with the slot at %v: %+v", positions, rep)
+	d.term()
+}
+
+// TestRestartSigterm: SIGTERM while rows are being written, restart:
+// nothing missing and nothing duplicated. Uses the crc32 partitioner.
+func TestRestartSigterm(t *testing.T) {
+	f := newFixture(t, seedSchema, map[string]int{"comandes": 5})
+	ctx := context.Background()
+	dc := daemonConfig{routes: fmt.Sprintf(seedRoute, f.topic("comandes")), partitioner: "crc32"}
+	d := f.start(dc)
+	w := newWriter(f, 5, 80, "outbox")
+	errc := make(chan error, 1)
+	go func() {
+		for i := 0; i < 400; i++ {
+			if err := w.txn(ctx, 1+i%30); err != nil {
+				errc <- err
+				return
+			}
+		}
+		errc <- nil
+	}()
+	time.Sleep(700 * time.Millisecond)
+	d.term()
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	d = f.start(dc)
+	end := f.walLSN()
+	rep := w.verify(ctx, f.topic("comandes"), "crc32")
+	f.waitConfirmed(end, 30*time.Second)
+	if rep.duplicates != 0 {
+		t.Fatalf("SIGTERM and restart produced %d duplicates: %+v", rep.duplicates, rep)
+	}
+	t.Logf("SIGTERM mid-stream and restart: %+v", rep)
+	d.term()
+}
+
+// TestIdleOutboxDoesNotPinWAL: the outbox stays idle while another table
+// writes tens of MB of WAL; the slot follows the WAL end.
+func TestIdleOutboxDoesNotPinWAL(t *testing.T) {
+	f := newFixture(t, seedSchema+"CREATE TABLE soroll (id bigserial PRIMARY KEY, farciment text);", map[string]int{"comandes": 1})
+	ctx := context.Background()
+	d := f.start(daemonConfig{routes: fmt.Sprintf(seedRoute, f.topic("comandes"))})
+	w := newWriter(f, 6, 5, "outbox")
+	if err := w.txn(ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	f.waitConfirmed(f.walLSN(), 30*time.Second)
+	start := f.walLSN()
+	for i := 0; i < 8; i++ {
+		if _, err := f.db.Exec(ctx, "INSERT INTO soroll (farciment) SELECT repeat(md5(g::text), 20) FROM generate_series(1, 10000) g"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := f.db.Exec(ctx, "CHECKPOINT"); err != nil {
+		t.Fatal(err)
+	}
+	written := f.walLSN() - start
+	if written < 32<<20 {
+		t.Fatalf("the noise wrote only %d bytes of WAL", written)
+	}
+	// The slot must follow: unconfirmed and retained WAL become small.
+	var unconfirmed, retained pglogrepl.LSN
+	deadline := time.Now().Add(40 * time.Second)
+	for {
+		cur := f.walLSN()
+		c, r := f.slot()
+		unconfirmed, retained = cur-c, cur-r
+		if unconfirmed < 1<<20 && retained < 8<<20 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %d MB of other WAL the slot retains %d bytes, %d unconfirmed", written>>20, retained, unconfirmed)
+		}
+		// Keep a trickle of WAL so the walsender has something to report.
+		_, _ = f.db.Exec(ctx, "INSERT INTO soroll (farciment) VALUES ('x')")
+		time.Sleep(500 * time.Millisecond)
+	}
+	t.Logf("other tables wrote %d MB of WAL; the slot retains %d KB, %d KB unconfirmed", written>>20, retained>>10, unconfirmed>>10)
+	// The outbox still works afterwards.
+	if err := w.txn(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	w.verify(ctx, f.topic("comandes"), "murmur2")
+	d.term()
+}
+
+// TestAlterTableMidStream: columns are found by name from each Relation
+// message, so dropping and adding columns while streaming changes nothing
+// for consumers.
+func TestAlterTableMidStream(t *testing.T) {
+	f := newFixture(t, seedSchema, map[string]int{"comandes": 2})
+	ctx := context.Background()
+	d := f.start(daemonConfig{routes: fmt.Sprintf(seedRoute, f.topic("comandes"))})
+	w := newWriter(f, 8, 20, "outbox")
+	if err := w.txn(ctx, 10); err != nil {
+		t.Fatal(err)
+	}
+	// Shift every column after agregat one position left, then add two at
+	// the end, one of them between inserts of the same transaction.
+	for _, sql := range []string{
+		"ALTER TABLE outbox DROP COLUMN agregat",
+		"ALTER TABLE outbox ADD COLUMN nota TEXT DEFAULT 'x'",
+	} {
+		if _, err := f.db.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+		// The writer names agregat; give it a column of that name back at
+		// the end of the table (a new attnum), so its inserts still work.
+		if sql == "ALTER TABLE outbox DROP COLUMN agregat" {
+			if _, err := f.db.Exec(ctx, "ALTER TABLE outbox ADD COLUMN agregat TEXT"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := w.txn(ctx, 10); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tx, err := f.db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "INSERT INTO outbox (id, agregat_id, tipus, carrega) VALUES ('00000000-0000-4000-8000-00000000aaaa', 'P-2026-000001', 'comanda.nota', '{\"abans\": true}')"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "ALTER TABLE outbox ADD COLUMN extra INTEGER"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "INSERT INTO outbox (id, agregat_id, tipus, carrega, extra) VALUES ('00000000-0000-4000-8000-00000000bbbb', 'P-2026-000001', 'comanda.nota', '{\"despres\": true}', 7)"); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	w.order["P-2026-000001"] = append(w.order["P-2026-000001"], "00000000-0000-4000-8000-00000000aaaa", "00000000-0000-4000-8000-00000000bbbb")
+	rep := w.verify(ctx, f.topic("comandes"), "murmur2")
+	t.Logf("across ALTER TABLE: %+v", rep)
+	d.term()
+}
+
+// TestBadRowStopsWithClearError: a row that cannot become a record (here a
+// versio that is not a number, in a table without the seed's types) stops
+// outboxd with an error naming the table, the column and the reason; the
+// rows before it are delivered and the slot does not pass it.
+func TestBadRowStopsWithClearError(t *testing.T) {
+	schema := `CREATE TABLE outbox (id TEXT PRIMARY KEY, agregat TEXT, agregat_id TEXT, tipus TEXT, versio TEXT, carrega TEXT, creat_en TIMESTAMPTZ DEFAULT now());`
+	f := newFixture(t, schema, map[string]int{"comandes": 1})
+	ctx := context.Background()
+	d := f.start(daemonConfig{routes: fmt.Sprintf(seedRoute, f.topic("comandes"))})
+	good := "INSERT INTO outbox (id, agregat, agregat_id, tipus, versio, carrega) VALUES ('%s', 'comanda', 'K-1', 'comanda.creada', '%s', '%s')"
+	if _, err := f.db.Exec(ctx, fmt.Sprintf(good, "ok-1", "2", `{"a": 1}`)); err != nil {
+		t.Fatal(err)
+	}
+	f.waitConfirmed(f.walLSN(), 30*time.Second)
+	before := f.walLSN()
+	if _, err := f.db.Exec(ctx, fmt.Sprintf(good, "bad-1", "dos", `{"a": 2}`)); err != nil {
+		t.Fatal(err)
+	}
+	err := d.exited(30 * time.Second)
+	if err == nil {
+		t.Fatal("outboxd exited 0 on a bad row")
+	}
+	log := d.logText()
+	for _, want := range []string{"public.outbox", `column "versio"`, `"dos" is not an integer`} {
+		if !contains(log, want) {
+			t.Errorf("the error does not say %q:\n%s", want, log)
+		}
+	}
+	if c, _ := f.slot(); c > before {
+		t.Errorf("the slot moved to %s, past the bad row at %s", c, before)
+	}
+	cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	msgs, _ := testenv.Consume(cctx, env.KafkaBrokers, f.topic("comandes"), 0)
+	if len(msgs) != 1 || header(msgs[0], "id_esdeveniment") != "ok-1" {
+		t.Errorf("want exactly the good row in Kafka, got %d records", len(msgs))
+	}
+}

@@ -1,0 +1,224 @@
+// Package replication streams outbox inserts from a PostgreSQL logical
+// replication slot (pgoutput) to a Producer, and confirms WAL positions to
+// the server only once the Producer reports them acknowledged.
+package replication
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outboxd/outboxd"
+	"github.com/outboxd/outboxd/envelope"
+)
+
+// Config is what the stream needs; durations are positive.
+type Config struct {
+	DSN                string
+	Slot               string
+	Publication        string
+	CreateSlot         bool
+	CreatePublication  bool
+	Tables             []Table
+	StatusInterval     time.Duration
+	IdleStatusInterval time.Duration
+	ConnectTimeout     time.Duration
+	MaxInFlightEvents  int
+	MaxInFlightBytes   int64
+	ShutdownTimeout    time.Duration
+	BackoffMin         time.Duration
+	BackoffMax         time.Duration
+}
+
+// Producer publishes records asynchronously: every accepted record's Acker
+// is told its outcome later. A Producer serves one session.
+type Producer interface {
+	Produce(ctx context.Context, recs []outboxd.Record) error
+	Close(ctx context.Context) error
+}
+
+// fatalError marks an error that retrying cannot fix.
+type fatalError struct{ err error }
+
+func (e *fatalError) Error() string { return e.err.Error() }
+func (e *fatalError) Unwrap() error { return e.err }
+
+// Fatal marks err as one the daemon must stop on.
+func Fatal(err error) error { return &fatalError{err} }
+
+// IsFatal reports whether err was marked by Fatal.
+func IsFatal(err error) bool {
+	var f *fatalError
+	return errors.As(err, &f)
+}
+
+// Runner owns the replication sessions of one slot.
+type Runner struct {
+	cfg         Config
+	conn        *pgconn.Config
+	router      *envelope.Router
+	newProducer func() (Producer, error)
+	log         hclog.Logger
+
+	mu      sync.Mutex
+	status  Status
+	tracker *Tracker // the current session's, for live figures
+	// baseEvents counts the records acknowledged in earlier sessions.
+	baseEvents uint64
+}
+
+// Status is what the runner reports about itself.
+type Status struct {
+	State     string // starting, streaming, backoff, stopping, stopped
+	LastError string
+	Tracker   State
+	Events    uint64 // records acknowledged since start
+	Txns      uint64 // transactions confirmed or seen since start
+}
+
+// NewRunner checks the connection string; it does not connect.
+func NewRunner(cfg Config, router *envelope.Router, newProducer func() (Producer, error), log hclog.Logger) (*Runner, error) {
+	pc, err := pgconn.ParseConfig(cfg.DSN)
+	if err != nil {
+		// The parse error can quote the DSN; do not pass it on.
+		return nil, Fatal(errors.New("postgres.dsn is not a valid connection string"))
+	}
+	pc.RuntimeParams["replication"] = "database"
+	pc.RuntimeParams["application_name"] = "outboxd"
+	// Text output of timestamptz in a fixed, parseable form.
+	pc.RuntimeParams["datestyle"] = "ISO, YMD"
+	pc.RuntimeParams["timezone"] = "UTC"
+	pc.ConnectTimeout = cfg.ConnectTimeout
+	return &Runner{cfg: cfg, conn: pc, router: router, newProducer: newProducer, log: log, status: Status{State: "starting"}}, nil
+}
+
+// Status returns a snapshot for health reporting.
+func (r *Runner) Status() Status {
+	r.mu.Lock()
+	st, tr, base := r.status, r.tracker, r.baseEvents
+	r.mu.Unlock()
+	if tr != nil {
+		st.Tracker = tr.State()
+		st.Events = base + st.Tracker.Acked
+	}
+	return st
+}
+
+// useTracker makes tr the source of live figures; earlier sessions'
+// acknowledgements stay counted.
+func (r *Runner) useTracker(tr *Tracker) {
+	r.mu.Lock()
+	if r.tracker != nil {
+		r.baseEvents += r.tracker.State().Acked
+	}
+	r.tracker = tr
+	r.mu.Unlock()
+}
+
+func (r *Runner) setState(state string, err error) {
+	r.mu.Lock()
+	r.status.State = state
+	if err != nil {
+		r.status.LastError = err.Error()
+	}
+	r.mu.Unlock()
+}
+
+// Run streams until ctx is cancelled (a clean stop returns nil) or a fatal
+// error. Lost connections to PostgreSQL or Kafka and delivery failures are
+// retried with exponential backoff and jitter; confirmation never passes an
+// unacknowledged record, so a retry replays from the slot.
+func (r *Runner) Run(ctx context.Context) error {
+	attempt := 0
+	lastErr := ""
+	first := true
+	for {
+		started := time.Now()
+		progressed, err := r.session(ctx, first)
+		if progressed {
+			first = false
+		}
+		if ctx.Err() != nil {
+			r.setState("stopped", nil)
+			if err != nil && !errors.Is(err, context.Canceled) {
+				return err
+			}
+			return nil
+		}
+		if err == nil {
+			err = errors.New("replication stream ended")
+		}
+		if IsFatal(err) {
+			r.setState("stopped", err)
+			return err
+		}
+		if progressed || time.Since(started) > r.cfg.BackoffMax {
+			attempt = 0
+		}
+		delay := backoff(attempt, r.cfg.BackoffMin, r.cfg.BackoffMax)
+		attempt++
+		r.setState("backoff", err)
+		// Log once per change of error, not on every retry.
+		if msg := err.Error(); msg != lastErr {
+			r.log.Warn("replication interrupted; retrying with backoff", "error", err, "delay", delay.Round(time.Millisecond))
+			lastErr = msg
+		} else {
+			r.log.Debug("retrying", "error", err, "delay", delay.Round(time.Millisecond))
+		}
+		select {
+		case <-ctx.Done():
+			r.setState("stopped", nil)
+			return nil
+		case <-time.After(delay):
+		}
+	}
+}
+
+// backoff is min·2^attempt capped at max, with full jitter over its upper half.
+func backoff(attempt int, min, max time.Duration) time.Duration {
+	d := min
+	for i := 0; i < attempt && d < max; i++ {
+		d *= 2
+	}
+	if d > max {
+		d = max
+	}
+	return d/2 + rand.N(d/2+1)
+}
+
+// classify marks connection errors that no retry can fix as fatal.
+func classify(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch {
+		case strings.HasPrefix(pgErr.Code, "28"): // invalid authorization
+			return Fatal(fmt.Errorf("connect to PostgreSQL: %w: check postgres.dsn's user and password", err))
+		case pgErr.Code == "3D000": // database does not exist
+			return Fatal(fmt.Errorf("connect to PostgreSQL: %w", err))
+		case pgErr.Code == "42501":
+			return Fatal(fmt.Errorf("connect to PostgreSQL: %w: the role needs LOGIN and REPLICATION (see sql/003_role.sql)", err))
+		}
+	}
+	var netErr net.Error
+	if errors.As(err, &netErr) {
+		return fmt.Errorf("connect to PostgreSQL: %w", err)
+	}
+	return fmt.Errorf("connect to PostgreSQL: %w", err)
+}
+
+// recordError is what a producer returns for a record the broker can never
+// take (bad input, not an outage).
+type recordError interface{ RecordProblem() string }
+
+func isRecordError(err error) bool {
+	var re recordError
+	return errors.As(err, &re)
+}

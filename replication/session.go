@@ -1,0 +1,356 @@
+package replication
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/outboxd/outboxd"
+	"github.com/outboxd/outboxd/envelope"
+)
+
+// produceBatch is how many records of one transaction are handed to the
+// producer at once; the rest of a transaction follows at its commit.
+const produceBatch = 256
+
+// session runs one replication connection: prepare, stream, and on ctx
+// cancellation a clean stop. progressed reports whether streaming started.
+func (r *Runner) session(ctx context.Context, first bool) (progressed bool, err error) {
+	conn, err := pgconn.ConnectConfig(ctx, r.conn)
+	if err != nil {
+		return false, classify(err)
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = conn.Close(cctx)
+	}()
+
+	slot, err := r.prepare(ctx, conn, first && r.cfg.CreateSlot)
+	if err != nil {
+		return false, err
+	}
+	prod, err := r.newProducer()
+	if err != nil {
+		return false, Fatal(fmt.Errorf("kafka producer: %w", err))
+	}
+	tracker := NewTracker(slot.confirmed, r.cfg.MaxInFlightEvents, r.cfg.MaxInFlightBytes)
+	defer func() {
+		// Outstanding records of a failed session are abandoned: their
+		// positions were never confirmed, the next session replays them.
+		cctx, cancel := context.WithTimeout(context.Background(), r.cfg.ShutdownTimeout)
+		defer cancel()
+		if cerr := prod.Close(cctx); cerr != nil {
+			r.log.Debug("close producer", "error", cerr)
+		}
+	}()
+
+	args := []string{"proto_version '1'", "publication_names " + quoteLiteral(r.cfg.Publication), "messages 'true'"}
+	// Start at 0/0: the server resumes from the slot's confirmed_flush_lsn.
+	if err := pglogrepl.StartReplication(ctx, conn, r.cfg.Slot, 0, pglogrepl.StartReplicationOptions{PluginArgs: args}); err != nil {
+		if hasCode(err, "42704") {
+			return false, Fatal(fmt.Errorf("start replication: %w", err))
+		}
+		return false, fmt.Errorf("start replication: %w", err)
+	}
+	r.log.Info("streaming", "slot", r.cfg.Slot, "from", slot.confirmed.String())
+	r.setState("streaming", nil)
+
+	r.useTracker(tracker)
+	// Wake a blocked read at once when a stop is requested.
+	stopWake := context.AfterFunc(ctx, func() { _ = conn.Conn().SetReadDeadline(time.Now()) })
+	defer stopWake()
+	s := &stream{r: r, conn: conn, prod: prod, tracker: tracker, relations: map[uint32]*envelope.Binding{}}
+	return true, s.run(ctx)
+}
+
+// stream is the state of one streaming session. Only its goroutine touches
+// it; acknowledgements reach it through the tracker.
+type stream struct {
+	r         *Runner
+	conn      *pgconn.PgConn
+	prod      Producer
+	tracker   *Tracker
+	relations map[uint32]*envelope.Binding
+
+	txn      *Txn   // open transaction
+	txnLSN   string // its final LSN, for error messages
+	batch    []outboxd.Record
+	received pglogrepl.LSN // newest WAL position received
+
+	sentFlush pglogrepl.LSN // flush position last sent
+	sentAt    time.Time
+	reply     bool // the server asked for a reply
+}
+
+func (s *stream) run(ctx context.Context) error {
+	cfg := s.r.cfg
+	nextStatus := time.Now().Add(cfg.StatusInterval)
+	var stopDeadline time.Time // set once ctx is cancelled
+	for {
+		now := time.Now()
+		if s.reply || !now.Before(nextStatus) {
+			if err := s.sendStatus(now); err != nil {
+				return err
+			}
+			nextStatus = now.Add(cfg.StatusInterval)
+		}
+		st := s.tracker.State()
+		if st.Err != nil {
+			// Confirmation is frozen below the failed record; tell the
+			// server where it stands and replay from the slot.
+			_ = s.sendStatus(now)
+			return fmt.Errorf("kafka delivery: %w", st.Err)
+		}
+
+		if ctx.Err() != nil {
+			if stopDeadline.IsZero() {
+				stopDeadline = now.Add(cfg.ShutdownTimeout)
+				s.r.setState("stopping", nil)
+				s.r.log.Info("stopping: finishing the open transaction and waiting for acknowledgements", "in_flight", st.Events)
+			}
+			if s.txn == nil || now.After(stopDeadline) {
+				return s.stop(stopDeadline)
+			}
+		}
+
+		if s.tracker.Full(0) {
+			if err := s.flush(ctx); err != nil {
+				return err
+			}
+			wait := time.NewTimer(time.Until(nextStatus))
+			select {
+			case <-s.tracker.Wake():
+			case <-wait.C:
+			case <-ctx.Done():
+			}
+			wait.Stop()
+			continue
+		}
+
+		deadline := nextStatus
+		if !stopDeadline.IsZero() && stopDeadline.Before(deadline) {
+			deadline = stopDeadline
+		}
+		// A plain read deadline instead of a per-message context: pgconn
+		// treats a timeout as recoverable and keeps the connection.
+		_ = s.conn.Conn().SetReadDeadline(deadline)
+		msg, err := s.conn.ReceiveMessage(context.Background())
+		if err != nil {
+			if pgconn.Timeout(err) {
+				// Quiet: hand over what is batched.
+				if err := s.flush(ctx); err != nil {
+					return err
+				}
+				continue
+			}
+			return fmt.Errorf("receive from PostgreSQL: %w", err)
+		}
+		switch m := msg.(type) {
+		case *pgproto3.CopyData:
+			if err := s.handleCopyData(ctx, m.Data); err != nil {
+				return err
+			}
+		case *pgproto3.ErrorResponse:
+			err := pgconn.ErrorResponseToPgError(m)
+			if hasCode(err, "42704") || hasCode(err, "55000") {
+				// Slot or publication gone, or decoding impossible.
+				return Fatal(fmt.Errorf("replication stream: %w", err))
+			}
+			return fmt.Errorf("replication stream: %w", err)
+		case *pgproto3.CopyDone:
+			return errors.New("the server ended the replication stream")
+		default:
+			// Notices and parameter status changes need no action.
+		}
+	}
+}
+
+func (s *stream) handleCopyData(ctx context.Context, data []byte) error {
+	if len(data) == 0 {
+		return nil
+	}
+	switch data[0] {
+	case pglogrepl.PrimaryKeepaliveMessageByteID:
+		k, err := pglogrepl.ParsePrimaryKeepaliveMessage(data[1:])
+		if err != nil {
+			return fmt.Errorf("parse keepalive: %w", err)
+		}
+		// Everything before the server's WAL end has been sent to us, so
+		// when nothing is in flight the slot can follow it.
+		s.tracker.Keepalive(k.ServerWALEnd)
+		if k.ServerWALEnd > s.received && s.txn == nil {
+			s.received = k.ServerWALEnd
+		}
+		if k.ReplyRequested {
+			s.reply = true
+		}
+		return nil
+	case pglogrepl.XLogDataByteID:
+		x, err := pglogrepl.ParseXLogData(data[1:])
+		if err != nil {
+			return fmt.Errorf("parse XLogData: %w", err)
+		}
+		if x.WALStart > s.received {
+			s.received = x.WALStart
+		}
+		return s.handleMessage(ctx, x.WALData)
+	}
+	return nil
+}
+
+func (s *stream) handleMessage(ctx context.Context, wal []byte) error {
+	msg, err := pglogrepl.Parse(wal)
+	if err != nil {
+		return Fatal(fmt.Errorf("decode pgoutput message %q: %w", wal[:1], err))
+	}
+	switch m := msg.(type) {
+	case *pglogrepl.RelationMessage:
+		s.relations[m.RelationID] = s.r.router.Bind(m)
+	case *pglogrepl.BeginMessage:
+		if s.txn != nil {
+			return errors.New("pgoutput: Begin inside an open transaction")
+		}
+		s.txn = s.tracker.Begin(m.CommitTime)
+		s.txnLSN = m.FinalLSN.String()
+	case *pglogrepl.InsertMessage:
+		if s.txn == nil {
+			return errors.New("pgoutput: Insert outside a transaction")
+		}
+		b := s.relations[m.RelationID]
+		if b == nil {
+			return fmt.Errorf("pgoutput: Insert for relation %d before its Relation message", m.RelationID)
+		}
+		rec, err := s.r.router.Build(b, m.Tuple)
+		if err != nil {
+			return Fatal(fmt.Errorf("transaction committed at %s: %w", s.txnLSN, err))
+		}
+		rec.Ack = s.tracker.Track(s.txn, rec.Size())
+		s.batch = append(s.batch, rec)
+		if len(s.batch) >= produceBatch {
+			return s.flush(ctx)
+		}
+	case *pglogrepl.CommitMessage:
+		if s.txn == nil {
+			return errors.New("pgoutput: Commit outside a transaction")
+		}
+		if err := s.flush(ctx); err != nil {
+			return err
+		}
+		s.tracker.Commit(s.txn, m.TransactionEndLSN)
+		s.txn = nil
+		s.r.mu.Lock()
+		s.r.status.Txns++
+		s.r.mu.Unlock()
+	default:
+		// Logical decoding messages, origins, types; updates, deletes and
+		// truncates (an insert-only publication sends none) are ignored.
+	}
+	return nil
+}
+
+// flush hands the batched records to the producer.
+func (s *stream) flush(ctx context.Context) error {
+	if len(s.batch) == 0 {
+		return nil
+	}
+	err := s.prod.Produce(ctx, s.batch)
+	clear(s.batch)
+	s.batch = s.batch[:0]
+	if err != nil {
+		if isRecordError(err) {
+			return Fatal(fmt.Errorf("transaction committed at %s: %w", s.txnLSN, err))
+		}
+		return err
+	}
+	return nil
+}
+
+// sendStatus reports the confirmed position: every interval while it moves,
+// at least every idle interval, and whenever the server asks.
+func (s *stream) sendStatus(now time.Time) error {
+	st := s.tracker.State()
+	if st.Confirmed == 0 {
+		// Never send 0: pglogrepl would replace it with the write position.
+		return nil
+	}
+	if !s.reply && st.Confirmed == s.sentFlush && now.Sub(s.sentAt) < s.r.cfg.IdleStatusInterval {
+		return nil
+	}
+	write := s.received
+	if write < st.Confirmed {
+		write = st.Confirmed
+	}
+	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), s.conn, pglogrepl.StandbyStatusUpdate{
+		WALWritePosition: write,
+		WALFlushPosition: st.Confirmed, // the acknowledged position, never the received one
+		WALApplyPosition: st.Confirmed,
+		ClientTime:       now,
+	})
+	if err != nil {
+		return fmt.Errorf("send standby status: %w", err)
+	}
+	s.sentFlush, s.sentAt, s.reply = st.Confirmed, now, false
+	return nil
+}
+
+// stop ends a session on request: wait (until the deadline) for the records
+// in flight, send the final status, then end the COPY so the server has
+// processed that status before the connection closes.
+func (s *stream) stop(deadline time.Time) error {
+	if err := s.flush(context.Background()); err != nil {
+		s.r.log.Warn("could not hand the last records to Kafka; they will be replayed", "error", err)
+	}
+	for {
+		st := s.tracker.State()
+		if st.Open == 0 || st.Err != nil || time.Now().After(deadline) {
+			if st.Open > 0 {
+				s.r.log.Warn("stopped with unacknowledged records; they will be produced again on restart", "in_flight", st.Events, "error", st.Err)
+			}
+			break
+		}
+		wait := time.NewTimer(50 * time.Millisecond)
+		select {
+		case <-s.tracker.Wake():
+		case <-wait.C:
+		}
+		wait.Stop()
+	}
+	s.reply = true // force the final status out
+	if err := s.sendStatus(time.Now()); err != nil {
+		return err
+	}
+	final := s.tracker.State().Confirmed
+	if err := s.endCopy(); err != nil {
+		s.r.log.Debug("end replication copy", "error", err)
+	}
+	s.r.log.Info("stopped cleanly", "confirmed", final.String())
+	return nil
+}
+
+// endCopy sends CopyDone and reads until the server finishes the COPY: the
+// walsender handles our messages in order, so the final status was applied.
+func (s *stream) endCopy() error {
+	s.conn.Frontend().Send(&pgproto3.CopyDone{})
+	if err := s.conn.Frontend().Flush(); err != nil {
+		return err
+	}
+	_ = s.conn.Conn().SetReadDeadline(time.Now().Add(5 * time.Second))
+	for {
+		msg, err := s.conn.ReceiveMessage(context.Background())
+		if err != nil {
+			return err
+		}
+		switch m := msg.(type) {
+		case *pgproto3.CopyDone, *pgproto3.CommandComplete, *pgproto3.ReadyForQuery:
+			return nil
+		case *pgproto3.ErrorResponse:
+			return pgconn.ErrorResponseToPgError(m)
+		}
+	}
+}

@@ -1,0 +1,169 @@
+package replication
+
+import (
+	"sync"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+
+	"github.com/outboxd/outboxd"
+)
+
+// Tracker is the ack path's bookkeeping. Transactions enter in commit order
+// (the order pgoutput sends them); each carries its in-flight records. The
+// confirmed position is the end LSN of the newest transaction whose records,
+// and those of every earlier transaction, Kafka acknowledged. A failed
+// record freezes the confirmed position below its transaction for good: the
+// stream must then reconnect and replay from the slot.
+//
+// Tracker also bounds what is in flight, in records and in bytes.
+type Tracker struct {
+	maxEvents int
+	maxBytes  int64
+
+	mu        sync.Mutex
+	queue     []*Txn // unconfirmed transactions, oldest first
+	confirmed pglogrepl.LSN
+	lastTime  time.Time // commit time of the newest confirmed transaction
+	err       error     // first delivery error
+	events    int
+	bytes     int64
+	acked     uint64 // records acknowledged, for counters
+	wake      chan struct{}
+}
+
+// Txn is one transaction as seen by the tracker.
+type Txn struct {
+	t          *Tracker
+	pending    int
+	committed  bool
+	failed     bool
+	end        pglogrepl.LSN
+	commitTime time.Time
+}
+
+// ticket is the Acker of one record.
+type ticket struct {
+	x    *Txn
+	size int64
+}
+
+func (k *ticket) Ack(err error) { k.x.t.ack(k, err) }
+
+// NewTracker starts at the slot's confirmed position.
+func NewTracker(start pglogrepl.LSN, maxEvents int, maxBytes int64) *Tracker {
+	return &Tracker{maxEvents: maxEvents, maxBytes: maxBytes, confirmed: start, wake: make(chan struct{}, 1)}
+}
+
+// Begin opens a transaction; transactions must begin in commit order.
+func (t *Tracker) Begin(commitTime time.Time) *Txn {
+	x := &Txn{t: t, commitTime: commitTime}
+	t.mu.Lock()
+	t.queue = append(t.queue, x)
+	t.mu.Unlock()
+	return x
+}
+
+// Track registers one record of x as in flight and returns its Acker.
+func (t *Tracker) Track(x *Txn, size int64) outboxd.Acker {
+	t.mu.Lock()
+	x.pending++
+	t.events++
+	t.bytes += size
+	t.mu.Unlock()
+	return &ticket{x: x, size: size}
+}
+
+// Commit closes x at the transaction's end LSN.
+func (t *Tracker) Commit(x *Txn, end pglogrepl.LSN) {
+	t.mu.Lock()
+	x.committed = true
+	x.end = end
+	t.advance()
+	t.mu.Unlock()
+}
+
+// Keepalive lets the confirmed position follow the server's WAL end while
+// nothing is in flight and no transaction is open: everything before walEnd
+// has been sent to us and acknowledged, so the slot need not retain it.
+func (t *Tracker) Keepalive(walEnd pglogrepl.LSN) {
+	t.mu.Lock()
+	if len(t.queue) == 0 && t.err == nil && walEnd > t.confirmed {
+		t.confirmed = walEnd
+		t.lastTime = time.Time{}
+	}
+	t.mu.Unlock()
+}
+
+func (t *Tracker) ack(k *ticket, err error) {
+	t.mu.Lock()
+	k.x.pending--
+	t.events--
+	t.bytes -= k.size
+	if err != nil {
+		k.x.failed = true
+		if t.err == nil {
+			t.err = err
+		}
+	} else {
+		t.acked++
+	}
+	t.advance()
+	t.mu.Unlock()
+	select {
+	case t.wake <- struct{}{}:
+	default:
+	}
+}
+
+// advance pops the confirmable prefix of the queue. Called with mu held.
+func (t *Tracker) advance() {
+	n := 0
+	for _, x := range t.queue {
+		if !x.committed || x.pending > 0 || x.failed {
+			break
+		}
+		t.confirmed = x.end
+		t.lastTime = x.commitTime
+		n++
+	}
+	if n > 0 {
+		clear(t.queue[:n])
+		t.queue = t.queue[n:]
+	}
+}
+
+// State is a snapshot of the tracker.
+type State struct {
+	Confirmed pglogrepl.LSN
+	// LastCommit is the commit time of the newest confirmed transaction,
+	// zero when the position came from a keepalive.
+	LastCommit time.Time
+	Err        error // first delivery error, if any
+	Events     int   // records in flight
+	Bytes      int64 // bytes in flight
+	Open       int   // transactions not yet confirmed
+	Acked      uint64
+}
+
+// State returns a consistent snapshot.
+func (t *Tracker) State() State {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return State{Confirmed: t.confirmed, LastCommit: t.lastTime, Err: t.err, Events: t.events, Bytes: t.bytes, Open: len(t.queue), Acked: t.acked}
+}
+
+// Full reports whether another record of size bytes must wait. A single
+// record larger than the byte bound is let through when nothing else is in
+// flight, so it cannot wedge the stream.
+func (t *Tracker) Full(size int64) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.events == 0 {
+		return false
+	}
+	return t.events >= t.maxEvents || t.bytes+size > t.maxBytes
+}
+
+// Wake is signalled after acknowledgements.
+func (t *Tracker) Wake() <-chan struct{} { return t.wake }

@@ -1,0 +1,50 @@
+-- 003_role.sql: a least-privilege login role for outboxd.
+--
+-- Run with psql, passing the password as a variable so it never lands in
+-- this file or in the shell history of the SQL text:
+--
+--   psql -v ON_ERROR_STOP=1 -v outboxd_password="$OUTBOXD_PASSWORD" \
+--        -d km0_comandes -f sql/003_role.sql
+--
+-- Requires:
+--   * CREATE ROLE ... REPLICATION: a superuser (a role with CREATEROLE cannot
+--     grant REPLICATION unless it has it itself, and before PostgreSQL 16 only
+--     a superuser can).
+--   * GRANT CONNECT ON DATABASE: the database owner or a superuser.
+--   * GRANT USAGE ON SCHEMA, GRANT SELECT ON TABLE: the owner of the schema
+--     or table (the service's own role), or a superuser.
+--   * CREATE PUBLICATION (002_publication.sql) needs the table owner too, so
+--     with this role outboxd cannot create the publication itself: run 002
+--     as the owner and set `create_publication: false`.
+--
+-- The role needs no write privilege at all: outboxd never updates the outbox.
+-- The replication slot is its only bookmark (confirmed_flush_lsn moves when
+-- Kafka has acknowledged), so there is nothing to mark as published.
+-- REPLICATION lets it create and read the slot (`create_slot: true`).
+-- SELECT is not checked for streaming changes, but it is what reading the
+-- table needs (an initial copy, a preflight that inspects the table's
+-- columns); it is the only table privilege granted.
+
+-- Idempotent creation: CREATE ROLE has no IF NOT EXISTS, so create it only
+-- when absent (\gexec runs the generated statement), then (re)set its
+-- attributes and password.
+SELECT 'CREATE ROLE outboxd'
+WHERE NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'outboxd')
+\gexec
+
+-- Superuser needed (REPLICATION). The password comes from the psql variable
+-- outboxd_password; psql quotes it as a literal (:'var').
+ALTER ROLE outboxd WITH LOGIN REPLICATION NOSUPERUSER NOCREATEDB NOCREATEROLE
+    PASSWORD :'outboxd_password';
+
+-- Database owner or superuser. current_database() cannot be used in GRANT,
+-- so build the statement.
+SELECT format('GRANT CONNECT ON DATABASE %I TO outboxd', current_database())
+\gexec
+
+-- Schema owner or superuser.
+GRANT USAGE ON SCHEMA public TO outboxd;
+
+-- Table owner or superuser: read-only access to the outbox table(s) routed in
+-- outboxd.yaml. Add one line per routed table.
+GRANT SELECT ON TABLE public.outbox TO outboxd;
