@@ -23,3 +23,8 @@ demo:
 
 clean:
 	rm -rf bin
+
+# Benchmarks print numbers; they are not tests. Needs the same tools as `make test`.
+.PHONY: bench
+bench:
+	$(GO) run ./integration/cmd/drain-bench -rows $${ROWS:-200000}

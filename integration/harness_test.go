@@ -99,10 +99,19 @@ func newFixture(t *testing.T, schemaSQL string, topics map[string]int) *fixture 
 	}
 	f := &fixture{t: t, name: name, dsn: dsn, db: db, mon: mon, topics: map[string]int{}}
 	t.Cleanup(func() {
-		mon.Close(context.Background())
-		// Drop the slot so a finished test retains no WAL.
-		_, _ = db.Exec(context.Background(), "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active", f.name)
-		db.Close(context.Background())
+		// f's connections, which a test may have replaced after a restart.
+		f.mon.Close(context.Background())
+		// Drop the slot so a finished test retains no WAL; its walsender
+		// may take a moment to exit after outboxd was killed.
+		for i := 0; i < 50; i++ {
+			var left int
+			_, _ = f.db.Exec(context.Background(), "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active", f.name)
+			if err := f.db.QueryRow(context.Background(), "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", f.name).Scan(&left); err != nil || left == 0 {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		f.db.Close(context.Background())
 	})
 	if _, err := db.Exec(ctx, schemaSQL); err != nil {
 		t.Fatal(err)

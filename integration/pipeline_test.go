@@ -2,12 +2,15 @@ package integration_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"math/rand/v2"
 	"testing"
 	"time"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxd/outboxd/integration/testenv"
 )
@@ -330,4 +333,104 @@ func TestBadRowStopsWithClearError(t *testing.T) {
 	if len(msgs) != 1 || header(msgs[0], "id_esdeveniment") != "ok-1" {
 		t.Errorf("want exactly the good row in Kafka, got %d records", len(msgs))
 	}
+}
+
+// reconnect replaces the fixture's connections after a server restart.
+func (f *fixture) reconnect() {
+	f.t.Helper()
+	ctx := context.Background()
+	var err error
+	for i := 0; i < 50; i++ {
+		if f.db, err = pgx.Connect(ctx, f.dsn); err == nil {
+			if f.mon, err = pgx.Connect(ctx, f.dsn); err == nil {
+				return
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	f.t.Fatalf("reconnect after restart: %v", err)
+}
+
+// TestPostgresRestart: PostgreSQL restarted (fast, then immediate) while
+// outboxd streams: it reconnects by itself, nothing is lost.
+func TestPostgresRestart(t *testing.T) {
+	f := newFixture(t, seedSchema, map[string]int{"comandes": 3})
+	ctx := context.Background()
+	d := f.start(daemonConfig{routes: fmt.Sprintf(seedRoute, f.topic("comandes"))})
+	w := newWriter(f, 9, 50, "outbox")
+	for _, mode := range []string{"fast", "immediate"} {
+		for i := 0; i < 30; i++ {
+			if err := w.txn(ctx, 1+i%10); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := env.RestartPG(mode); err != nil {
+			t.Fatal(err)
+		}
+		f.reconnect()
+		for i := 0; i < 10; i++ {
+			if err := w.txn(ctx, 3); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	d.waitReady(30 * time.Second)
+	end := f.walLSN()
+	rep := w.verify(ctx, f.topic("comandes"), "murmur2")
+	f.waitConfirmed(end, 30*time.Second)
+	if !contains(d.logText(), "retrying") {
+		t.Error("outboxd never logged a retry: the restart was not noticed")
+	}
+	t.Logf("PostgreSQL restarted fast and immediate: %+v", rep)
+	d.term()
+}
+
+// TestSigtermInsideLargeTransaction: SIGTERM while a 40,000-row transaction
+// is streaming. outboxd finishes the transaction, waits for Kafka, confirms
+// and exits 0; the restart produces no duplicates.
+func TestSigtermInsideLargeTransaction(t *testing.T) {
+	f := newFixture(t, seedSchema, map[string]int{"comandes": 3})
+	ctx := context.Background()
+	dc := daemonConfig{routes: fmt.Sprintf(seedRoute, f.topic("comandes"))}
+	d := f.start(dc)
+	w := newWriter(f, 10, 500, "outbox")
+	if err := w.txn(ctx, 5); err != nil {
+		t.Fatal(err)
+	}
+	f.waitConfirmed(f.walLSN(), 30*time.Second)
+	if err := w.txn(ctx, 40000); err != nil {
+		t.Fatal(err)
+	}
+	// Stop as soon as part of the big transaction is in Kafka.
+	var st struct {
+		Acked uint64 `json:"events_acknowledged"`
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for st.Acked <= 5 {
+		if time.Now().After(deadline) {
+			t.Fatal("the big transaction never started streaming")
+		}
+		resp, err := http.Get("http://" + d.health + "/status")
+		if err == nil {
+			_ = json.NewDecoder(resp.Body).Decode(&st)
+			resp.Body.Close()
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	if st.Acked >= 40005 {
+		t.Fatalf("the transaction was fully delivered (%d) before SIGTERM: the test did not stop inside it", st.Acked)
+	}
+	d.term()
+	d = f.start(dc)
+	if err := w.txn(ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	end := f.walLSN()
+	rep := w.verify(ctx, f.topic("comandes"), "murmur2")
+	f.waitConfirmed(end, 30*time.Second)
+	if rep.duplicates != 0 {
+		t.Fatalf("SIGTERM at %d acknowledged records inside a transaction, then restart: %d duplicates", st.Acked, rep.duplicates)
+	}
+	t.Logf("SIGTERM with %d of 40,005 records acknowledged: %+v", st.Acked, rep)
+	d.term()
 }

@@ -160,7 +160,9 @@ func (r *Runner) Run(ctx context.Context) error {
 			r.setState("stopped", err)
 			return err
 		}
-		if progressed || time.Since(started) > r.cfg.BackoffMax {
+		// Only a session that ran for a while resets the backoff: one that
+		// streams and fails at once (the broker is down) keeps backing off.
+		if time.Since(started) > r.cfg.BackoffMax {
 			attempt = 0
 		}
 		delay := backoff(attempt, r.cfg.BackoffMin, r.cfg.BackoffMax)

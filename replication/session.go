@@ -65,7 +65,9 @@ func (r *Runner) session(ctx context.Context, first bool) (progressed bool, err 
 	// Wake a blocked read at once when a stop is requested.
 	stopWake := context.AfterFunc(ctx, func() { _ = conn.Conn().SetReadDeadline(time.Now()) })
 	defer stopWake()
-	s := &stream{r: r, conn: conn, prod: prod, tracker: tracker, relations: map[uint32]*envelope.Binding{}}
+	// sentFlush starts at the slot's position, so nothing is sent until this
+	// stream has moved it.
+	s := &stream{r: r, conn: conn, prod: prod, tracker: tracker, relations: map[uint32]*envelope.Binding{}, sentFlush: slot.confirmed}
 	return true, s.run(ctx)
 }
 
@@ -86,10 +88,19 @@ type stream struct {
 	sentFlush pglogrepl.LSN // flush position last sent
 	sentAt    time.Time
 	reply     bool // the server asked for a reply
+	// positioned is set once the server has told this stream a position
+	// (a keepalive or a commit). Before that, the slot position read at
+	// session start may be older than the server's (another instance's
+	// final status may have landed in between), so no position is sent.
+	positioned bool
 }
 
 func (s *stream) run(ctx context.Context) error {
 	cfg := s.r.cfg
+	// Records are handed to Kafka under a context that a stop request does
+	// not cancel: a clean stop still finishes the open transaction.
+	pctx, pcancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer pcancel()
 	nextStatus := time.Now().Add(cfg.StatusInterval)
 	var stopDeadline time.Time // set once ctx is cancelled
 	for {
@@ -105,7 +116,7 @@ func (s *stream) run(ctx context.Context) error {
 			// Confirmation is frozen below the failed record; tell the
 			// server where it stands and replay from the slot.
 			_ = s.sendStatus(now)
-			return fmt.Errorf("kafka delivery: %w", st.Err)
+			return s.deliveryError(st.Err)
 		}
 
 		if ctx.Err() != nil {
@@ -120,14 +131,14 @@ func (s *stream) run(ctx context.Context) error {
 		}
 
 		if s.tracker.Full(0) {
-			if err := s.flush(ctx); err != nil {
+			if err := s.flush(pctx); err != nil {
 				return err
 			}
+			// Reading pauses; standby status still goes out on time.
 			wait := time.NewTimer(time.Until(nextStatus))
 			select {
 			case <-s.tracker.Wake():
 			case <-wait.C:
-			case <-ctx.Done():
 			}
 			wait.Stop()
 			continue
@@ -144,7 +155,7 @@ func (s *stream) run(ctx context.Context) error {
 		if err != nil {
 			if pgconn.Timeout(err) {
 				// Quiet: hand over what is batched.
-				if err := s.flush(ctx); err != nil {
+				if err := s.flush(pctx); err != nil {
 					return err
 				}
 				continue
@@ -153,7 +164,7 @@ func (s *stream) run(ctx context.Context) error {
 		}
 		switch m := msg.(type) {
 		case *pgproto3.CopyData:
-			if err := s.handleCopyData(ctx, m.Data); err != nil {
+			if err := s.handleCopyData(pctx, m.Data); err != nil {
 				return err
 			}
 		case *pgproto3.ErrorResponse:
@@ -184,6 +195,7 @@ func (s *stream) handleCopyData(ctx context.Context, data []byte) error {
 		// Everything before the server's WAL end has been sent to us, so
 		// when nothing is in flight the slot can follow it.
 		s.tracker.Keepalive(k.ServerWALEnd)
+		s.positioned = true
 		if k.ServerWALEnd > s.received && s.txn == nil {
 			s.received = k.ServerWALEnd
 		}
@@ -244,6 +256,7 @@ func (s *stream) handleMessage(ctx context.Context, wal []byte) error {
 		}
 		s.tracker.Commit(s.txn, m.TransactionEndLSN)
 		s.txn = nil
+		s.positioned = true
 		s.r.mu.Lock()
 		s.r.status.Txns++
 		s.r.mu.Unlock()
@@ -266,9 +279,22 @@ func (s *stream) flush(ctx context.Context) error {
 		if isRecordError(err) {
 			return Fatal(fmt.Errorf("transaction committed at %s: %w", s.txnLSN, err))
 		}
+		if first := s.tracker.State().Err; first != nil {
+			// A fenced producer's error hides the delivery failure behind it.
+			return s.deliveryError(first)
+		}
 		return err
 	}
 	return nil
+}
+
+// deliveryError is the session's end after Kafka failed a record: fatal when
+// the broker will never take it, a replay from the slot otherwise.
+func (s *stream) deliveryError(err error) error {
+	if isRecordError(err) {
+		return Fatal(fmt.Errorf("kafka refused a record: %w", err))
+	}
+	return fmt.Errorf("kafka delivery: %w", err)
 }
 
 // sendStatus reports the confirmed position: every interval while it moves,
@@ -282,20 +308,29 @@ func (s *stream) sendStatus(now time.Time) error {
 	if !s.reply && st.Confirmed == s.sentFlush && now.Sub(s.sentAt) < s.r.cfg.IdleStatusInterval {
 		return nil
 	}
-	write := s.received
-	if write < st.Confirmed {
-		write = st.Confirmed
+	write, flush := s.received, st.Confirmed
+	if write < flush {
+		write = flush
+	}
+	if !s.positioned {
+		// All zero: the walsender ignores an invalid flush position (and
+		// pglogrepl substitutes the write position for a zero flush, so
+		// write must be zero too). This still answers a reply request.
+		write, flush = 0, 0
 	}
 	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), s.conn, pglogrepl.StandbyStatusUpdate{
 		WALWritePosition: write,
-		WALFlushPosition: st.Confirmed, // the acknowledged position, never the received one
-		WALApplyPosition: st.Confirmed,
+		WALFlushPosition: flush, // the acknowledged position, never the received one
+		WALApplyPosition: flush,
 		ClientTime:       now,
 	})
 	if err != nil {
 		return fmt.Errorf("send standby status: %w", err)
 	}
-	s.sentFlush, s.sentAt, s.reply = st.Confirmed, now, false
+	if s.positioned {
+		s.sentFlush = flush
+	}
+	s.sentAt, s.reply = now, false
 	return nil
 }
 
@@ -303,7 +338,13 @@ func (s *stream) sendStatus(now time.Time) error {
 // in flight, send the final status, then end the COPY so the server has
 // processed that status before the connection closes.
 func (s *stream) stop(deadline time.Time) error {
-	if err := s.flush(context.Background()); err != nil {
+	if s.txn != nil {
+		// The deadline passed inside a transaction: it cannot be confirmed,
+		// so producing the rest of its batch would only make duplicates.
+		s.r.log.Warn("shutdown timeout inside a transaction; it will be produced again on restart", "transaction", s.txnLSN)
+		clear(s.batch)
+		s.batch = s.batch[:0]
+	} else if err := s.flush(context.Background()); err != nil {
 		s.r.log.Warn("could not hand the last records to Kafka; they will be replayed", "error", err)
 	}
 	for {

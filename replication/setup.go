@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -60,6 +61,17 @@ func (r *Runner) prepare(ctx context.Context, conn *pgconn.PgConn, mayCreateSlot
 	}
 	if len(rows) == 1 && rows[0][0] != "logical" {
 		return slotInfo{}, Fatal(fmt.Errorf("wal_level is %q: set wal_level = logical in postgresql.conf and restart PostgreSQL", rows[0][0]))
+	}
+	rows, err = query(ctx, conn, "SELECT setting::bigint FROM pg_catalog.pg_settings WHERE name = 'wal_sender_timeout'")
+	if err != nil {
+		return slotInfo{}, fmt.Errorf("read wal_sender_timeout: %w", err)
+	}
+	if len(rows) == 1 {
+		var ms int64
+		fmt.Sscan(rows[0][0], &ms)
+		if timeout := time.Duration(ms) * time.Millisecond; timeout > 0 && 2*r.cfg.IdleStatusInterval >= timeout {
+			return slotInfo{}, Fatal(fmt.Errorf("postgres.idle_status_interval (%s) must be under half the server's wal_sender_timeout (%s), or the server may drop the connection while outboxd waits for Kafka", r.cfg.IdleStatusInterval, timeout))
+		}
 	}
 	if err := r.ensurePublication(ctx, conn); err != nil {
 		return slotInfo{}, err

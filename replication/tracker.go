@@ -123,8 +123,10 @@ func (t *Tracker) advance() {
 		if !x.committed || x.pending > 0 || x.failed {
 			break
 		}
-		t.confirmed = x.end
-		t.lastTime = x.commitTime
+		if x.end > t.confirmed {
+			t.confirmed = x.end
+			t.lastTime = x.commitTime
+		}
 		n++
 	}
 	if n > 0 {

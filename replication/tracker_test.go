@@ -176,3 +176,19 @@ func TestTrackerBounds(t *testing.T) {
 		t.Fatalf("state %+v", st)
 	}
 }
+
+// A transaction whose end lies below the position the tracker started from
+// (or already reached from a keepalive) never moves the position back.
+func TestTrackerNeverMovesBack(t *testing.T) {
+	tr := replication.NewTracker(500, 10, 1000)
+	x := tr.Begin(time.Now())
+	tr.Track(x, 1).Ack(nil)
+	tr.Commit(x, 400)
+	if got := tr.State().Confirmed; got != 500 {
+		t.Fatalf("confirmed moved back to %s", got)
+	}
+	tr.Keepalive(300)
+	if got := tr.State().Confirmed; got != 500 {
+		t.Fatalf("keepalive moved confirmed back to %s", got)
+	}
+}

@@ -134,10 +134,9 @@ func New(cfg Config, log hclog.Logger) (*Producer, error) {
 	return p, nil
 }
 
-// Produce hands records to the writer. It returns an error when a record was
-// not accepted; the records before it were, and will be acknowledged or
-// failed through their Ackers. After an error the caller must stop and
-// replace the producer.
+// Produce hands records to the writer. kafka-go accepts all of a call's
+// records or none: on an error every record of the call is failed through
+// its Acker, and the caller must stop and replace the producer.
 func (p *Producer) Produce(ctx context.Context, recs []outboxd.Record) error {
 	if p.fenced.Load() {
 		return ErrFenced
@@ -162,6 +161,15 @@ func (p *Producer) Produce(ctx context.Context, recs []outboxd.Record) error {
 		return nil
 	}
 	p.fenced.Store(true)
+	err = p.refused(recs, err)
+	for i := range recs {
+		recs[i].Ack.Ack(err)
+	}
+	return err
+}
+
+// refused explains an error of WriteMessages.
+func (p *Producer) refused(recs []outboxd.Record, err error) error {
 	var tooLarge kafka.MessageTooLargeError
 	switch {
 	case errors.As(err, &tooLarge):
@@ -179,11 +187,34 @@ func (p *Producer) complete(msgs []kafka.Message, err error) {
 	if err != nil && !p.fenced.Swap(true) {
 		p.log.Error("delivery failed; no further records will be sent by this producer", "topic", msgs[0].Topic, "partition", msgs[0].Partition, "records", len(msgs), "error", err)
 	}
+	if reason := permanent(err); reason != "" {
+		err = &RecordError{Topic: msgs[0].Topic, Key: msgs[0].Key, Reason: reason, Err: err}
+	}
 	for i := range msgs {
 		if a, ok := msgs[i].WriterData.(outboxd.Acker); ok {
 			a.Ack(err)
 		}
 	}
+}
+
+// permanent names the broker errors that no retry or replay can fix: the
+// same records would fail the same way for ever.
+func permanent(err error) string {
+	var kerr kafka.Error
+	if !errors.As(err, &kerr) {
+		return ""
+	}
+	switch kerr {
+	case kafka.MessageSizeTooLarge, kafka.RecordListTooLarge:
+		return "the broker refused the batch as too large: lower kafka.batch_bytes below the topic's max.message.bytes, or raise that"
+	case kafka.InvalidRecord, kafka.InvalidMessage:
+		return "the broker refused the record as invalid"
+	case kafka.TopicAuthorizationFailed, kafka.ClusterAuthorizationFailed:
+		return "not authorized to write to the topic: grant outboxd's principal WRITE on it"
+	case kafka.InvalidTopic:
+		return "the topic name is invalid"
+	}
+	return ""
 }
 
 // Close flushes what is batched and waits for the writer, at most until ctx
