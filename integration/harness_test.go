@@ -172,6 +172,8 @@ type daemonConfig struct {
 	routes      string // YAML list items under routes:
 	partitioner string
 	extra       string // more top-level YAML
+	dsn         string // instead of the fixture's superuser DSN
+	postgres    string // more YAML lines under postgres:, indented
 }
 
 type daemon struct {
@@ -202,7 +204,7 @@ postgres:
   slot: %s
   publication: %s
   status_interval: 200ms
-kafka:
+%skafka:
   brokers: ["%s"]
   partitioner: %s
   linger: 2ms
@@ -216,11 +218,19 @@ health:
   listen: "%s"
 log:
   level: debug
-%s`, f.name, f.name, env.KafkaBrokers, part, dc.routes, health, dc.extra)
+%s`, f.name, f.name, dc.postgres, env.KafkaBrokers, part, dc.routes, health, dc.extra)
 }
 
 // start runs outboxd and waits until it is streaming.
 func (f *fixture) start(dc daemonConfig) *daemon {
+	f.t.Helper()
+	d := f.spawn(dc)
+	d.waitReady(30 * time.Second)
+	return d
+}
+
+// spawn runs outboxd without waiting for it.
+func (f *fixture) spawn(dc daemonConfig) *daemon {
 	f.t.Helper()
 	health := freePort(f.t)
 	path := filepath.Join(f.t.TempDir(), "outboxd.yaml")
@@ -229,7 +239,11 @@ func (f *fixture) start(dc daemonConfig) *daemon {
 	}
 	d := &daemon{t: f.t, log: &syncWriter{w: &bytes.Buffer{}}, health: health, done: make(chan error, 1)}
 	d.cmd = exec.Command(binary, "run", "-c", path)
-	d.cmd.Env = append(os.Environ(), "TEST_DSN="+f.dsn)
+	dsn := f.dsn
+	if dc.dsn != "" {
+		dsn = dc.dsn
+	}
+	d.cmd.Env = append(os.Environ(), "TEST_DSN="+dsn)
 	d.cmd.Stdout = d.log
 	d.cmd.Stderr = d.log
 	if err := d.cmd.Start(); err != nil {
@@ -245,7 +259,6 @@ func (f *fixture) start(dc daemonConfig) *daemon {
 			f.t.Logf("outboxd log:\n%s", d.logText())
 		}
 	})
-	d.waitReady(30 * time.Second)
 	return d
 }
 

@@ -434,3 +434,59 @@ func TestSigtermInsideLargeTransaction(t *testing.T) {
 	t.Logf("SIGTERM with %d of 40,005 records acknowledged: %+v", st.Acked, rep)
 	d.term()
 }
+
+// TestLeastPrivilegeRoleAndNoSecrets: outboxd runs as a role with only LOGIN,
+// REPLICATION and SELECT on the outbox (sql/003_role.sql), on a publication
+// created by the owner; its password never appears in a log line. With a
+// wrong password it stops at once with a clear error, again without the
+// password.
+func TestLeastPrivilegeRoleAndNoSecrets(t *testing.T) {
+	f := newFixture(t, seedSchema, map[string]int{"comandes": 2})
+	ctx := context.Background()
+	const password = "s3cret-Pa55-do-not-log"
+	role := f.name + "_role"
+	for _, sql := range []string{
+		fmt.Sprintf("CREATE ROLE %s LOGIN REPLICATION PASSWORD '%s'", role, password),
+		fmt.Sprintf("GRANT SELECT ON outbox TO %s", role),
+		fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE outbox WITH (publish = 'insert')", f.name),
+	} {
+		if _, err := f.db.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { _, _ = f.mon.Exec(context.Background(), "DROP ROLE IF EXISTS "+role) })
+	cfg, err := pgx.ParseConfig(f.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dsn := func(pw string) string {
+		return fmt.Sprintf("postgres://%s:%s@%s:%d/%s?sslmode=disable", role, pw, cfg.Host, cfg.Port, cfg.Database)
+	}
+	dc := daemonConfig{routes: fmt.Sprintf(seedRoute, f.topic("comandes")), dsn: dsn(password), postgres: "  create_publication: false\n"}
+	d := f.start(dc)
+	w := newWriter(f, 11, 20, "outbox")
+	for i := 0; i < 10; i++ {
+		if err := w.txn(ctx, 1+i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.verify(ctx, f.topic("comandes"), "murmur2")
+	d.term()
+	if log := d.logText(); contains(log, password) {
+		t.Fatalf("the password is in the log:\n%s", log)
+	}
+
+	const wrong = "Wr0ng-pa55word-also-secret"
+	dc.dsn = dsn(wrong)
+	bad := f.spawn(dc)
+	if err := bad.exited(30 * time.Second); err == nil {
+		t.Fatal("outboxd exited 0 with a wrong password")
+	}
+	log := bad.logText()
+	if contains(log, wrong) || contains(log, password) {
+		t.Fatalf("a password is in the log:\n%s", log)
+	}
+	if !contains(log, "password authentication failed") || !contains(log, "check postgres.dsn") {
+		t.Fatalf("the error does not say what is wrong:\n%s", log)
+	}
+}

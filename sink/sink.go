@@ -98,6 +98,12 @@ func codec(name string) (kafka.Compression, error) {
 
 // New builds a producer. It does not connect until the first record.
 func New(cfg Config, log hclog.Logger) (*Producer, error) {
+	return newProducer(cfg, log, nil)
+}
+
+// newProducer builds a producer over transport, or over a kafka-go
+// Transport for the configured brokers when it is nil.
+func newProducer(cfg Config, log hclog.Logger, transport kafka.RoundTripper) (*Producer, error) {
 	bal, err := Balancer(cfg.Partitioner)
 	if err != nil {
 		return nil, err
@@ -107,11 +113,13 @@ func New(cfg Config, log hclog.Logger) (*Producer, error) {
 		return nil, err
 	}
 	p := &Producer{log: log}
-	transport := &kafka.Transport{
-		ClientID:    cfg.ClientID,
-		Dial:        (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 10 * time.Second}).DialContext,
-		IdleTimeout: 30 * time.Second,
-		MetadataTTL: 10 * time.Second,
+	if transport == nil {
+		transport = &kafka.Transport{
+			ClientID:    cfg.ClientID,
+			Dial:        (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 10 * time.Second}).DialContext,
+			IdleTimeout: 30 * time.Second,
+			MetadataTTL: 10 * time.Second,
+		}
 	}
 	p.w = &kafka.Writer{
 		Addr:            kafka.TCP(cfg.Brokers...),
