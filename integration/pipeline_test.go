@@ -4,8 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"math/rand/v2"
+	"net/http"
 	"testing"
 	"time"
 
