@@ -2,11 +2,8 @@ package main
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
-	"net/http"
 	"strings"
 	"time"
 
@@ -95,43 +92,4 @@ func buildRunner(cfg config.Config, log hclog.Logger) (*replication.Runner, erro
 		BackoffMin: pl.BackoffMin, BackoffMax: pl.BackoffMax,
 	}
 	return replication.NewRunner(rc, envelope.NewRouter(cfg.Origen, routes), newProducer, log.Named("replication"))
-}
-
-func check(path string, stdout io.Writer) error {
-	cfg, err := config.Load(path)
-	if err != nil {
-		fmt.Fprintf(stdout, "FAIL config: %v\n", err)
-		return usageError{errors.New("configuration is not valid")}
-	}
-	fmt.Fprintf(stdout, "ok   config: %d route(s), slot %s, publication %s\n", len(cfg.Routes), cfg.Postgres.Slot, cfg.Postgres.Publication)
-	return nil
-}
-
-func status(ctx context.Context, path, url string, stdout io.Writer) error {
-	if url == "" {
-		cfg, err := config.Load(path)
-		if err != nil {
-			return usageError{err}
-		}
-		if cfg.Health.Listen == "" {
-			return usageError{errors.New("health.listen is empty: the instance serves no /status; pass --url")}
-		}
-		url = "http://" + cfg.Health.Listen
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(url, "/")+"/status", nil)
-	if err != nil {
-		return usageError{err}
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return fmt.Errorf("query status: %w", err)
-	}
-	defer resp.Body.Close()
-	var v map[string]any
-	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
-		return fmt.Errorf("decode status: %w", err)
-	}
-	out, _ := json.MarshalIndent(v, "", "  ")
-	fmt.Fprintln(stdout, string(out))
-	return nil
 }
