@@ -48,6 +48,7 @@ type Postgres struct {
 	StatusInterval     time.Duration `yaml:"status_interval"`      // standby status while data flows
 	IdleStatusInterval time.Duration `yaml:"idle_status_interval"` // standby status at least this often
 	ConnectTimeout     time.Duration `yaml:"connect_timeout"`
+	StandbyRetry       time.Duration `yaml:"standby_retry"` // retry interval while another instance holds the slot
 }
 
 // Kafka is the destination cluster and producer settings.
@@ -98,6 +99,13 @@ type Pipeline struct {
 // Health is the HTTP server for /healthz /readyz /status /metrics.
 type Health struct {
 	Listen string `yaml:"listen"` // "" disables the server
+	// PollInterval is how often the slot (pg_replication_slots) and the
+	// brokers are checked for /status, /readyz and /metrics.
+	PollInterval time.Duration `yaml:"poll_interval"`
+	// MaxLag and MaxRetainedWALBytes turn readiness off when crossed; 0
+	// disables the check.
+	MaxLag              time.Duration `yaml:"max_lag"`
+	MaxRetainedWALBytes int64         `yaml:"max_retained_wal_bytes"`
 }
 
 // Log configures the logger.
@@ -115,6 +123,7 @@ func Default() Config {
 			StatusInterval:     time.Second,
 			IdleStatusInterval: 10 * time.Second,
 			ConnectTimeout:     10 * time.Second,
+			StandbyRetry:       2 * time.Second,
 		},
 		Kafka: Kafka{
 			Partitioner:  "murmur2",
@@ -133,7 +142,7 @@ func Default() Config {
 			BackoffMin:        500 * time.Millisecond,
 			BackoffMax:        30 * time.Second,
 		},
-		Health: Health{Listen: "127.0.0.1:8080"},
+		Health: Health{Listen: "127.0.0.1:8080", PollInterval: 5 * time.Second, MaxLag: time.Minute, MaxRetainedWALBytes: 1 << 30},
 		Log:    Log{Level: "info", Format: "text"},
 	}
 }
@@ -475,6 +484,7 @@ func (c Config) Validate() error {
 	v.positive("postgres.status_interval", p.StatusInterval)
 	v.positive("postgres.idle_status_interval", p.IdleStatusInterval)
 	v.positive("postgres.connect_timeout", p.ConnectTimeout)
+	v.positive("postgres.standby_retry", p.StandbyRetry)
 	if p.StatusInterval > 0 && p.IdleStatusInterval > 0 && p.IdleStatusInterval < p.StatusInterval {
 		v.add("postgres.idle_status_interval", "%s is shorter than status_interval %s", p.IdleStatusInterval, p.StatusInterval)
 	}
@@ -531,6 +541,13 @@ func (c Config) Validate() error {
 		if err := hostPort(c.Health.Listen, true); err != nil {
 			v.add("health.listen", "%q: %v (or \"\" to disable the server)", c.Health.Listen, err)
 		}
+	}
+	v.positive("health.poll_interval", c.Health.PollInterval)
+	if c.Health.MaxLag < 0 {
+		v.add("health.max_lag", "must be >= 0 (0 disables the check), got %s", c.Health.MaxLag)
+	}
+	if c.Health.MaxRetainedWALBytes < 0 {
+		v.add("health.max_retained_wal_bytes", "must be >= 0 (0 disables the check), got %d", c.Health.MaxRetainedWALBytes)
 	}
 
 	v.oneOf("log.level", c.Log.Level, "trace", "debug", "info", "warn", "error")

@@ -65,6 +65,7 @@ func TestDefault(t *testing.T) {
 			StatusInterval:     time.Second,
 			IdleStatusInterval: 10 * time.Second,
 			ConnectTimeout:     10 * time.Second,
+			StandbyRetry:       2 * time.Second,
 		},
 		Kafka: config.Kafka{
 			Partitioner:  "murmur2",
@@ -83,7 +84,7 @@ func TestDefault(t *testing.T) {
 			BackoffMin:        500 * time.Millisecond,
 			BackoffMax:        30 * time.Second,
 		},
-		Health: config.Health{Listen: "127.0.0.1:8080"},
+		Health: config.Health{Listen: "127.0.0.1:8080", PollInterval: 5 * time.Second, MaxLag: time.Minute, MaxRetainedWALBytes: 1 << 30},
 		Log:    config.Log{Level: "info", Format: "text"},
 	}
 	got := struct {
@@ -171,6 +172,7 @@ func TestParseExamples(t *testing.T) {
 				StatusInterval:     500 * time.Millisecond,
 				IdleStatusInterval: 30 * time.Second,
 				ConnectTimeout:     5 * time.Second,
+				StandbyRetry:       2 * time.Second,
 			}
 			if c.Postgres != wantPG {
 				t.Errorf("postgres =\n%+v\nwant\n%+v", c.Postgres, wantPG)

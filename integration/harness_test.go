@@ -174,6 +174,7 @@ type daemonConfig struct {
 	extra       string // more top-level YAML
 	dsn         string // instead of the fixture's superuser DSN
 	postgres    string // more YAML lines under postgres:, indented
+	health      string // more YAML lines under health:, indented
 }
 
 type daemon struct {
@@ -216,9 +217,10 @@ pipeline:
   shutdown_timeout: 20s
 health:
   listen: "%s"
-log:
+  poll_interval: 200ms
+%slog:
   level: debug
-%s`, f.name, f.name, dc.postgres, env.KafkaBrokers, part, dc.routes, health, dc.extra)
+%s`, f.name, f.name, dc.postgres, env.KafkaBrokers, part, dc.routes, health, dc.health, dc.extra)
 }
 
 // start runs outboxd and waits until it is streaming.
@@ -320,3 +322,12 @@ func (d *daemon) exited(timeout time.Duration) error {
 }
 
 func contains(s, sub string) bool { return strings.Contains(s, sub) }
+
+func lsn(t *testing.T, s string) pglogrepl.LSN {
+	t.Helper()
+	l, err := pglogrepl.ParseLSN(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}

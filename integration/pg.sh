@@ -12,6 +12,8 @@
 # DIR/pg.env gets PGHOST, PGPORT, PGUSER, OUTBOXD_PG_DSN, PGDATA_DIR.
 # The postgres role connects over TCP without password (trust); every other
 # role needs a SCRAM password. wal_level=logical, fsync=off.
+# PG_WAL_LEVEL (default logical) sets wal_level when the cluster is created,
+# e.g. PG_WAL_LEVEL=replica for a test of outboxd's preflight check.
 # All subcommands are idempotent. Run as root, the server runs as the
 # `postgres` OS user. PG_BINDIR overrides the PostgreSQL binaries folder.
 set -euo pipefail
@@ -21,7 +23,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 . "$HERE/common.sh"
 
 usage() {
-  sed -n '2,16p' "$0" >&2
+  sed -n '2,18p' "$0" >&2
   exit 2
 }
 
@@ -39,6 +41,10 @@ find_bindir() {
 }
 
 BINDIR="$(find_bindir)"
+case "${PG_WAL_LEVEL:-logical}" in
+  logical | replica) ;;
+  *) die "PG_WAL_LEVEL must be logical or replica, not ${PG_WAL_LEVEL}" ;;
+esac
 
 # as_pg CMD...: run CMD as the postgres OS user when we are root.
 as_pg() {
@@ -99,7 +105,7 @@ write_conf() { # PORT
 listen_addresses = '127.0.0.1'
 port = $1
 unix_socket_directories = '$sock'
-wal_level = logical
+wal_level = ${PG_WAL_LEVEL:-logical}
 max_replication_slots = 16
 max_wal_senders = 16
 fsync = off

@@ -125,17 +125,7 @@ func TestRestartKill9(t *testing.T) {
 	dc := daemonConfig{routes: fmt.Sprintf(seedRoute, f.topic("comandes"))}
 	d := f.start(dc)
 	w := newWriter(f, 4, 100, "outbox")
-	errc := make(chan error, 1)
-	go func() {
-		for i := 0; i < 600; i++ {
-			if err := w.txn(ctx, 1+i%20); err != nil {
-				errc <- err
-				return
-			}
-			time.Sleep(3 * time.Millisecond)
-		}
-		errc <- nil
-	}()
+	errc := w.inBackground(ctx, 600, 20, 3*time.Millisecond)
 	rng := rand.New(rand.NewPCG(7, 7))
 	var positions []pglogrepl.LSN
 	for round := 0; round < 5; round++ {
@@ -167,16 +157,7 @@ func TestRestartSigterm(t *testing.T) {
 	dc := daemonConfig{routes: fmt.Sprintf(seedRoute, f.topic("comandes")), partitioner: "crc32"}
 	d := f.start(dc)
 	w := newWriter(f, 5, 80, "outbox")
-	errc := make(chan error, 1)
-	go func() {
-		for i := 0; i < 400; i++ {
-			if err := w.txn(ctx, 1+i%30); err != nil {
-				errc <- err
-				return
-			}
-		}
-		errc <- nil
-	}()
+	errc := w.inBackground(ctx, 400, 30, 0)
 	time.Sleep(700 * time.Millisecond)
 	d.term()
 	if err := <-errc; err != nil {
@@ -403,10 +384,12 @@ func TestSigtermInsideLargeTransaction(t *testing.T) {
 	}
 	// Stop as soon as part of the big transaction is in Kafka.
 	var st struct {
-		Acked uint64 `json:"events_acknowledged"`
+		Counters struct {
+			Events uint64 `json:"events"`
+		} `json:"counters"`
 	}
 	deadline := time.Now().Add(30 * time.Second)
-	for st.Acked <= 5 {
+	for st.Counters.Events <= 5 {
 		if time.Now().After(deadline) {
 			t.Fatal("the big transaction never started streaming")
 		}
@@ -417,8 +400,8 @@ func TestSigtermInsideLargeTransaction(t *testing.T) {
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
-	if st.Acked >= 40005 {
-		t.Fatalf("the transaction was fully delivered (%d) before SIGTERM: the test did not stop inside it", st.Acked)
+	if st.Counters.Events >= 40005 {
+		t.Fatalf("the transaction was fully delivered (%d) before SIGTERM: the test did not stop inside it", st.Counters.Events)
 	}
 	d.term()
 	d = f.start(dc)
@@ -429,9 +412,9 @@ func TestSigtermInsideLargeTransaction(t *testing.T) {
 	rep := w.verify(ctx, f.topic("comandes"), "murmur2")
 	f.waitConfirmed(end, 30*time.Second)
 	if rep.duplicates != 0 {
-		t.Fatalf("SIGTERM at %d acknowledged records inside a transaction, then restart: %d duplicates", st.Acked, rep.duplicates)
+		t.Fatalf("SIGTERM at %d acknowledged records inside a transaction, then restart: %d duplicates", st.Counters.Events, rep.duplicates)
 	}
-	t.Logf("SIGTERM with %d of 40,005 records acknowledged: %+v", st.Acked, rep)
+	t.Logf("SIGTERM with %d of 40,005 records acknowledged: %+v", st.Counters.Events, rep)
 	d.term()
 }
 
@@ -489,4 +472,24 @@ func TestLeastPrivilegeRoleAndNoSecrets(t *testing.T) {
 	if !contains(log, "password authentication failed") || !contains(log, "check postgres.dsn") {
 		t.Fatalf("the error does not say what is wrong:\n%s", log)
 	}
+}
+
+// TestMissingTopicAutoCreated: like the Java producer, outboxd asks the
+// broker to create a missing topic; with auto.create.topics.enable=true (the
+// test broker's setting) the events arrive.
+func TestMissingTopicAutoCreated(t *testing.T) {
+	f := newFixture(t, seedSchema, nil)
+	ctx := context.Background()
+	topic := f.name + ".autocreada"
+	d := f.start(daemonConfig{routes: fmt.Sprintf(seedRoute, topic)})
+	w := newWriter(f, 12, 5, "outbox")
+	for i := 0; i < 5; i++ {
+		if err := w.txn(ctx, 2); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.topics[topic] = 1 // the broker's num.partitions
+	rep := w.verify(ctx, topic, "murmur2")
+	t.Logf("auto-created topic: %+v", rep)
+	d.term()
 }

@@ -105,6 +105,23 @@ func (w *writer) txn(ctx context.Context, size int) error {
 	return nil
 }
 
+// inBackground commits n transactions of 1+i%mod rows, pausing between
+// them; the channel yields the first error, or nil when all committed.
+func (w *writer) inBackground(ctx context.Context, n, mod int, pause time.Duration) <-chan error {
+	errc := make(chan error, 1)
+	go func() {
+		for i := 0; i < n; i++ {
+			if err := w.txn(ctx, 1+i%mod); err != nil {
+				errc <- err
+				return
+			}
+			time.Sleep(pause)
+		}
+		errc <- nil
+	}()
+	return errc
+}
+
 // load reads back every row the writer committed, with data_ms computed by
 // the database (truncated toward zero, as the relay's int() does).
 func (w *writer) load(ctx context.Context) {

@@ -36,6 +36,11 @@ type Config struct {
 	ShutdownTimeout    time.Duration
 	BackoffMin         time.Duration
 	BackoffMax         time.Duration
+	StandbyRetry       time.Duration // retry interval while another instance holds the slot
+	// OnConfirm, when set, is told the commit time of every confirmed
+	// transaction that carried records. It must be cheap and safe for
+	// concurrent use.
+	OnConfirm func(commitTime time.Time)
 }
 
 // Producer publishes records asynchronously: every accepted record's Acker
@@ -71,17 +76,24 @@ type Runner struct {
 	mu      sync.Mutex
 	status  Status
 	tracker *Tracker // the current session's, for live figures
-	// baseEvents counts the records acknowledged in earlier sessions.
+	// baseEvents and baseBytes count what earlier sessions acknowledged.
 	baseEvents uint64
+	baseBytes  int64
 }
 
 // Status is what the runner reports about itself.
 type Status struct {
-	State     string // starting, streaming, backoff, stopping, stopped
+	State     string    // starting, streaming, backoff, standby, stopping, stopped
+	Since     time.Time // when State was entered
 	LastError string
 	Tracker   State
-	Events    uint64 // records acknowledged since start
-	Txns      uint64 // transactions confirmed or seen since start
+	Events    uint64 // records acknowledged since start (replays included)
+	Bytes     int64  // their bytes
+	Txns      uint64 // transactions received since start (replays included)
+	// LastStatusSent is when the last standby status went to the server;
+	// WALSenderTimeout is the server's wal_sender_timeout (0: none).
+	LastStatusSent   time.Time
+	WALSenderTimeout time.Duration
 }
 
 // NewRunner checks the connection string; it does not connect.
@@ -103,11 +115,13 @@ func NewRunner(cfg Config, router *envelope.Router, newProducer func() (Producer
 // Status returns a snapshot for health reporting.
 func (r *Runner) Status() Status {
 	r.mu.Lock()
-	st, tr, base := r.status, r.tracker, r.baseEvents
+	st, tr, base, baseBytes := r.status, r.tracker, r.baseEvents, r.baseBytes
 	r.mu.Unlock()
+	st.Events, st.Bytes = base, baseBytes
 	if tr != nil {
 		st.Tracker = tr.State()
-		st.Events = base + st.Tracker.Acked
+		st.Events += st.Tracker.Acked
+		st.Bytes += st.Tracker.AckedBytes
 	}
 	return st
 }
@@ -117,7 +131,9 @@ func (r *Runner) Status() Status {
 func (r *Runner) useTracker(tr *Tracker) {
 	r.mu.Lock()
 	if r.tracker != nil {
-		r.baseEvents += r.tracker.State().Acked
+		st := r.tracker.State()
+		r.baseEvents += st.Acked
+		r.baseBytes += st.AckedBytes
 	}
 	r.tracker = tr
 	r.mu.Unlock()
@@ -125,12 +141,20 @@ func (r *Runner) useTracker(tr *Tracker) {
 
 func (r *Runner) setState(state string, err error) {
 	r.mu.Lock()
-	r.status.State = state
+	if r.status.State != state {
+		r.status.State, r.status.Since = state, time.Now()
+	}
 	if err != nil {
 		r.status.LastError = err.Error()
 	}
 	r.mu.Unlock()
 }
+
+// standbyError: another instance streams from the slot.
+type standbyError struct{ err error }
+
+func (e *standbyError) Error() string { return e.err.Error() }
+func (e *standbyError) Unwrap() error { return e.err }
 
 // Run streams until ctx is cancelled (a clean stop returns nil) or a fatal
 // error. Lost connections to PostgreSQL or Kafka and delivery failures are
@@ -159,6 +183,24 @@ func (r *Runner) Run(ctx context.Context) error {
 		if IsFatal(err) {
 			r.setState("stopped", err)
 			return err
+		}
+		var standby *standbyError
+		if errors.As(err, &standby) {
+			// Not a failure: wait on a fixed interval and take over as
+			// soon as the other instance lets go of the slot.
+			if r.Status().State != "standby" {
+				r.log.Info("standing by: another instance holds the slot", "slot", r.cfg.Slot, "detail", err, "retry", r.cfg.StandbyRetry)
+				lastErr = ""
+			}
+			r.setState("standby", err)
+			attempt = 0
+			select {
+			case <-ctx.Done():
+				r.setState("stopped", nil)
+				return nil
+			case <-time.After(r.cfg.StandbyRetry):
+			}
+			continue
 		}
 		// Only a session that ran for a while resets the backoff: one that
 		// streams and fails at once (the broker is down) keeps backing off.

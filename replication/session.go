@@ -40,6 +40,9 @@ func (r *Runner) session(ctx context.Context, first bool) (progressed bool, err 
 		return false, Fatal(fmt.Errorf("kafka producer: %w", err))
 	}
 	tracker := NewTracker(slot.confirmed, r.cfg.MaxInFlightEvents, r.cfg.MaxInFlightBytes)
+	if r.cfg.OnConfirm != nil {
+		tracker.OnConfirm(r.cfg.OnConfirm)
+	}
 	defer func() {
 		// Outstanding records of a failed session are abandoned: their
 		// positions were never confirmed, the next session replays them.
@@ -56,10 +59,16 @@ func (r *Runner) session(ctx context.Context, first bool) (progressed bool, err 
 		if hasCode(err, "42704") {
 			return false, Fatal(fmt.Errorf("start replication: %w", err))
 		}
+		if hasCode(err, "55006") { // replication slot is active for PID n
+			return false, &standbyError{err}
+		}
 		return false, fmt.Errorf("start replication: %w", err)
 	}
 	r.log.Info("streaming", "slot", r.cfg.Slot, "from", slot.confirmed.String())
 	r.setState("streaming", nil)
+	r.mu.Lock()
+	r.status.LastStatusSent = time.Now()
+	r.mu.Unlock()
 
 	r.useTracker(tracker)
 	// Wake a blocked read at once when a stop is requested.
@@ -331,6 +340,9 @@ func (s *stream) sendStatus(now time.Time) error {
 		s.sentFlush = flush
 	}
 	s.sentAt, s.reply = now, false
+	s.r.mu.Lock()
+	s.r.status.LastStatusSent = now
+	s.r.mu.Unlock()
 	return nil
 }
 

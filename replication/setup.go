@@ -69,7 +69,11 @@ func (r *Runner) prepare(ctx context.Context, conn *pgconn.PgConn, mayCreateSlot
 	if len(rows) == 1 {
 		var ms int64
 		fmt.Sscan(rows[0][0], &ms)
-		if timeout := time.Duration(ms) * time.Millisecond; timeout > 0 && 2*r.cfg.IdleStatusInterval >= timeout {
+		timeout := time.Duration(ms) * time.Millisecond
+		r.mu.Lock()
+		r.status.WALSenderTimeout = timeout
+		r.mu.Unlock()
+		if timeout > 0 && 2*r.cfg.IdleStatusInterval >= timeout {
 			return slotInfo{}, Fatal(fmt.Errorf("postgres.idle_status_interval (%s) must be under half the server's wal_sender_timeout (%s), or the server may drop the connection while outboxd waits for Kafka", r.cfg.IdleStatusInterval, timeout))
 		}
 	}

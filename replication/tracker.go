@@ -28,8 +28,12 @@ type Tracker struct {
 	err       error     // first delivery error
 	events    int
 	bytes     int64
-	acked     uint64 // records acknowledged, for counters
-	wake      chan struct{}
+	acked      uint64 // records acknowledged, for counters
+	ackedBytes int64
+	wake       chan struct{}
+	// onConfirm, when set, is called (with mu held: keep it cheap) for
+	// every transaction confirmed, with its commit time.
+	onConfirm func(commitTime time.Time)
 }
 
 // Txn is one transaction as seen by the tracker.
@@ -40,6 +44,8 @@ type Txn struct {
 	failed     bool
 	end        pglogrepl.LSN
 	commitTime time.Time
+	// pendingSeen: the transaction carried records (a latency sample).
+	pendingSeen bool
 }
 
 // ticket is the Acker of one record.
@@ -55,6 +61,10 @@ func NewTracker(start pglogrepl.LSN, maxEvents int, maxBytes int64) *Tracker {
 	return &Tracker{maxEvents: maxEvents, maxBytes: maxBytes, confirmed: start, wake: make(chan struct{}, 1)}
 }
 
+// OnConfirm registers a function told the commit time of every confirmed
+// transaction (for commit-to-acknowledgement latency). Call before use.
+func (t *Tracker) OnConfirm(f func(commitTime time.Time)) { t.onConfirm = f }
+
 // Begin opens a transaction; transactions must begin in commit order.
 func (t *Tracker) Begin(commitTime time.Time) *Txn {
 	x := &Txn{t: t, commitTime: commitTime}
@@ -68,6 +78,7 @@ func (t *Tracker) Begin(commitTime time.Time) *Txn {
 func (t *Tracker) Track(x *Txn, size int64) outboxd.Acker {
 	t.mu.Lock()
 	x.pending++
+	x.pendingSeen = true
 	t.events++
 	t.bytes += size
 	t.mu.Unlock()
@@ -107,6 +118,7 @@ func (t *Tracker) ack(k *ticket, err error) {
 		}
 	} else {
 		t.acked++
+		t.ackedBytes += k.size
 	}
 	t.advance()
 	t.mu.Unlock()
@@ -127,6 +139,9 @@ func (t *Tracker) advance() {
 			t.confirmed = x.end
 			t.lastTime = x.commitTime
 		}
+		if t.onConfirm != nil && x.pendingSeen {
+			t.onConfirm(x.commitTime)
+		}
 		n++
 	}
 	if n > 0 {
@@ -145,14 +160,22 @@ type State struct {
 	Events     int   // records in flight
 	Bytes      int64 // bytes in flight
 	Open       int   // transactions not yet confirmed
-	Acked      uint64
+	// OldestOpen is the commit time of the oldest transaction not yet
+	// confirmed, zero when none is waiting.
+	OldestOpen time.Time
+	Acked      uint64 // records acknowledged
+	AckedBytes int64  // their bytes
 }
 
 // State returns a consistent snapshot.
 func (t *Tracker) State() State {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return State{Confirmed: t.confirmed, LastCommit: t.lastTime, Err: t.err, Events: t.events, Bytes: t.bytes, Open: len(t.queue), Acked: t.acked}
+	st := State{Confirmed: t.confirmed, LastCommit: t.lastTime, Err: t.err, Events: t.events, Bytes: t.bytes, Open: len(t.queue), Acked: t.acked, AckedBytes: t.ackedBytes}
+	if len(t.queue) > 0 {
+		st.OldestOpen = t.queue[0].commitTime
+	}
+	return st
 }
 
 // Full reports whether another record of size bytes must wait. A single

@@ -31,6 +31,9 @@ type Config struct {
 	MaxAttempts  int
 	WriteTimeout time.Duration
 	ClientID     string
+	// Observe, when set, is told the outcome of every batch: its topic,
+	// records, bytes, the time since it was handed over, and the error.
+	Observe func(topic string, records int, bytes int64, latency time.Duration, err error)
 }
 
 // ErrFenced is the error of every record produced after an earlier record of
@@ -58,13 +61,20 @@ func (e *RecordError) Unwrap() error { return e.Err }
 // RecordProblem marks the error as bad input for the replication stream.
 func (e *RecordError) RecordProblem() string { return e.Reason }
 
+// How long Produce waits for a topic being auto-created to appear.
+const (
+	topicWaitStep     = 250 * time.Millisecond
+	topicWaitAttempts = 40
+)
+
 // Producer sends records asynchronously; each record's Acker learns its
 // outcome. A Producer is used for one replication session: after a failure
 // it is fenced and must be closed and replaced.
 type Producer struct {
-	w      *kafka.Writer
-	fenced atomic.Bool
-	log    hclog.Logger
+	w       *kafka.Writer
+	fenced  atomic.Bool
+	log     hclog.Logger
+	observe func(topic string, records int, bytes int64, latency time.Duration, err error)
 }
 
 // Balancer returns the kafka-go balancer for a partitioner name.
@@ -112,7 +122,7 @@ func newProducer(cfg Config, log hclog.Logger, transport kafka.RoundTripper) (*P
 	if err != nil {
 		return nil, err
 	}
-	p := &Producer{log: log}
+	p := &Producer{log: log, observe: cfg.Observe}
 	if transport == nil {
 		transport = &kafka.Transport{
 			ClientID:    cfg.ClientID,
@@ -137,7 +147,10 @@ func newProducer(cfg Config, log hclog.Logger, transport kafka.RoundTripper) (*P
 		ReadTimeout:     cfg.WriteTimeout,
 		Compression:     comp,
 		Transport:       &fence{next: transport, fenced: &p.fenced},
-		ErrorLogger:     kafka.LoggerFunc(func(f string, a ...any) { log.Debug(fmt.Sprintf(f, a...)) }),
+		// As the Java producer does: ask for a missing topic to be created and
+		// let the broker's auto.create.topics.enable decide.
+		AllowAutoTopicCreation: true,
+		ErrorLogger:            kafka.LoggerFunc(func(f string, a ...any) { log.Debug(fmt.Sprintf(f, a...)) }),
 	}
 	return p, nil
 }
@@ -150,6 +163,9 @@ func (p *Producer) Produce(ctx context.Context, recs []outboxd.Record) error {
 		return ErrFenced
 	}
 	msgs := make([]kafka.Message, len(recs))
+	// The record's CreateTime, as the Java client and librdkafka set it;
+	// kafka-go would otherwise stamp it when encoding the batch.
+	now := time.Now()
 	for i := range recs {
 		r := &recs[i]
 		m := &msgs[i]
@@ -163,8 +179,21 @@ func (p *Producer) Produce(ctx context.Context, recs []outboxd.Record) error {
 			}
 		}
 		m.WriterData = r.Ack
+		m.Time = now
 	}
 	err := p.w.WriteMessages(ctx, msgs...)
+	// A topic the broker is auto-creating (the metadata request asked it
+	// to) is unknown or leaderless for a moment: wait for it, as the Java
+	// producer does, before calling it missing. kafka-go queues nothing when
+	// WriteMessages fails, so the call can be repeated as is.
+	for wait := 0; err != nil && wait < topicWaitAttempts && (errors.Is(err, kafka.UnknownTopicOrPartition) || errors.Is(err, kafka.LeaderNotAvailable)); wait++ {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(topicWaitStep):
+		}
+		err = p.w.WriteMessages(ctx, msgs...)
+	}
 	if err == nil {
 		return nil
 	}
@@ -197,6 +226,13 @@ func (p *Producer) complete(msgs []kafka.Message, err error) {
 	}
 	if reason := permanent(err); reason != "" {
 		err = &RecordError{Topic: msgs[0].Topic, Key: msgs[0].Key, Reason: reason, Err: err}
+	}
+	if p.observe != nil && len(msgs) > 0 {
+		var n int64
+		for i := range msgs {
+			n += int64(len(msgs[i].Key) + len(msgs[i].Value))
+		}
+		p.observe(msgs[0].Topic, len(msgs), n, time.Since(msgs[0].Time), err)
 	}
 	for i := range msgs {
 		if a, ok := msgs[i].WriterData.(outboxd.Acker); ok {

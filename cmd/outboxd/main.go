@@ -1,8 +1,9 @@
 // Command outboxd streams outbox inserts from PostgreSQL's WAL to Kafka.
 //
-//	outboxd run    -c outboxd.yaml   the daemon
-//	outboxd check  -c outboxd.yaml   validate the configuration
-//	outboxd status -c outboxd.yaml   what a running instance reports
+//	outboxd run       -c outboxd.yaml          the daemon
+//	outboxd check     -c outboxd.yaml          preflight checklist
+//	outboxd status    -c outboxd.yaml          what a running instance reports
+//	outboxd slot drop -c outboxd.yaml --yes    drop the replication slot
 package main
 
 import (
@@ -16,12 +17,15 @@ import (
 	"syscall"
 )
 
-const usage = `usage: outboxd <command> -c FILE
+const usage = `usage: outboxd <command> [flags]
 
 commands:
-  run      stream outbox inserts to Kafka until SIGTERM/SIGINT
-  check    validate the configuration file
-  status   print the /status of a running instance (-c FILE or --url URL)
+  run        -c FILE                          stream outbox inserts to Kafka until SIGTERM/SIGINT
+  check      -c FILE                          preflight checklist of PostgreSQL and Kafka (exit 0 only if all pass)
+  status     [-c FILE | --url URL] [--json]   print the /status of a running instance
+  slot drop  -c FILE --yes                    drop the replication slot (undelivered events are lost with it)
+
+-c defaults to outboxd.yaml. Exit status: 0 success, 1 failure, 2 configuration or usage error.
 `
 
 func main() {
@@ -34,11 +38,34 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	cmd, args := args[0], args[1:]
+	if cmd == "slot" && len(args) > 0 && args[0] == "drop" {
+		cmd, args = "slot drop", args[1:]
+	}
+	if cmd == "help" || cmd == "-h" || cmd == "--help" {
+		fmt.Fprint(stdout, usage)
+		return 0
+	}
 	fs := flag.NewFlagSet("outboxd "+cmd, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	path := fs.String("c", "outboxd.yaml", "configuration file")
-	url := fs.String("url", "", "status: base URL of a running instance (instead of -c)")
+	var url string
+	var asJSON, yes bool
+	switch cmd {
+	case "run", "check":
+	case "status":
+		fs.StringVar(&url, "url", "", "base URL of a running instance, instead of health.listen from -c")
+		fs.BoolVar(&asJSON, "json", false, "print the raw JSON")
+	case "slot drop":
+		fs.BoolVar(&yes, "yes", false, "really drop the slot")
+	default:
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
 	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "outboxd %s: unexpected argument %q\n", cmd, fs.Arg(0))
 		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
@@ -49,23 +76,20 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 	case "run":
 		err = run(ctx, *path, stderr)
 	case "check":
-		err = check(*path, stdout)
+		err = check(ctx, *path, stdout)
 	case "status":
-		err = status(ctx, *path, *url, stdout)
-	default:
-		fmt.Fprint(stderr, usage)
+		err = status(ctx, *path, url, asJSON, stdout)
+	case "slot drop":
+		err = slotDrop(ctx, *path, yes, stdout)
+	}
+	if err == nil {
+		return 0
+	}
+	fmt.Fprintln(stderr, "outboxd:", err)
+	if errors.As(err, new(usageError)) {
 		return 2
 	}
-	if err != nil {
-		var ue usageError
-		if errors.As(err, &ue) {
-			fmt.Fprintln(stderr, "outboxd:", err)
-			return 2
-		}
-		fmt.Fprintln(stderr, "outboxd:", err)
-		return 1
-	}
-	return 0
+	return 1
 }
 
 // usageError is a configuration or command-line problem (exit status 2).

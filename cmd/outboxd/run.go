@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -27,14 +28,18 @@ func run(ctx context.Context, path string, stderr io.Writer) error {
 		JSONFormat: cfg.Log.Format == "json",
 		Output:     stderr,
 	})
-	runner, err := buildRunner(cfg, log)
+	metrics := health.NewMetrics()
+	runner, err := buildRunner(cfg, metrics, log)
 	if err != nil {
 		return err
 	}
 	var srv *health.Server
+	var mon *health.Monitor
 	if cfg.Health.Listen != "" {
+		mon = health.NewMonitor(cfg.Postgres.DSN, cfg.Postgres.Slot, cfg.Kafka.Brokers, cfg.Health.PollInterval, log.Named("health"))
 		// Bound now, so a port clash fails at start.
-		srv, err = health.Listen(cfg.Health.Listen, runner)
+		srv, err = health.Listen(cfg.Health.Listen, runner, mon, metrics,
+			health.Limits{MaxLag: cfg.Health.MaxLag, MaxRetainedWALBytes: cfg.Health.MaxRetainedWALBytes}, log.Named("health"))
 		if err != nil {
 			return fmt.Errorf("health server: %w", err)
 		}
@@ -43,11 +48,17 @@ func run(ctx context.Context, path string, stderr io.Writer) error {
 	log.Info("starting", "origen", cfg.Origen, "dsn", cfg.Postgres.RedactedDSN(), "slot", cfg.Postgres.Slot,
 		"publication", cfg.Postgres.Publication, "brokers", strings.Join(cfg.Kafka.Brokers, ","))
 
+	// The health goroutines live until the runner has stopped.
+	hctx, stopHealth := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
 	serveErr := make(chan error, 1)
 	if srv != nil {
-		go func() { serveErr <- srv.Serve() }()
+		wg.Add(2)
+		go func() { defer wg.Done(); serveErr <- srv.Serve() }()
+		go func() { defer wg.Done(); mon.Run(hctx, srv.Watch) }()
 	}
 	runErr := runner.Run(ctx)
+	stopHealth()
 	if srv != nil {
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_ = srv.Shutdown(sctx)
@@ -56,12 +67,13 @@ func run(ctx context.Context, path string, stderr io.Writer) error {
 			runErr = fmt.Errorf("health server: %w", err)
 		}
 	}
+	wg.Wait()
 	return runErr
 }
 
 // buildRunner turns the configuration into a replication runner with a
 // Kafka producer per session.
-func buildRunner(cfg config.Config, log hclog.Logger) (*replication.Runner, error) {
+func buildRunner(cfg config.Config, metrics *health.Metrics, log hclog.Logger) (*replication.Runner, error) {
 	routes := make([]envelope.Route, len(cfg.Routes))
 	tables := make([]replication.Table, len(cfg.Routes))
 	for i, r := range cfg.Routes {
@@ -77,6 +89,7 @@ func buildRunner(cfg config.Config, log hclog.Logger) (*replication.Runner, erro
 		Brokers: cfg.Kafka.Brokers, Partitioner: cfg.Kafka.Partitioner, Compression: cfg.Kafka.Compression,
 		Linger: cfg.Kafka.Linger, BatchSize: cfg.Kafka.BatchSize, BatchBytes: cfg.Kafka.BatchBytes,
 		MaxAttempts: cfg.Kafka.MaxAttempts, WriteTimeout: cfg.Kafka.WriteTimeout, ClientID: cfg.Kafka.ClientID,
+		Observe: metrics.ObserveProduce,
 	}
 	// Fail on a bad producer setting now rather than at the first session.
 	if _, err := sink.New(sc, log); err != nil {
@@ -89,7 +102,8 @@ func buildRunner(cfg config.Config, log hclog.Logger) (*replication.Runner, erro
 		DSN: p.DSN, Slot: p.Slot, Publication: p.Publication, CreateSlot: p.CreateSlot, CreatePublication: p.CreatePublication,
 		Tables: tables, StatusInterval: p.StatusInterval, IdleStatusInterval: p.IdleStatusInterval, ConnectTimeout: p.ConnectTimeout,
 		MaxInFlightEvents: pl.MaxInFlightEvents, MaxInFlightBytes: pl.MaxInFlightBytes, ShutdownTimeout: pl.ShutdownTimeout,
-		BackoffMin: pl.BackoffMin, BackoffMax: pl.BackoffMax,
+		BackoffMin: pl.BackoffMin, BackoffMax: pl.BackoffMax, StandbyRetry: p.StandbyRetry,
+		OnConfirm: metrics.ObserveConfirm,
 	}
 	return replication.NewRunner(rc, envelope.NewRouter(cfg.Origen, routes), newProducer, log.Named("replication"))
 }

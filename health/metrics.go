@@ -1,0 +1,102 @@
+package health
+
+import (
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics collects what the pipeline observes as it runs: per-topic produce
+// outcomes and commit-to-acknowledgement latency. Gauges that are snapshots
+// (slot, in flight, state) are read at scrape time by the server.
+type Metrics struct {
+	reg           *prometheus.Registry
+	events        *prometheus.CounterVec
+	bytes         *prometheus.CounterVec
+	produceErrors *prometheus.CounterVec
+	produceTime   *prometheus.HistogramVec
+	commitToAck   prometheus.Histogram
+	lastProduce   *prometheus.GaugeVec
+
+	mu     sync.Mutex
+	topics map[string]*TopicStats
+}
+
+// TopicStats is one topic's figures for /status.
+type TopicStats struct {
+	Events      uint64    `json:"events"`
+	Bytes       int64     `json:"bytes"`
+	Errors      uint64    `json:"errors"`
+	LastProduce time.Time `json:"last_produce"`
+}
+
+var latencyBuckets = []float64{.001, .002, .005, .01, .02, .05, .1, .2, .5, 1, 2, 5, 10, 30, 60}
+
+// NewMetrics registers the metrics in a registry of their own.
+func NewMetrics() *Metrics {
+	m := &Metrics{
+		reg: prometheus.NewRegistry(),
+		events: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_events_total",
+			Help: "Records acknowledged by Kafka (acks=all), by topic; replays after a crash count again."}, []string{"topic"}),
+		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_bytes_total",
+			Help: "Key and value bytes of the acknowledged records, by topic."}, []string{"topic"}),
+		produceErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_produce_errors_total",
+			Help: "Records whose produce failed (they are replayed from the slot), by topic."}, []string{"topic"}),
+		produceTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "outboxd_produce_seconds",
+			Help: "Time from handing a batch to the producer to its acknowledgement, by topic.", Buckets: latencyBuckets}, []string{"topic"}),
+		commitToAck: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "outboxd_commit_to_ack_seconds",
+			Help: "Time from a transaction's commit in PostgreSQL to the acknowledgement of its last record.", Buckets: latencyBuckets}),
+		lastProduce: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "outboxd_last_produce_timestamp_seconds",
+			Help: "Unix time of the last acknowledged record, by topic."}, []string{"topic"}),
+		topics: map[string]*TopicStats{},
+	}
+	m.reg.MustRegister(m.events, m.bytes, m.produceErrors, m.produceTime, m.commitToAck, m.lastProduce)
+	return m
+}
+
+// ObserveProduce records one batch's outcome (sink.Config.Observe).
+func (m *Metrics) ObserveProduce(topic string, records int, bytes int64, latency time.Duration, err error) {
+	now := time.Now()
+	m.mu.Lock()
+	ts := m.topics[topic]
+	if ts == nil {
+		ts = &TopicStats{}
+		m.topics[topic] = ts
+	}
+	if err != nil {
+		ts.Errors += uint64(records)
+	} else {
+		ts.Events += uint64(records)
+		ts.Bytes += bytes
+		ts.LastProduce = now
+	}
+	m.mu.Unlock()
+	if err != nil {
+		m.produceErrors.WithLabelValues(topic).Add(float64(records))
+		return
+	}
+	m.events.WithLabelValues(topic).Add(float64(records))
+	m.bytes.WithLabelValues(topic).Add(float64(bytes))
+	m.produceTime.WithLabelValues(topic).Observe(latency.Seconds())
+	m.lastProduce.WithLabelValues(topic).Set(float64(now.UnixNano()) / 1e9)
+}
+
+// ObserveConfirm records one confirmed transaction's commit-to-ack latency
+// (replication.Config.OnConfirm).
+func (m *Metrics) ObserveConfirm(commitTime time.Time) {
+	if d := time.Since(commitTime); d >= 0 {
+		m.commitToAck.Observe(d.Seconds())
+	}
+}
+
+// Topics returns a copy of the per-topic figures.
+func (m *Metrics) Topics() map[string]TopicStats {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make(map[string]TopicStats, len(m.topics))
+	for k, v := range m.topics {
+		out[k] = *v
+	}
+	return out
+}

@@ -1,0 +1,315 @@
+// Package health tells the truth about a running outboxd: the replication
+// slot as PostgreSQL sees it, the WAL it retains, the lag, what is in
+// flight, and whether Kafka is reachable. It serves /healthz, /readyz,
+// /status and /metrics; the listener is bound synchronously so a port clash
+// fails at start.
+package health
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/outboxd/outboxd/replication"
+)
+
+// Source reports the pipeline's own status.
+type Source interface {
+	Status() replication.Status
+}
+
+// Limits turn readiness off when crossed; zero disables one.
+type Limits struct {
+	MaxLag              time.Duration
+	MaxRetainedWALBytes int64
+}
+
+// Server is the HTTP health server.
+type Server struct {
+	ln     net.Listener
+	srv    *http.Server
+	src    Source
+	mon    *Monitor
+	met    *Metrics
+	limits Limits
+	log    hclog.Logger
+
+	mu       sync.Mutex
+	crossing map[string]bool // threshold name -> currently crossed, for logging once per crossing
+}
+
+// Listen binds addr.
+func Listen(addr string, src Source, mon *Monitor, met *Metrics, limits Limits, log hclog.Logger) (*Server, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{ln: ln, src: src, mon: mon, met: met, limits: limits, log: log, crossing: map[string]bool{}}
+	met.reg.MustRegister(&collector{s: s})
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", s.healthz)
+	mux.HandleFunc("GET /readyz", s.readyz)
+	mux.HandleFunc("GET /status", s.status)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(met.reg, promhttp.HandlerOpts{}))
+	s.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	return s, nil
+}
+
+// Addr is the bound address.
+func (s *Server) Addr() string { return s.ln.Addr().String() }
+
+// Serve serves until Shutdown.
+func (s *Server) Serve() error {
+	if err := s.srv.Serve(s.ln); !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// Shutdown stops the server within ctx.
+func (s *Server) Shutdown(ctx context.Context) error { return s.srv.Shutdown(ctx) }
+
+// view is everything the endpoints report, computed once per request.
+type view struct {
+	st       replication.Status
+	snap     Snapshot
+	lag      time.Duration
+	ready    bool
+	reasons  []string
+	wedged   string
+	problems map[string]string // threshold -> message, for the crossing log
+}
+
+func (s *Server) view(now time.Time) view {
+	v := view{st: s.src.Status(), snap: s.mon.Snapshot(), problems: map[string]string{}}
+	// Lag: how long the oldest committed transaction not yet acknowledged
+	// has waited; 0 when nothing is waiting.
+	if !v.st.Tracker.OldestOpen.IsZero() {
+		v.lag = now.Sub(v.st.Tracker.OldestOpen)
+		if v.lag < 0 {
+			v.lag = 0
+		}
+	}
+	if s.limits.MaxLag > 0 && v.lag > s.limits.MaxLag {
+		v.problems["lag"] = fmt.Sprintf("replication lag %s exceeds health.max_lag %s", v.lag.Round(time.Millisecond), s.limits.MaxLag)
+	}
+	if s.limits.MaxRetainedWALBytes > 0 && v.snap.RetainedBytes > s.limits.MaxRetainedWALBytes {
+		v.problems["retained_wal"] = fmt.Sprintf("the slot retains %d bytes of WAL, over health.max_retained_wal_bytes %d", v.snap.RetainedBytes, s.limits.MaxRetainedWALBytes)
+	}
+	if sl := v.snap.Slot; sl != nil {
+		switch sl.WALStatus {
+		case "unreserved":
+			v.problems["wal_status"] = "slot wal_status is unreserved: its WAL is past max_slot_wal_keep_size and will be removed at the next checkpoint unless outboxd catches up now; check Kafka and the lag"
+		case "lost":
+			v.problems["wal_status"] = "slot wal_status is lost: WAL it needed was removed and events are missing; reconcile the outbox, then drop and recreate the slot (outboxd slot drop)"
+		}
+	} else if v.snap.Err == "" && !v.snap.At.IsZero() {
+		v.problems["slot"] = "the replication slot does not exist"
+	}
+
+	if v.st.State != "streaming" {
+		v.reasons = append(v.reasons, "state is "+v.st.State)
+	}
+	if v.snap.At.IsZero() {
+		v.reasons = append(v.reasons, "the slot has not been read yet")
+	} else if v.snap.Err != "" {
+		v.reasons = append(v.reasons, "cannot read the slot: "+v.snap.Err)
+	}
+	if v.snap.Brokers > 0 && v.snap.BrokersReachable == 0 && !v.snap.At.IsZero() {
+		v.reasons = append(v.reasons, "no Kafka broker is reachable")
+	}
+	if v.st.Tracker.Err != nil {
+		v.reasons = append(v.reasons, "kafka delivery failed: "+v.st.Tracker.Err.Error())
+	}
+	for _, k := range []string{"slot", "wal_status", "lag", "retained_wal"} {
+		if msg, ok := v.problems[k]; ok {
+			v.reasons = append(v.reasons, msg)
+		}
+	}
+	v.ready = len(v.reasons) == 0
+
+	// Wedged: streaming, yet no standby status went out for longer than
+	// the server waits before dropping a silent client.
+	if (v.st.State == "streaming" || v.st.State == "stopping") && v.st.WALSenderTimeout > 0 &&
+		!v.st.LastStatusSent.IsZero() && now.Sub(v.st.LastStatusSent) > v.st.WALSenderTimeout {
+		v.wedged = fmt.Sprintf("no standby status sent for %s (wal_sender_timeout %s)", now.Sub(v.st.LastStatusSent).Round(time.Second), v.st.WALSenderTimeout)
+	}
+	if v.st.State == "stopped" {
+		v.wedged = "stopped: " + v.st.LastError
+	}
+	return v
+}
+
+// Watch logs a warning once each time a threshold is crossed, and once when
+// it clears. Pass it to Monitor.Run.
+func (s *Server) Watch(Snapshot) {
+	v := s.view(time.Now())
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, k := range []string{"slot", "wal_status", "lag", "retained_wal"} {
+		msg, crossed := v.problems[k]
+		if crossed && !s.crossing[k] {
+			if k == "wal_status" || k == "slot" {
+				s.log.Error(msg)
+			} else {
+				s.log.Warn(msg)
+			}
+		} else if !crossed && s.crossing[k] {
+			s.log.Info("back within limits", "check", k)
+		}
+		s.crossing[k] = crossed
+	}
+}
+
+func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
+	v := s.view(time.Now())
+	if v.wedged != "" {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"state": v.st.State, "reason": v.wedged})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"state": v.st.State})
+}
+
+func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
+	v := s.view(time.Now())
+	if !v.ready {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"state": v.st.State, "ready": false, "reasons": v.reasons})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"state": v.st.State, "ready": true})
+}
+
+// Status is the /status document.
+type Status struct {
+	State            string                `json:"state"`
+	Since            time.Time             `json:"since"`
+	LastError        string                `json:"last_error"`
+	Ready            bool                  `json:"ready"`
+	NotReady         []string              `json:"not_ready_reasons"`
+	Slot             *SlotInfo             `json:"slot"`
+	SlotError        string                `json:"slot_error,omitempty"`
+	SlotReadAt       time.Time             `json:"slot_read_at"`
+	ServerWALLSN     string                `json:"server_wal_lsn"`
+	RetainedWALBytes int64                 `json:"retained_wal_bytes"`
+	UnconfirmedBytes int64                 `json:"unconfirmed_bytes"`
+	LagSeconds       float64               `json:"lag_seconds"`
+	ConfirmedLSN     string                `json:"confirmed_lsn"`
+	InFlight         InFlight              `json:"in_flight"`
+	Counters         Counters              `json:"counters"`
+	Topics           map[string]TopicStats `json:"topics"`
+	Kafka            KafkaStatus           `json:"kafka"`
+}
+
+// InFlight is what outboxd holds unacknowledged.
+type InFlight struct {
+	Events       int   `json:"events"`
+	Bytes        int64 `json:"bytes"`
+	Transactions int   `json:"transactions"`
+}
+
+// Counters since the process started (replays after a failure included).
+type Counters struct {
+	Events       uint64 `json:"events"`
+	Transactions uint64 `json:"transactions"`
+	Bytes        int64  `json:"bytes"`
+}
+
+// KafkaStatus is broker reachability from the last poll.
+type KafkaStatus struct {
+	Brokers          int `json:"brokers"`
+	BrokersReachable int `json:"brokers_reachable"`
+}
+
+func (s *Server) status(w http.ResponseWriter, _ *http.Request) {
+	v := s.view(time.Now())
+	out := Status{
+		State: v.st.State, Since: v.st.Since, LastError: v.st.LastError, Ready: v.ready, NotReady: v.reasons,
+		Slot: v.snap.Slot, SlotError: v.snap.Err, SlotReadAt: v.snap.At, ServerWALLSN: v.snap.ServerWALLSN,
+		RetainedWALBytes: v.snap.RetainedBytes, UnconfirmedBytes: v.snap.UnconfirmedBytes,
+		LagSeconds:   v.lag.Seconds(),
+		ConfirmedLSN: v.st.Tracker.Confirmed.String(),
+		InFlight:     InFlight{Events: v.st.Tracker.Events, Bytes: v.st.Tracker.Bytes, Transactions: v.st.Tracker.Open},
+		Counters:     Counters{Events: v.st.Events, Transactions: v.st.Txns, Bytes: v.st.Bytes},
+		Topics:       s.met.Topics(),
+		Kafka:        KafkaStatus{Brokers: v.snap.Brokers, BrokersReachable: v.snap.BrokersReachable},
+	}
+	if out.NotReady == nil {
+		out.NotReady = []string{}
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+// collector exposes the snapshot figures at scrape time.
+type collector struct{ s *Server }
+
+var (
+	descState       = prometheus.NewDesc("outboxd_state", "1 for the current state.", []string{"state"}, nil)
+	descReady       = prometheus.NewDesc("outboxd_ready", "1 when /readyz says ready.", nil, nil)
+	descRetained    = prometheus.NewDesc("outboxd_slot_retained_wal_bytes", "WAL the slot retains: pg_current_wal_lsn() - restart_lsn.", []string{"slot"}, nil)
+	descUnconfirmed = prometheus.NewDesc("outboxd_slot_unconfirmed_bytes", "pg_current_wal_lsn() - confirmed_flush_lsn.", []string{"slot"}, nil)
+	descSlotActive  = prometheus.NewDesc("outboxd_slot_active", "1 when the slot is active (held by a walsender).", []string{"slot"}, nil)
+	descSafeWAL     = prometheus.NewDesc("outboxd_slot_safe_wal_size_bytes", "safe_wal_size of the slot (absent when max_slot_wal_keep_size is unset).", []string{"slot"}, nil)
+	descLag         = prometheus.NewDesc("outboxd_lag_seconds", "Age of the oldest committed transaction not yet acknowledged by Kafka; 0 when none waits.", nil, nil)
+	descInFlightEv  = prometheus.NewDesc("outboxd_in_flight_events", "Records produced and not yet acknowledged.", nil, nil)
+	descInFlightB   = prometheus.NewDesc("outboxd_in_flight_bytes", "Bytes of the records in flight.", nil, nil)
+	descTxns        = prometheus.NewDesc("outboxd_transactions_total", "Transactions received from the slot (replays included).", nil, nil)
+	descBrokers     = prometheus.NewDesc("outboxd_kafka_brokers_reachable", "Configured brokers that accepted a TCP connection at the last poll.", nil, nil)
+	descConfirmed   = prometheus.NewDesc("outboxd_confirmed_lsn", "Flush position outboxd has confirmed, as a number.", nil, nil)
+)
+
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descState, descReady, descRetained, descUnconfirmed, descSlotActive, descSafeWAL, descLag,
+		descInFlightEv, descInFlightB, descTxns, descBrokers, descConfirmed} {
+		ch <- d
+	}
+}
+
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	v := c.s.view(time.Now())
+	for _, st := range []string{"starting", "streaming", "backoff", "standby", "stopping", "stopped"} {
+		val := 0.0
+		if v.st.State == st {
+			val = 1
+		}
+		ch <- prometheus.MustNewConstMetric(descState, prometheus.GaugeValue, val, st)
+	}
+	ch <- prometheus.MustNewConstMetric(descReady, prometheus.GaugeValue, b2f(v.ready))
+	if sl := v.snap.Slot; sl != nil {
+		ch <- prometheus.MustNewConstMetric(descRetained, prometheus.GaugeValue, float64(v.snap.RetainedBytes), sl.Name)
+		ch <- prometheus.MustNewConstMetric(descUnconfirmed, prometheus.GaugeValue, float64(v.snap.UnconfirmedBytes), sl.Name)
+		ch <- prometheus.MustNewConstMetric(descSlotActive, prometheus.GaugeValue, b2f(sl.Active), sl.Name)
+		if sl.SafeWALSize != nil {
+			ch <- prometheus.MustNewConstMetric(descSafeWAL, prometheus.GaugeValue, float64(*sl.SafeWALSize), sl.Name)
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(descLag, prometheus.GaugeValue, v.lag.Seconds())
+	ch <- prometheus.MustNewConstMetric(descInFlightEv, prometheus.GaugeValue, float64(v.st.Tracker.Events))
+	ch <- prometheus.MustNewConstMetric(descInFlightB, prometheus.GaugeValue, float64(v.st.Tracker.Bytes))
+	ch <- prometheus.MustNewConstMetric(descTxns, prometheus.CounterValue, float64(v.st.Txns))
+	ch <- prometheus.MustNewConstMetric(descBrokers, prometheus.GaugeValue, float64(v.snap.BrokersReachable))
+	ch <- prometheus.MustNewConstMetric(descConfirmed, prometheus.GaugeValue, float64(v.st.Tracker.Confirmed))
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,385 @@
+package integration_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/outboxd/outboxd/integration/testenv"
+)
+
+// The operator commands (check, status, slot drop) run through the built
+// binary against the real services.
+
+// cmdResult is one finished outboxd command.
+type cmdResult struct {
+	stdout, stderr string
+	code           int
+}
+
+func (r cmdResult) String() string {
+	return fmt.Sprintf("exit %d\n--- stdout\n%s--- stderr\n%s", r.code, r.stdout, r.stderr)
+}
+
+// line returns the stdout line that starts with prefix ("FAIL wal_level:").
+func (r cmdResult) line(prefix string) string {
+	for _, l := range strings.Split(r.stdout, "\n") {
+		if strings.HasPrefix(l, prefix) {
+			return l
+		}
+	}
+	return ""
+}
+
+// outboxd runs the binary with TEST_DSN=dsn in its environment.
+func outboxd(t *testing.T, dsn string, args ...string) cmdResult {
+	t.Helper()
+	cmd := exec.Command(binary, args...)
+	cmd.Env = append(os.Environ(), "TEST_DSN="+dsn)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if err != nil && !errors.As(err, &exit) {
+		t.Fatalf("outboxd %v: %v", args, err)
+	}
+	return cmdResult{out.String(), errb.String(), cmd.ProcessState.ExitCode()}
+}
+
+// configFile writes the fixture's configuration (health on a free port
+// unless given) and returns its path.
+func (f *fixture) configFile(dc daemonConfig, health string) string {
+	f.t.Helper()
+	if health == "" {
+		health = freePort(f.t)
+	}
+	path := filepath.Join(f.t.TempDir(), "outboxd.yaml")
+	if err := os.WriteFile(path, []byte(f.config(dc, health)), 0o600); err != nil {
+		f.t.Fatal(err)
+	}
+	return path
+}
+
+// wantCheckFails requires a non-zero exit and a FAIL line for check name
+// that contains every want.
+func wantCheckFails(t *testing.T, r cmdResult, name string, want ...string) {
+	t.Helper()
+	if r.code != 1 {
+		t.Fatalf("check: want exit 1\n%s", r)
+	}
+	l := r.line("FAIL " + name + ":")
+	if l == "" {
+		t.Fatalf("check: no FAIL %s line\n%s", name, r)
+	}
+	for _, w := range want {
+		if !contains(l, w) {
+			t.Errorf("check: the FAIL %s line lacks %q: %s", name, w, l)
+		}
+	}
+	if !contains(l, " — fix: ") {
+		t.Errorf("check: the FAIL line has no fix hint: %s", l)
+	}
+}
+
+// TestCheckPassesOnAGoodSetup: on the seed schema with its topic, check
+// passes every line, before the first run (slot and publication to be
+// created) and after a clean stop (both exist).
+func TestCheckPassesOnAGoodSetup(t *testing.T) {
+	f := newFixture(t, seedSchema, map[string]int{"comandes": 3})
+	dc := daemonConfig{routes: fmt.Sprintf(seedRoute, f.topic("comandes"))}
+	path := f.configFile(dc, "")
+	allPass := func(r cmdResult, want ...string) {
+		t.Helper()
+		t.Logf("check:\n%s", r)
+		if r.code != 0 {
+			t.Fatalf("check on a good setup:\n%s", r)
+		}
+		lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+		for _, l := range lines {
+			if !strings.HasPrefix(l, "PASS ") {
+				t.Errorf("not a PASS line: %s", l)
+			}
+		}
+		if len(lines) < 11 {
+			t.Errorf("%d lines, want at least 11 checks\n%s", len(lines), r)
+		}
+		for _, w := range want {
+			if !contains(r.stdout, w) {
+				t.Errorf("output lacks %q\n%s", w, r)
+			}
+		}
+		if !contains(r.line("PASS database:"), "connected to postgres://postgres@") {
+			t.Errorf("the database line does not show the DSN\n%s", r)
+		}
+	}
+	allPass(outboxd(t, f.dsn, "check", "-c", path),
+		"PASS wal_level: logical", "PASS slot: "+f.name+" does not exist; will be created",
+		"PASS publication: "+f.name+" does not exist; will be created", "PASS topic "+f.topic("comandes")+": exists, 3 partition(s)",
+		"PASS table public.outbox: id uuid, agregat_id text, tipus text, versio integer, carrega jsonb, creat_en timestamp with time zone")
+
+	d := f.start(dc)
+	r := outboxd(t, f.dsn, "check", "-c", path)
+	wantCheckFails(t, r, "slot", "active for PID", "another outboxd?")
+	d.term()
+	allPass(outboxd(t, f.dsn, "check", "-c", path),
+		"PASS slot: "+f.name+" exists, inactive", "PASS publication: "+f.name+" publishes inserts of public.outbox",
+		"PASS max_replication_slots: our slot already exists")
+
+	// A topic that does not exist is reported as one the broker will create
+	// when it auto-creates (outboxd's producer asks it to), and check itself
+	// does not create it.
+	missing := f.topic("absent")
+	allPass(outboxd(t, f.dsn, "check", "-c", f.configFile(daemonConfig{routes: fmt.Sprintf(seedRoute, missing)}, "")),
+		"PASS topic "+missing+": does not exist; will be created if the broker's auto.create.topics.enable is true")
+	if n := topicPartitions(t, missing); n != 0 {
+		t.Errorf("check created topic %s (%d partitions): it must only look", missing, n)
+	}
+}
+
+// topicPartitions counts a topic's partitions without asking for it by name.
+func topicPartitions(t *testing.T, topic string) int {
+	t.Helper()
+	conn, err := kafka.Dial("tcp", env.KafkaBrokers)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	parts, err := conn.ReadPartitions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, p := range parts {
+		if p.Topic == topic {
+			n++
+		}
+	}
+	return n
+}
+
+// TestCheckFailsOnWalLevelReplica: a second throwaway cluster with
+// wal_level=replica.
+func TestCheckFailsOnWalLevelReplica(t *testing.T) {
+	needEnv(t)
+	scripts, err := testenv.ScriptsDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp("", "outboxd-replica-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil { // the server runs as the postgres OS user
+		t.Fatal(err)
+	}
+	pgsh := filepath.Join(scripts, "pg.sh")
+	t.Cleanup(func() {
+		if out, err := exec.Command("bash", pgsh, "destroy", dir).CombinedOutput(); err != nil {
+			t.Errorf("destroy the replica cluster: %v\n%s", err, out)
+		}
+		os.RemoveAll(dir)
+	})
+	cmd := exec.Command("bash", pgsh, "start", dir)
+	cmd.Env = append(os.Environ(), "PG_WAL_LEVEL=replica")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("start a wal_level=replica cluster: %v\n%s", err, out)
+	}
+	var dsn string
+	for _, l := range strings.Split(string(out), "\n") {
+		if v, ok := strings.CutPrefix(l, "OUTBOXD_PG_DSN="); ok {
+			dsn = v
+		}
+	}
+	if dsn == "" {
+		t.Fatalf("no OUTBOXD_PG_DSN in:\n%s", out)
+	}
+	conn, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(context.Background(), seedSchema); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close(context.Background())
+
+	f := &fixture{t: t, name: "km0_replica", dsn: dsn}
+	r := outboxd(t, dsn, "check", "-c", f.configFile(daemonConfig{routes: fmt.Sprintf(seedRoute, "km0_replica.comandes")}, ""))
+	wantCheckFails(t, r, "wal_level", "wal_level is replica", "wal_level = logical", "restart")
+	if l := r.line("PASS table public.outbox:"); l == "" {
+		t.Errorf("the other checks still run after wal_level fails\n%s", r)
+	}
+}
+
+// TestCheckFails: each broken setup fails check with its line.
+func TestCheckFails(t *testing.T) {
+	tests := []struct {
+		name  string
+		setup func(f *fixture) (daemonConfig, string) // config and the DSN outboxd uses
+		check string
+		want  []string
+	}{
+		{"MissingColumn", func(f *fixture) (daemonConfig, string) {
+			routes := fmt.Sprintf(seedRoute, f.topic("comandes")) + "    columns: {tipus: kind}\n"
+			return daemonConfig{routes: routes}, f.dsn
+		}, "table public.outbox", []string{"column kind (columns.tipus) does not exist", "set routes[].columns.tipus to one of: agregat, agregat_id"}},
+		{"TimestampWithoutTimeZone", func(f *fixture) (daemonConfig, string) {
+			mustExec(f, "ALTER TABLE outbox ALTER COLUMN creat_en TYPE timestamp")
+			return daemonConfig{routes: fmt.Sprintf(seedRoute, f.topic("comandes"))}, f.dsn
+		}, "table public.outbox", []string{"timestamp without time zone", "TYPE timestamptz"}},
+		{"RoleWithoutReplication", func(f *fixture) (daemonConfig, string) {
+			role := f.name + "_norepl"
+			mustExec(f, fmt.Sprintf("CREATE ROLE %s LOGIN PASSWORD 'pw-norepl-9'", role))
+			mustExec(f, fmt.Sprintf("GRANT SELECT ON outbox TO %s", role))
+			f.t.Cleanup(func() { _, _ = f.mon.Exec(context.Background(), "DROP OWNED BY "+role+"; DROP ROLE IF EXISTS "+role) })
+			return daemonConfig{routes: fmt.Sprintf(seedRoute, f.topic("comandes"))}, roleDSN(f, role, "pw-norepl-9")
+		}, "role", []string{"neither REPLICATION nor SUPERUSER", "REPLICATION (see sql/003_role.sql)"}},
+		{"MissingPublication", func(f *fixture) (daemonConfig, string) {
+			return daemonConfig{routes: fmt.Sprintf(seedRoute, f.topic("comandes")), postgres: "  create_publication: false\n"}, f.dsn
+		}, "publication", []string{"does not exist and postgres.create_publication is false", "sql/002_publication.sql"}},
+		{"UnreachableBroker", func(f *fixture) (daemonConfig, string) {
+			return daemonConfig{routes: fmt.Sprintf(seedRoute, f.topic("comandes"))}, f.dsn
+		}, "kafka", []string{"0 of 1 brokers reachable", "refused"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, seedSchema, map[string]int{"comandes": 1})
+			dc, dsn := tc.setup(f)
+			path := f.configFile(dc, "")
+			if tc.name == "UnreachableBroker" {
+				closed := freePort(t) // nothing listens there once freePort returns
+				data, _ := os.ReadFile(path)
+				data = bytes.Replace(data, []byte(`["`+env.KafkaBrokers+`"]`), []byte(`["`+closed+`"]`), 1)
+				if err := os.WriteFile(path, data, 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			r := outboxd(t, dsn, "check", "-c", path)
+			wantCheckFails(t, r, tc.check, tc.want...)
+			if l := r.line("PASS database:"); l == "" {
+				t.Errorf("no PASS database line\n%s", r)
+			}
+			if contains(r.stdout+r.stderr, "pw-norepl-9") {
+				t.Errorf("the password is in the output\n%s", r)
+			}
+		})
+	}
+}
+
+func mustExec(f *fixture, sql string) {
+	f.t.Helper()
+	if _, err := f.db.Exec(context.Background(), sql); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+func roleDSN(f *fixture, role, password string) string {
+	cfg, err := pgx.ParseConfig(f.dsn)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return fmt.Sprintf("postgres://%s:%s@%s:%d/%s?sslmode=disable", role, password, cfg.Host, cfg.Port, cfg.Database)
+}
+
+// TestCheckInvalidConfig: an invalid file is a FAIL config line and exit 2.
+func TestCheckInvalidConfig(t *testing.T) {
+	needEnv(t)
+	path := filepath.Join(t.TempDir(), "bad.yaml")
+	if err := os.WriteFile(path, []byte("origen: x\nbogus: 1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := outboxd(t, "", "check", "-c", path)
+	if r.code != 2 || !strings.HasPrefix(r.stdout, "FAIL config: ") || !contains(r.line("FAIL config:"), "line 2") {
+		t.Fatalf("check on an invalid file:\n%s", r)
+	}
+}
+
+// TestSlotDropCommand: refuses an active slot, refuses without --yes (and
+// says what would be lost), drops with --yes, then reports it absent.
+func TestSlotDropCommand(t *testing.T) {
+	f := newFixture(t, seedSchema, map[string]int{"comandes": 1})
+	dc := daemonConfig{routes: fmt.Sprintf(seedRoute, f.topic("comandes"))}
+	path := f.configFile(dc, "")
+	d := f.start(dc)
+
+	r := outboxd(t, f.dsn, "slot", "drop", "-c", path, "--yes")
+	if r.code != 1 || !contains(r.stderr, "is active for PID") || !contains(r.stderr, "stop outboxd first") {
+		t.Fatalf("slot drop of an active slot:\n%s", r)
+	}
+	d.term()
+	exists := func() bool {
+		var n int
+		if err := f.mon.QueryRow(context.Background(), "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", f.name).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 1
+	}
+	confirmed, _ := f.slot()
+	mustExec(f, "CREATE TABLE filler AS SELECT g FROM generate_series(1, 1000) g") // WAL after the confirmed position
+
+	r = outboxd(t, f.dsn, "slot", "drop", "-c", path)
+	if r.code != 2 || !contains(r.stdout, "WARNING") || !contains(r.stdout, "confirmed_flush_lsn "+confirmed.String()) ||
+		!contains(r.stdout, "of WAL written after it") || !contains(r.stderr, "without --yes") {
+		t.Fatalf("slot drop without --yes:\n%s", r)
+	}
+	if !exists() {
+		t.Fatal("the slot was dropped without --yes")
+	}
+
+	r = outboxd(t, f.dsn, "slot", "drop", "-c", path, "--yes")
+	if r.code != 0 || !contains(r.stdout, "dropped replication slot "+f.name) {
+		t.Fatalf("slot drop --yes:\n%s", r)
+	}
+	if exists() {
+		t.Fatal("slot drop --yes exited 0 but the slot is still in pg_replication_slots")
+	}
+
+	r = outboxd(t, f.dsn, "slot", "drop", "-c", path, "--yes")
+	if r.code != 1 || !contains(r.stderr, "does not exist") {
+		t.Fatalf("slot drop of an absent slot:\n%s", r)
+	}
+}
+
+// TestStatusCommand: status of a running daemon, by --url and by -c, as
+// text and as JSON; an unreachable instance is exit 1.
+func TestStatusCommand(t *testing.T) {
+	f := newFixture(t, seedSchema, map[string]int{"comandes": 1})
+	dc := daemonConfig{routes: fmt.Sprintf(seedRoute, f.topic("comandes"))}
+	d := f.start(dc)
+
+	r := outboxd(t, f.dsn, "status", "--url", "http://"+d.health)
+	if r.code != 0 || !strings.HasPrefix(r.stdout, "state: streaming\n") {
+		t.Fatalf("status --url:\n%s", r)
+	}
+	for _, l := range strings.Split(strings.TrimSpace(r.stdout), "\n") {
+		if k, _, ok := strings.Cut(l, ": "); !ok || strings.ContainsAny(k, " {") {
+			t.Errorf("not a key: value line: %q", l)
+		}
+	}
+	t.Logf("status:\n%s", r)
+	r = outboxd(t, f.dsn, "status", "-c", f.configFile(dc, d.health))
+	if r.code != 0 || !contains(r.stdout, "state: streaming") {
+		t.Fatalf("status -c:\n%s", r)
+	}
+	r = outboxd(t, f.dsn, "status", "--url", d.health, "--json")
+	var doc map[string]any
+	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &doc) != nil || doc["state"] != "streaming" {
+		t.Fatalf("status --json:\n%s", r)
+	}
+	d.term()
+
+	r = outboxd(t, f.dsn, "status", "--url", "http://"+d.health)
+	if r.code != 1 || !contains(r.stderr, "no outboxd answers at http://"+d.health+"/status") {
+		t.Fatalf("status of a stopped instance:\n%s", r)
+	}
+}

@@ -1,0 +1,162 @@
+package preflight
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/outboxd/outboxd/config"
+)
+
+const kafkaTimeout = 5 * time.Second
+
+// dialKafka connects to one broker and asks for its API versions, so that a
+// port that accepts TCP but does not speak Kafka is not counted.
+func dialKafka(ctx context.Context, clientID, addr string) (*kafka.Conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, kafkaTimeout)
+	defer cancel()
+	conn, err := (&kafka.Dialer{Timeout: kafkaTimeout, ClientID: clientID}).DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	_ = conn.SetDeadline(time.Now().Add(kafkaTimeout))
+	if _, err := conn.ApiVersions(); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("%s accepts TCP but does not answer as a Kafka broker: %w", addr, err)
+	}
+	return conn, nil
+}
+
+// brokerDial is the outcome of dialling one address.
+type brokerDial struct {
+	addr string
+	err  error
+}
+
+func checkKafka(ctx context.Context, cfg config.Config) []Result {
+	var dials []brokerDial
+	var conn *kafka.Conn
+	for _, addr := range cfg.Kafka.Brokers {
+		c, err := dialKafka(ctx, cfg.Kafka.ClientID, addr)
+		dials = append(dials, brokerDial{addr, err})
+		if err == nil {
+			if conn == nil {
+				conn = c
+			} else {
+				c.Close()
+			}
+		}
+	}
+	topics := routeTopics(cfg)
+	if conn == nil {
+		out := []Result{evalKafka(dials, nil)}
+		for _, t := range topics {
+			out = append(out, skipped("topic "+t, "no broker is reachable"))
+		}
+		return out
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(kafkaTimeout))
+	// The addresses the cluster advertises are the ones producers use after
+	// bootstrapping: a wrong advertised.listeners passes the bootstrap dial
+	// and fails every produce.
+	var advertised []brokerDial
+	brokers, err := conn.Brokers()
+	if err != nil {
+		advertised = append(advertised, brokerDial{"(cluster metadata)", err})
+	}
+	for _, b := range brokers {
+		addr := net.JoinHostPort(b.Host, strconv.Itoa(b.Port))
+		c, err := dialKafka(ctx, cfg.Kafka.ClientID, addr)
+		if err == nil {
+			c.Close()
+		}
+		advertised = append(advertised, brokerDial{addr, err})
+	}
+	out := []Result{evalKafka(dials, advertised)}
+
+	// All topics, not the routed ones by name: a metadata request naming a
+	// topic may make the broker create it.
+	_ = conn.SetDeadline(time.Now().Add(kafkaTimeout))
+	parts, err := conn.ReadPartitions()
+	if err != nil {
+		for _, t := range topics {
+			out = append(out, fail("topic "+t, "cannot read the cluster's topics: "+err.Error(), "check the broker's logs and ACLs (Describe on the topic)"))
+		}
+		return out
+	}
+	count := map[string]int{}
+	for _, p := range parts {
+		count[p.Topic]++
+	}
+	for _, t := range topics {
+		out = append(out, evalTopic(t, count[t], producerCreatesTopics))
+	}
+	return out
+}
+
+func routeTopics(cfg config.Config) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, r := range cfg.Routes {
+		if !seen[r.Topic] {
+			seen[r.Topic] = true
+			out = append(out, r.Topic)
+		}
+	}
+	return out
+}
+
+// evalKafka passes when every configured broker and every broker the cluster
+// advertises answers.
+func evalKafka(bootstrap, advertised []brokerDial) Result {
+	var ok, bad []string
+	for _, d := range bootstrap {
+		if d.err != nil {
+			bad = append(bad, d.err.Error())
+		} else {
+			ok = append(ok, d.addr)
+		}
+	}
+	if len(bad) > 0 {
+		return fail("kafka", fmt.Sprintf("%d of %d brokers reachable: %s", len(ok), len(bootstrap), strings.Join(bad, "; ")),
+			"check kafka.brokers (host:port of the broker's listener) and that the broker runs and accepts connections from here")
+	}
+	var advOK, advBad []string
+	for _, d := range advertised {
+		if d.err != nil {
+			advBad = append(advBad, d.err.Error())
+		} else {
+			advOK = append(advOK, d.addr)
+		}
+	}
+	if len(advBad) > 0 {
+		return fail("kafka", fmt.Sprintf("the bootstrap brokers answer, but %d of %d brokers the cluster advertises do not: %s", len(advBad), len(advertised), strings.Join(advBad, "; ")),
+			"set the brokers' advertised.listeners to addresses reachable from here")
+	}
+	sort.Strings(advOK)
+	return pass("kafka", "%d of %d brokers reachable (%s); cluster advertises %s", len(ok), len(bootstrap), strings.Join(ok, ", "), strings.Join(advOK, ", "))
+}
+
+// producerCreatesTopics says whether outboxd's producer asks the broker to
+// create a missing topic. sink's kafka.Writer sets AllowAutoTopicCreation and
+// waits for a topic being created (TestMissingTopicAutoCreated), so the
+// broker's auto.create.topics.enable decides.
+const producerCreatesTopics = true
+
+func evalTopic(topic string, partitions int, producerCreates bool) Result {
+	if partitions > 0 {
+		return pass("topic "+topic, "exists, %d partition(s)", partitions)
+	}
+	if producerCreates {
+		return pass("topic "+topic, "does not exist; will be created if the broker's auto.create.topics.enable is true (outboxd cannot read that broker setting cheaply: create the topic beforehand to choose its partitions and be sure)")
+	}
+	return fail("topic "+topic, "does not exist, and outboxd's producer does not ask the broker to create topics (whatever auto.create.topics.enable says): the first event routed to it would stop outboxd",
+		fmt.Sprintf("create it first, e.g. kafka-topics.sh --create --topic %s --partitions N --replication-factor 3", topic))
+}

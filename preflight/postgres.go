@@ -1,0 +1,280 @@
+package preflight
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxd/outboxd/config"
+)
+
+// Connect opens a normal (non-replication) connection with the configured
+// DSN and connect timeout. Its error never contains the password.
+func Connect(ctx context.Context, pg config.Postgres) (*pgx.Conn, error) {
+	pcfg, err := pgx.ParseConfig(pg.DSN)
+	if err != nil {
+		return nil, fmt.Errorf("parse postgres.dsn %s: %s", pg.RedactedDSN(), scrub(err.Error(), ""))
+	}
+	pcfg.ConnectTimeout = pg.ConnectTimeout
+	conn, err := pgx.ConnectConfig(ctx, pcfg)
+	if err != nil {
+		return nil, errors.New(scrub(err.Error(), pcfg.Password))
+	}
+	return conn, nil
+}
+
+func scrub(msg, password string) string {
+	if password != "" {
+		msg = strings.ReplaceAll(msg, password, "xxxxx")
+	}
+	return msg
+}
+
+func checkPostgres(ctx context.Context, cfg config.Config) []Result {
+	pg := cfg.Postgres
+	ctx, cancel := context.WithTimeout(ctx, pg.ConnectTimeout+30*time.Second)
+	defer cancel()
+	conn, err := Connect(ctx, pg)
+	if err != nil {
+		out := []Result{fail("database", fmt.Sprintf("cannot connect to %s: %s", pg.RedactedDSN(), oneLine(err.Error())),
+			"check postgres.dsn (host, port, database, user, password) and pg_hba.conf; the server must accept TCP connections from here")}
+		for _, name := range databaseChecks(cfg) {
+			out = append(out, skipped(name, "the database is unreachable"))
+		}
+		return out
+	}
+	defer conn.Close(context.Background())
+	var version, db, user string
+	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version'), current_database(), current_user").Scan(&version, &db, &user); err != nil {
+		return []Result{fail("database", "connected, but a query failed: "+err.Error(), "check the role's privileges")}
+	}
+	out := []Result{pass("database", "connected to %s (PostgreSQL %s, database %s, role %s)", pg.RedactedDSN(), version, db, user)}
+	for _, check := range []func(context.Context, *pgx.Conn, config.Config) []Result{
+		checkWalLevel, checkCapacity, checkRole, checkTables, checkPublication, checkSlot,
+	} {
+		out = append(out, check(ctx, conn, cfg)...)
+	}
+	return out
+}
+
+// databaseChecks names the checks that need a database connection.
+func databaseChecks(cfg config.Config) []string {
+	names := []string{"wal_level", "max_replication_slots", "max_wal_senders", "role"}
+	for _, r := range cfg.Routes {
+		names = append(names, "table "+r.Table)
+	}
+	return append(names, "publication", "slot")
+}
+
+func queryFailed(name string, err error) []Result {
+	return []Result{fail(name, "query failed: "+oneLine(err.Error()), "check that the role can read the system catalogs")}
+}
+
+// ---- wal_level ----
+
+func checkWalLevel(ctx context.Context, conn *pgx.Conn, _ config.Config) []Result {
+	var level string
+	if err := conn.QueryRow(ctx, "SELECT current_setting('wal_level')").Scan(&level); err != nil {
+		return queryFailed("wal_level", err)
+	}
+	return []Result{evalWalLevel(level)}
+}
+
+func evalWalLevel(level string) Result {
+	if level == "logical" {
+		return pass("wal_level", "logical")
+	}
+	return fail("wal_level", fmt.Sprintf("wal_level is %s, logical decoding needs logical", level),
+		"set wal_level = logical in postgresql.conf (ALTER SYSTEM SET wal_level = logical) and restart PostgreSQL")
+}
+
+// ---- max_replication_slots, max_wal_senders ----
+
+type capacity struct {
+	maxSlots, usedSlots     int
+	slotExists              bool
+	maxSenders, usedSenders int
+}
+
+func checkCapacity(ctx context.Context, conn *pgx.Conn, cfg config.Config) []Result {
+	var c capacity
+	err := conn.QueryRow(ctx, `SELECT current_setting('max_replication_slots')::int,
+		(SELECT count(*) FROM pg_catalog.pg_replication_slots)::int,
+		EXISTS (SELECT 1 FROM pg_catalog.pg_replication_slots WHERE slot_name = $1),
+		current_setting('max_wal_senders')::int,
+		(SELECT count(*) FROM pg_catalog.pg_stat_replication)::int`, cfg.Postgres.Slot).
+		Scan(&c.maxSlots, &c.usedSlots, &c.slotExists, &c.maxSenders, &c.usedSenders)
+	if err != nil {
+		return queryFailed("max_replication_slots", err)
+	}
+	return evalCapacity(c)
+}
+
+func evalCapacity(c capacity) []Result {
+	var out []Result
+	switch {
+	case c.slotExists:
+		out = append(out, pass("max_replication_slots", "our slot already exists (%d of %d slots in use)", c.usedSlots, c.maxSlots))
+	case c.usedSlots < c.maxSlots:
+		out = append(out, pass("max_replication_slots", "%d of %d slots in use, one is free for ours", c.usedSlots, c.maxSlots))
+	default:
+		out = append(out, fail("max_replication_slots", fmt.Sprintf("all %d slots are in use and ours does not exist", c.maxSlots),
+			"raise max_replication_slots (restart needed) or drop an unused slot (SELECT slot_name, active FROM pg_replication_slots)"))
+	}
+	if c.usedSenders < c.maxSenders {
+		out = append(out, pass("max_wal_senders", "%d of %d walsenders active", c.usedSenders, c.maxSenders))
+	} else {
+		out = append(out, fail("max_wal_senders", fmt.Sprintf("all %d walsenders are active (pg_stat_replication)", c.maxSenders),
+			"raise max_wal_senders (restart needed) or stop an unused replication client"))
+	}
+	return out
+}
+
+// ---- role ----
+
+func checkRole(ctx context.Context, conn *pgx.Conn, _ config.Config) []Result {
+	var name string
+	var repl, super bool
+	err := conn.QueryRow(ctx, "SELECT rolname, rolreplication, rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user").Scan(&name, &repl, &super)
+	if err != nil {
+		return queryFailed("role", err)
+	}
+	return []Result{evalRole(name, repl, super)}
+}
+
+func evalRole(name string, repl, super bool) Result {
+	switch {
+	case super:
+		return pass("role", "%s is a superuser (a least-privilege role with REPLICATION is enough: sql/003_role.sql)", name)
+	case repl:
+		return pass("role", "%s has REPLICATION", name)
+	}
+	return fail("role", fmt.Sprintf("role %s has neither REPLICATION nor SUPERUSER, so it cannot stream from a slot", name),
+		fmt.Sprintf("as a superuser: ALTER ROLE %s REPLICATION (see sql/003_role.sql)", pgx.Identifier{name}.Sanitize()))
+}
+
+// ---- tables and columns ----
+
+// column is one column of an outbox table: its type as format_type prints
+// it and the name of its base type (a domain's underlying type).
+type column struct{ typ, base string }
+
+func checkTables(ctx context.Context, conn *pgx.Conn, cfg config.Config) []Result {
+	var out []Result
+	for _, r := range cfg.Routes {
+		name := "table " + r.Table
+		ident := pgx.Identifier{r.Schema, r.Name}.Sanitize()
+		var relkind string
+		err := conn.QueryRow(ctx, "SELECT relkind::text FROM pg_catalog.pg_class WHERE oid = to_regclass($1)", ident).Scan(&relkind)
+		if errors.Is(err, pgx.ErrNoRows) {
+			out = append(out, fail(name, fmt.Sprintf("%s does not exist (or the role cannot see its schema)", r.Table),
+				"create it (sql/001_outbox.sql), or correct routes[].table; grant USAGE on its schema"))
+			continue
+		}
+		if err != nil {
+			out = append(out, queryFailed(name, err)...)
+			continue
+		}
+		rows, err := conn.Query(ctx, `SELECT a.attname, format_type(a.atttypid, a.atttypmod), bt.typname::text
+			FROM pg_catalog.pg_attribute a
+			JOIN pg_catalog.pg_type t ON t.oid = a.atttypid
+			JOIN pg_catalog.pg_type bt ON bt.oid = CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END
+			WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped`, ident)
+		if err != nil {
+			out = append(out, queryFailed(name, err)...)
+			continue
+		}
+		cols := map[string]column{}
+		var c column
+		var col string
+		_, err = pgx.ForEachRow(rows, []any{&col, &c.typ, &c.base}, func() error {
+			cols[col] = c
+			return nil
+		})
+		if err != nil {
+			out = append(out, queryFailed(name, err)...)
+			continue
+		}
+		out = append(out, evalTable(r, relkind, cols))
+	}
+	return out
+}
+
+var (
+	textTypes = []string{"text", "varchar", "bpchar", "name", "citext"}
+	intTypes  = []string{"int2", "int4", "int8"}
+	jsonTypes = []string{"jsonb", "json"}
+)
+
+func oneOf(s string, sets ...[]string) bool {
+	for _, set := range sets {
+		for _, v := range set {
+			if s == v {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// evalTable checks that every mapped column exists with a type outboxd can
+// turn into the envelope. relkind is pg_class.relkind.
+func evalTable(r config.Route, relkind string, cols map[string]column) Result {
+	name := "table " + r.Table
+	if relkind != "r" && relkind != "p" {
+		return fail(name, fmt.Sprintf("%s is not a table (relkind %s)", r.Table, relkind), "route a plain table: only tables are published")
+	}
+	type mapping struct {
+		field, column string
+		ok            func(base string) bool
+		want          string
+	}
+	maps := []mapping{
+		{"id", r.Columns.ID, func(string) bool { return true }, "any type"},
+		{"agregat_id", r.Columns.AgregatID, func(b string) bool { return oneOf(b, textTypes) || oneOf(b, []string{"uuid", "int2", "int4", "int8"}) }, "text, varchar, uuid or an integer (its text form is the Kafka key)"},
+		{"tipus", r.Columns.Tipus, func(b string) bool { return oneOf(b, textTypes) }, "text or varchar"},
+		{"versio", r.Columns.Versio, func(b string) bool { return oneOf(b, intTypes, textTypes) }, "smallint, integer, bigint or text holding an integer"},
+		{"carrega", r.Columns.Carrega, func(b string) bool { return oneOf(b, jsonTypes, textTypes) }, "jsonb, json or text holding JSON"},
+		{"creat_en", r.Columns.CreatEn, func(b string) bool { return b == "timestamptz" }, "timestamptz"},
+	}
+	var problems, fixes, found []string
+	for _, m := range maps {
+		if m.field == "versio" && m.column == config.NoColumn {
+			found = append(found, "versio -")
+			continue
+		}
+		c, ok := cols[m.column]
+		switch {
+		case !ok:
+			problems = append(problems, fmt.Sprintf("column %s (columns.%s) does not exist", m.column, m.field))
+			fixes = append(fixes, fmt.Sprintf("set routes[].columns.%s to one of: %s", m.field, strings.Join(sortedKeys(cols), ", ")))
+		case m.field == "creat_en" && c.base == "timestamp":
+			problems = append(problems, fmt.Sprintf("column %s is timestamp without time zone: the instant is ambiguous", m.column))
+			fixes = append(fixes, fmt.Sprintf("ALTER TABLE %s ALTER COLUMN %s TYPE timestamptz USING %s AT TIME ZONE 'UTC' (with the zone the writers meant)",
+				pgx.Identifier{r.Schema, r.Name}.Sanitize(), pgx.Identifier{m.column}.Sanitize(), pgx.Identifier{m.column}.Sanitize()))
+		case !m.ok(c.base):
+			problems = append(problems, fmt.Sprintf("column %s (columns.%s) is %s, outboxd needs %s", m.column, m.field, c.typ, m.want))
+			fixes = append(fixes, fmt.Sprintf("map columns.%s to a column of type %s, or change the column's type", m.field, m.want))
+		default:
+			found = append(found, fmt.Sprintf("%s %s", m.column, c.typ))
+		}
+	}
+	if len(problems) > 0 {
+		return fail(name, strings.Join(problems, "; "), strings.Join(fixes, "; "))
+	}
+	return pass(name, "%s", strings.Join(found, ", "))
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

@@ -1,0 +1,86 @@
+// Package preflight checks, before outboxd runs, that PostgreSQL and Kafka
+// are set up the way the configuration needs: one Result per check, each
+// with what is wrong and how to fix it.
+//
+// Checking never changes anything: no slot, publication or topic is
+// created, and topics are listed without asking the broker to create them.
+package preflight
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/outboxd/outboxd/config"
+)
+
+// Check outcomes.
+const (
+	Pass = "PASS"
+	Fail = "FAIL"
+	Skip = "SKIP" // not run because a check it depends on failed
+)
+
+// Result is the outcome of one check.
+type Result struct {
+	Name   string // "wal_level", "table public.outbox", "topic comandes.esdeveniments"
+	Status string // Pass, Fail or Skip
+	Detail string // what was found (PASS) or what is wrong (FAIL)
+	Fix    string // FAIL only: what the operator should do
+}
+
+// String is the result as one line: "PASS name: detail" or
+// "FAIL name: detail — fix: hint".
+func (r Result) String() string {
+	if r.Status == Fail && r.Fix != "" {
+		return fmt.Sprintf("%s %s: %s — fix: %s", r.Status, r.Name, r.Detail, r.Fix)
+	}
+	return fmt.Sprintf("%s %s: %s", r.Status, r.Name, r.Detail)
+}
+
+// Passed reports whether every result passed.
+func Passed(results []Result) bool {
+	for _, r := range results {
+		if r.Status != Pass {
+			return false
+		}
+	}
+	return true
+}
+
+// Run performs every check against cfg, in order: config, the database
+// checks (which need a connection), then Kafka and its topics.
+func Run(ctx context.Context, cfg config.Config) []Result {
+	out := []Result{{Name: "config", Status: Pass, Detail: fmt.Sprintf("%d route(s), slot %s, publication %s", len(cfg.Routes), cfg.Postgres.Slot, cfg.Postgres.Publication)}}
+	out = append(out, checkPostgres(ctx, cfg)...)
+	out = append(out, checkKafka(ctx, cfg)...)
+	return out
+}
+
+// ConfigInvalid is the checklist for a configuration that could not be
+// loaded: the config check fails and every other check is skipped.
+func ConfigInvalid(err error) []Result {
+	out := []Result{{Name: "config", Status: Fail, Detail: oneLine(err.Error()), Fix: "correct the file (each problem names its line)"}}
+	for _, name := range []string{"database", "kafka"} {
+		out = append(out, skipped(name, "the configuration is not valid"))
+	}
+	return out
+}
+
+func pass(name, format string, args ...any) Result {
+	return Result{Name: name, Status: Pass, Detail: fmt.Sprintf(format, args...)}
+}
+
+func fail(name, detail, fix string) Result {
+	return Result{Name: name, Status: Fail, Detail: detail, Fix: fix}
+}
+
+func skipped(name, because string) Result {
+	return Result{Name: name, Status: Skip, Detail: "skipped: " + because}
+}
+
+// oneLine joins a multi-line error (errors.Join) so that a result stays one
+// line.
+func oneLine(s string) string {
+	return strings.Join(strings.Fields(strings.ReplaceAll(s, "\n", "; ")), " ")
+}

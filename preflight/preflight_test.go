@@ -1,0 +1,201 @@
+package preflight
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/outboxd/outboxd/config"
+)
+
+func route() config.Route {
+	return config.Route{Table: "public.outbox", Schema: "public", Name: "outbox", Topic: "t", Columns: config.DefaultColumns()}
+}
+
+func seedColumns() map[string]column {
+	return map[string]column{
+		"id": {"uuid", "uuid"}, "agregat": {"text", "text"}, "agregat_id": {"text", "text"}, "tipus": {"text", "text"},
+		"versio": {"integer", "int4"}, "carrega": {"jsonb", "jsonb"}, "creat_en": {"timestamp with time zone", "timestamptz"},
+	}
+}
+
+func TestEvalTable(t *testing.T) {
+	debezium := route()
+	debezium.Columns = config.Columns{ID: "id", AgregatID: "aggregateid", Tipus: "type", Versio: config.NoColumn, Carrega: "payload", CreatEn: "timestamp"}
+	renamed := route()
+	renamed.Columns.Tipus = "kind"
+	tests := []struct {
+		name    string
+		r       config.Route
+		relkind string
+		change  func(map[string]column)
+		status  string
+		want    []string // substrings of Detail (+ Fix)
+	}{
+		{"seed table", route(), "r", nil, Pass, []string{"agregat_id text", "creat_en timestamp with time zone"}},
+		{"debezium names, no versio", debezium, "r", func(c map[string]column) {
+			for _, k := range []string{"agregat_id", "tipus", "versio", "carrega", "creat_en"} {
+				delete(c, k)
+			}
+			c["aggregateid"], c["type"] = column{"character varying(255)", "varchar"}, column{"character varying(255)", "varchar"}
+			c["payload"], c["timestamp"] = column{"json", "json"}, column{"timestamp with time zone", "timestamptz"}
+		}, Pass, []string{"versio -", "payload json"}},
+		{"versio as text, carrega as text, domain over text", route(), "r", func(c map[string]column) {
+			c["versio"], c["carrega"], c["tipus"] = column{"text", "text"}, column{"text", "text"}, column{"tipus_t", "text"}
+		}, Pass, nil},
+		{"partitioned table", route(), "p", nil, Pass, nil},
+		{"view", route(), "v", nil, Fail, []string{"not a table"}},
+		{"missing column", renamed, "r", nil, Fail, []string{"column kind (columns.tipus) does not exist", "agregat_id, carrega"}},
+		{"timestamp without time zone", route(), "r", func(c map[string]column) {
+			c["creat_en"] = column{"timestamp without time zone", "timestamp"}
+		}, Fail, []string{"ambiguous", "TYPE timestamptz"}},
+		{"numeric versio", route(), "r", func(c map[string]column) { c["versio"] = column{"numeric", "numeric"} }, Fail, []string{"(columns.versio) is numeric"}},
+		{"uuid key", route(), "r", func(c map[string]column) { c["agregat_id"] = column{"uuid", "uuid"} }, Pass, nil},
+		{"bytea key", route(), "r", func(c map[string]column) { c["agregat_id"] = column{"bytea", "bytea"} }, Fail, []string{"agregat_id (columns.agregat_id) is bytea"}},
+		{"bytea carrega", route(), "r", func(c map[string]column) { c["carrega"] = column{"bytea", "bytea"} }, Fail, []string{"jsonb, json or text"}},
+		{"id of any type", route(), "r", func(c map[string]column) { c["id"] = column{"bigint", "int8"} }, Pass, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cols := seedColumns()
+			if tc.change != nil {
+				tc.change(cols)
+			}
+			got := evalTable(tc.r, tc.relkind, cols)
+			check(t, got, tc.status, tc.want...)
+		})
+	}
+}
+
+func check(t *testing.T, got Result, status string, want ...string) {
+	t.Helper()
+	if got.Status != status {
+		t.Fatalf("status %s, want %s: %s", got.Status, status, got)
+	}
+	if status == Fail && got.Fix == "" {
+		t.Errorf("a FAIL without a fix: %s", got)
+	}
+	for _, w := range want {
+		if !strings.Contains(got.String(), w) {
+			t.Errorf("%q lacks %q", got, w)
+		}
+	}
+}
+
+func TestEvalPublication(t *testing.T) {
+	cfg := config.Default()
+	cfg.Postgres.Publication = "pub"
+	cfg.Routes = []config.Route{route()}
+	noCreate := cfg
+	noCreate.Postgres.CreatePublication = false
+	covered := map[string]pubTable{"public.outbox": {}}
+	tests := []struct {
+		name   string
+		cfg    config.Config
+		p      publication
+		status string
+		want   []string
+	}{
+		{"absent, superuser", cfg, publication{super: true}, Pass, []string{"will be created"}},
+		{"absent, owner", cfg, publication{mayCreateInDB: true}, Pass, []string{"will be created"}},
+		{"absent, not owner", cfg, publication{mayCreateInDB: true, notOwned: []string{"public.outbox"}}, Fail, []string{"does not own public.outbox", "sql/002_publication.sql"}},
+		{"absent, no CREATE on the database", cfg, publication{}, Fail, []string{"lacks CREATE"}},
+		{"absent, may not create", noCreate, publication{super: true}, Fail, []string{"create_publication is false", "sql/002_publication.sql", `CREATE PUBLICATION "pub" FOR TABLE "public"."outbox"`}},
+		{"good", cfg, publication{exists: true, inserts: true, tables: covered}, Pass, []string{"publishes inserts of public.outbox"}},
+		{"no inserts", cfg, publication{exists: true, tables: covered}, Fail, []string{"does not publish inserts", "publish = 'insert'"}},
+		{"all tables", cfg, publication{exists: true, inserts: true, allTables: true}, Fail, []string{"FOR ALL TABLES"}},
+		{"table not covered", cfg, publication{exists: true, inserts: true, tables: map[string]pubTable{}}, Fail, []string{"does not cover public.outbox", "ADD TABLE"}},
+		{"unrouted table", cfg, publication{exists: true, inserts: true, tables: map[string]pubTable{"public.outbox": {}, "public.comandes": {}}}, Fail, []string{"public.comandes, which has no route"}},
+		{"column list without creat_en", cfg, publication{exists: true, inserts: true, tables: map[string]pubTable{"public.outbox": {columns: []string{"id", "agregat_id", "tipus", "versio", "carrega"}}}}, Fail, []string{"leaves out creat_en"}},
+		{"column list with every mapped column", cfg, publication{exists: true, inserts: true, tables: map[string]pubTable{"public.outbox": {columns: []string{"id", "agregat_id", "tipus", "versio", "carrega", "creat_en"}}}}, Pass, nil},
+		{"row filter", cfg, publication{exists: true, inserts: true, tables: map[string]pubTable{"public.outbox": {rowFilter: "(tipus <> 'x')"}}}, Fail, []string{"never delivered"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) { check(t, evalPublication(tc.cfg, tc.p), tc.status, tc.want...) })
+	}
+}
+
+func TestEvalSlot(t *testing.T) {
+	pg := config.Default().Postgres
+	pg.Slot = "s"
+	fixed := pg
+	fixed.CreateSlot = false
+	good := Slot{Name: "s", Plugin: "pgoutput", Type: "logical", Database: "db", SameDatabase: true, ConfirmedFlushLSN: "0/16B3748", WALStatus: "reserved", BytesAfterConfirmed: 120}
+	with := func(f func(*Slot)) *Slot { s := good; f(&s); return &s }
+	tests := []struct {
+		name   string
+		pg     config.Postgres
+		s      *Slot
+		status string
+		want   []string
+	}{
+		{"absent, create", pg, nil, Pass, []string{"will be created"}},
+		{"absent, no create", fixed, nil, Fail, []string{"does not exist", "create_slot"}},
+		{"good", pg, &good, Pass, []string{"0/16B3748", "reserved"}},
+		{"extended", pg, with(func(s *Slot) { s.WALStatus = "extended" }), Pass, nil},
+		{"wrong plugin", pg, with(func(s *Slot) { s.Plugin = "wal2json" }), Fail, []string{"wal2json"}},
+		{"physical", pg, with(func(s *Slot) { s.Type, s.Plugin = "physical", "" }), Fail, []string{"physical"}},
+		{"other database", pg, with(func(s *Slot) { s.SameDatabase, s.Database = false, "other" }), Fail, []string{"belongs to database other"}},
+		{"lost", pg, with(func(s *Slot) { s.WALStatus = "lost" }), Fail, []string{"wal_status lost"}},
+		{"unreserved", pg, with(func(s *Slot) { s.WALStatus = "unreserved" }), Fail, []string{"unreserved", "warning", "max_slot_wal_keep_size"}},
+		{"active", pg, with(func(s *Slot) { s.Active, s.ActivePID = true, 4242 }), Fail, []string{"active for PID 4242 (another outboxd?)"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) { check(t, evalSlot(tc.pg, tc.s), tc.status, tc.want...) })
+	}
+}
+
+func TestEvalServer(t *testing.T) {
+	check(t, evalWalLevel("logical"), Pass)
+	check(t, evalWalLevel("replica"), Fail, "wal_level is replica", "wal_level = logical")
+	check(t, evalRole("u", true, false), Pass, "REPLICATION")
+	check(t, evalRole("u", false, true), Pass, "superuser")
+	check(t, evalRole("u", false, false), Fail, "neither REPLICATION", `ALTER ROLE "u" REPLICATION`)
+
+	tests := []struct {
+		c      capacity
+		slots  string
+		sender string
+	}{
+		{capacity{maxSlots: 10, usedSlots: 3, maxSenders: 10, usedSenders: 2}, Pass, Pass},
+		{capacity{maxSlots: 3, usedSlots: 3, slotExists: true, maxSenders: 10}, Pass, Pass},
+		{capacity{maxSlots: 3, usedSlots: 3, maxSenders: 10}, Fail, Pass},
+		{capacity{maxSlots: 10, maxSenders: 2, usedSenders: 2}, Pass, Fail},
+		{capacity{maxSlots: 0, maxSenders: 0}, Fail, Fail},
+	}
+	for _, tc := range tests {
+		got := evalCapacity(tc.c)
+		check(t, got[0], tc.slots)
+		check(t, got[1], tc.sender)
+	}
+}
+
+func TestEvalKafka(t *testing.T) {
+	refused := errors.New("dial tcp 127.0.0.1:1: connect: connection refused")
+	check(t, evalKafka([]brokerDial{{"a:9092", nil}}, []brokerDial{{"a:9092", nil}}), Pass, "1 of 1 brokers reachable")
+	check(t, evalKafka([]brokerDial{{"a:9092", nil}, {"127.0.0.1:1", refused}}, nil), Fail, "1 of 2 brokers reachable", "connection refused")
+	check(t, evalKafka([]brokerDial{{"127.0.0.1:1", refused}}, nil), Fail, "0 of 1 brokers reachable")
+	check(t, evalKafka([]brokerDial{{"a:9092", nil}}, []brokerDial{{"kafka-0:9092", errors.New("no such host")}}), Fail, "advertised.listeners")
+	check(t, evalTopic("t", 3, false), Pass, "3 partition(s)")
+	check(t, evalTopic("t", 0, true), Pass, "will be created if the broker's auto.create.topics.enable is true")
+	check(t, evalTopic("t", 0, false), Fail, "does not ask the broker to create", "kafka-topics.sh --create --topic t")
+}
+
+func TestResultLines(t *testing.T) {
+	for _, tc := range []struct {
+		r    Result
+		want string
+	}{
+		{Result{"wal_level", Pass, "logical", ""}, "PASS wal_level: logical"},
+		{Result{"role", Fail, "no REPLICATION", "ALTER ROLE"}, "FAIL role: no REPLICATION — fix: ALTER ROLE"},
+		{Result{"slot", Skip, "skipped: the database is unreachable", ""}, "SKIP slot: skipped: the database is unreachable"},
+	} {
+		if got := tc.r.String(); got != tc.want {
+			t.Errorf("got %q, want %q", got, tc.want)
+		}
+	}
+	inv := ConfigInvalid(errors.New("a: line 3: x\na: line 5: y"))
+	if inv[0].Status != Fail || strings.Contains(inv[0].String(), "\n") || Passed(inv) {
+		t.Errorf("ConfigInvalid: %v", inv)
+	}
+}
