@@ -49,6 +49,10 @@ type Postgres struct {
 	IdleStatusInterval time.Duration `yaml:"idle_status_interval"` // standby status at least this often
 	ConnectTimeout     time.Duration `yaml:"connect_timeout"`
 	StandbyRetry       time.Duration `yaml:"standby_retry"` // retry interval while another instance holds the slot
+	// ReceiveTimeout: no message from the server for this long while
+	// reading means the connection is presumed dead (a status asking for
+	// a reply is sent at half of it).
+	ReceiveTimeout time.Duration `yaml:"receive_timeout"`
 }
 
 // Kafka is the destination cluster and producer settings.
@@ -62,6 +66,10 @@ type Kafka struct {
 	MaxAttempts  int           `yaml:"max_attempts"`
 	WriteTimeout time.Duration `yaml:"write_timeout"`
 	ClientID     string        `yaml:"client_id"`
+	// DeliveryTimeout bounds how long records may wait for an
+	// acknowledgement before the broker is presumed unreachable and the
+	// session restarts (replaying from the slot).
+	DeliveryTimeout time.Duration `yaml:"delivery_timeout"`
 }
 
 // Route sends the inserts of one outbox table to one topic.
@@ -71,6 +79,11 @@ type Route struct {
 	Name    string  `yaml:"-"`       // derived from Table
 	Topic   string  `yaml:"topic"`   // Kafka topic name
 	Columns Columns `yaml:"columns"` // column names in the outbox table
+	// OnError says what a row that cannot become a record does: "stop"
+	// (default) stops outboxd with the error; "dead_letter" writes it to
+	// DeadLetterTopic and goes on.
+	OnError         string `yaml:"on_error"`
+	DeadLetterTopic string `yaml:"dead_letter_topic"`
 }
 
 // Columns names the columns of an outbox table.
@@ -82,6 +95,14 @@ type Columns struct {
 	Carrega   string `yaml:"carrega"`
 	CreatEn   string `yaml:"creat_en"`
 }
+
+// Route.OnError values.
+const (
+	OnErrorStop       = "stop"
+	OnErrorDeadLetter = "dead_letter"
+)
+
+func validTopic(t string) bool { return topicRe.MatchString(t) && t != "." && t != ".." }
 
 // NoColumn as Columns.Versio means the table has no version column (Debezium
 // tables have none) and every event has versio 1.
@@ -124,16 +145,18 @@ func Default() Config {
 			IdleStatusInterval: 10 * time.Second,
 			ConnectTimeout:     10 * time.Second,
 			StandbyRetry:       2 * time.Second,
+			ReceiveTimeout:     30 * time.Second,
 		},
 		Kafka: Kafka{
-			Partitioner:  "murmur2",
-			Compression:  "lz4",
-			Linger:       5 * time.Millisecond,
-			BatchSize:    1000,
-			BatchBytes:   1 << 20,
-			MaxAttempts:  10,
-			WriteTimeout: 10 * time.Second,
-			ClientID:     "outboxd",
+			Partitioner:     "murmur2",
+			Compression:     "lz4",
+			Linger:          5 * time.Millisecond,
+			BatchSize:       1000,
+			BatchBytes:      1 << 20,
+			MaxAttempts:     10,
+			WriteTimeout:    10 * time.Second,
+			ClientID:        "outboxd",
+			DeliveryTimeout: 30 * time.Second,
 		},
 		Pipeline: Pipeline{
 			MaxInFlightEvents: 10000,
@@ -365,6 +388,7 @@ func (d *decoder) decode(n *yaml.Node, v reflect.Value, path string) {
 			elem := s.Index(i)
 			if r, ok := elem.Addr().Interface().(*Route); ok {
 				r.Columns = DefaultColumns()
+				r.OnError = OnErrorStop
 			}
 			d.decode(item, elem, p)
 		}
@@ -485,6 +509,7 @@ func (c Config) Validate() error {
 	v.positive("postgres.idle_status_interval", p.IdleStatusInterval)
 	v.positive("postgres.connect_timeout", p.ConnectTimeout)
 	v.positive("postgres.standby_retry", p.StandbyRetry)
+	v.positive("postgres.receive_timeout", p.ReceiveTimeout)
 	if p.StatusInterval > 0 && p.IdleStatusInterval > 0 && p.IdleStatusInterval < p.StatusInterval {
 		v.add("postgres.idle_status_interval", "%s is shorter than status_interval %s", p.IdleStatusInterval, p.StatusInterval)
 	}
@@ -502,6 +527,7 @@ func (c Config) Validate() error {
 	v.oneOf("kafka.compression", k.Compression, "none", "gzip", "snappy", "lz4", "zstd")
 	v.positive("kafka.linger", k.Linger)
 	v.positive("kafka.write_timeout", k.WriteTimeout)
+	v.positive("kafka.delivery_timeout", k.DeliveryTimeout)
 	if k.BatchSize <= 0 {
 		v.add("kafka.batch_size", "must be > 0, got %d", k.BatchSize)
 	}
@@ -578,8 +604,25 @@ func (v *validator) route(i int, r Route, tables map[string]int) {
 	switch {
 	case r.Topic == "":
 		v.add(at("topic"), "required")
-	case !topicRe.MatchString(r.Topic) || r.Topic == "." || r.Topic == "..":
+	case !validTopic(r.Topic):
 		v.add(at("topic"), "%q is not a valid Kafka topic name (letters, digits, '.', '_', '-'; at most 249)", r.Topic)
+	}
+	switch r.OnError {
+	case OnErrorStop:
+		if r.DeadLetterTopic != "" {
+			v.add(at("dead_letter_topic"), "set, but on_error is %q: set on_error: %s to use it", r.OnError, OnErrorDeadLetter)
+		}
+	case OnErrorDeadLetter:
+		switch {
+		case r.DeadLetterTopic == "":
+			v.add(at("dead_letter_topic"), "required when on_error is %s", OnErrorDeadLetter)
+		case !validTopic(r.DeadLetterTopic):
+			v.add(at("dead_letter_topic"), "%q is not a valid Kafka topic name", r.DeadLetterTopic)
+		case r.DeadLetterTopic == r.Topic:
+			v.add(at("dead_letter_topic"), "must differ from the route's topic")
+		}
+	default:
+		v.add(at("on_error"), "%q is not one of %s, %s", r.OnError, OnErrorStop, OnErrorDeadLetter)
 	}
 
 	cols := []struct{ key, val string }{

@@ -66,16 +66,18 @@ func TestDefault(t *testing.T) {
 			IdleStatusInterval: 10 * time.Second,
 			ConnectTimeout:     10 * time.Second,
 			StandbyRetry:       2 * time.Second,
+			ReceiveTimeout:     30 * time.Second,
 		},
 		Kafka: config.Kafka{
-			Partitioner:  "murmur2",
-			Compression:  "lz4",
-			Linger:       5 * time.Millisecond,
-			BatchSize:    1000,
-			BatchBytes:   1048576,
-			MaxAttempts:  10,
-			WriteTimeout: 10 * time.Second,
-			ClientID:     "outboxd",
+			Partitioner:     "murmur2",
+			Compression:     "lz4",
+			Linger:          5 * time.Millisecond,
+			BatchSize:       1000,
+			BatchBytes:      1048576,
+			MaxAttempts:     10,
+			WriteTimeout:    10 * time.Second,
+			ClientID:        "outboxd",
+			DeliveryTimeout: 30 * time.Second,
 		},
 		Pipeline: config.Pipeline{
 			MaxInFlightEvents: 10000,
@@ -124,7 +126,7 @@ func TestParseAppliesDefaults(t *testing.T) {
 		{"log", cfg.Log, d.Log},
 		{"routes", cfg.Routes, []config.Route{{
 			Table: "public.outbox", Schema: "public", Name: "outbox",
-			Topic: "comandes.esdeveniments", Columns: config.DefaultColumns(),
+			Topic: "comandes.esdeveniments", Columns: config.DefaultColumns(), OnError: config.OnErrorStop,
 		}}},
 	} {
 		if !reflect.DeepEqual(c.got, c.want) {
@@ -153,7 +155,7 @@ func TestParseExamples(t *testing.T) {
 			}
 			want := []config.Route{{
 				Table: "public.outbox", Schema: "public", Name: "outbox",
-				Topic: "comandes.esdeveniments", Columns: config.DefaultColumns(),
+				Topic: "comandes.esdeveniments", Columns: config.DefaultColumns(), OnError: config.OnErrorStop,
 			}}
 			if !reflect.DeepEqual(c.Routes, want) {
 				t.Errorf("routes = %+v, want %+v", c.Routes, want)
@@ -173,20 +175,22 @@ func TestParseExamples(t *testing.T) {
 				IdleStatusInterval: 30 * time.Second,
 				ConnectTimeout:     5 * time.Second,
 				StandbyRetry:       2 * time.Second,
+				ReceiveTimeout:     30 * time.Second,
 			}
 			if c.Postgres != wantPG {
 				t.Errorf("postgres =\n%+v\nwant\n%+v", c.Postgres, wantPG)
 			}
 			wantKafka := config.Kafka{
-				Brokers:      []string{"kafka-1.internal:9092", "kafka-2.internal:9092", "kafka-3.internal:9092"},
-				Partitioner:  "crc32",
-				Compression:  "zstd",
-				Linger:       20 * time.Millisecond,
-				BatchSize:    500,
-				BatchBytes:   2097152,
-				MaxAttempts:  5,
-				WriteTimeout: 15 * time.Second,
-				ClientID:     "outboxd-inventari",
+				Brokers:         []string{"kafka-1.internal:9092", "kafka-2.internal:9092", "kafka-3.internal:9092"},
+				Partitioner:     "crc32",
+				Compression:     "zstd",
+				Linger:          20 * time.Millisecond,
+				BatchSize:       500,
+				BatchBytes:      2097152,
+				MaxAttempts:     5,
+				WriteTimeout:    15 * time.Second,
+				ClientID:        "outboxd-inventari",
+				DeliveryTimeout: 30 * time.Second,
 			}
 			if !reflect.DeepEqual(c.Kafka, wantKafka) {
 				t.Errorf("kafka =\n%+v\nwant\n%+v", c.Kafka, wantKafka)
@@ -199,10 +203,11 @@ func TestParseExamples(t *testing.T) {
 						ID: "id", AgregatID: "aggregateid", Tipus: "type",
 						Versio: config.NoColumn, Carrega: "payload", CreatEn: "timestamp",
 					},
+					OnError: config.OnErrorStop,
 				},
 				{
 					Table: "public.outbox", Schema: "public", Name: "outbox",
-					Topic: "inventari.legacy", Columns: config.DefaultColumns(),
+					Topic: "inventari.legacy", Columns: config.DefaultColumns(), OnError: config.OnErrorStop,
 				},
 			}
 			if !reflect.DeepEqual(c.Routes, wantRoutes) {
@@ -410,6 +415,14 @@ func TestValidateErrors(t *testing.T) {
 			[]string{`line 12: log.level: "verbose"`}},
 		{"bad log format", minimal + "log:\n  format: xml\n",
 			[]string{`line 12: log.format: "xml"`}},
+		{"dead_letter without a topic", minimal + "    on_error: dead_letter\n",
+			[]string{`routes[0].dead_letter_topic: required when on_error is dead_letter`}},
+		{"unknown on_error", minimal + "    on_error: ignore\n",
+			[]string{`routes[0].on_error: "ignore" is not one of stop, dead_letter`}},
+		{"dead letter topic equals the topic", minimal + "    on_error: dead_letter\n    dead_letter_topic: comandes.esdeveniments\n",
+			[]string{`routes[0].dead_letter_topic: must differ from the route's topic`}},
+		{"dead letter topic with stop", minimal + "    dead_letter_topic: dlq\n",
+			[]string{`routes[0].dead_letter_topic: set, but on_error is "stop"`}},
 		{"duplicate tables", minimal + "  - table: public.outbox\n    topic: other\n",
 			[]string{`line 11: routes[1].table: "public.outbox" is already routed by routes[0]`}},
 		{"table without schema", strings.Replace(minimal, "table: public.outbox", "table: outbox", 1),
@@ -512,7 +525,7 @@ func TestValidateBuiltInGo(t *testing.T) {
 		c.Kafka.Brokers = []string{"k:9092"}
 		c.Routes = []config.Route{{
 			Table: "public.outbox", Schema: "public", Name: "outbox",
-			Topic: "comandes.esdeveniments", Columns: config.DefaultColumns(),
+			Topic: "comandes.esdeveniments", Columns: config.DefaultColumns(), OnError: config.OnErrorStop,
 		}}
 		return c
 	}

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 
@@ -25,12 +26,24 @@ type Route struct {
 	Schema, Table string
 	Topic         string
 	Columns       Columns
+	// DeadLetterTopic receives the rows that cannot become records; empty
+	// means such a row stops outboxd.
+	DeadLetterTopic string
 }
 
 // Header names, as set by the polling relay.
 const (
 	HeaderTipus = "tipus"
 	HeaderID    = "id_esdeveniment"
+)
+
+// Headers of a dead-letter record.
+const (
+	HeaderError = "outboxd.error" // why the row could not become a record
+	HeaderTable = "outboxd.table" // schema.table it was inserted into
+	HeaderLSN   = "outboxd.lsn"   // its transaction's commit LSN
+	HeaderTime  = "outboxd.time"  // when outboxd dead-lettered it (RFC 3339, UTC)
+	HeaderSize  = "outboxd.original_size"
 )
 
 // PostgreSQL type OIDs whose text form is already valid JSON.
@@ -78,6 +91,7 @@ type Binding struct {
 	// Column positions in the tuple, -1 when absent.
 	id, agregatID, tipus, versio, carrega, creatEn int
 	carregaIsJSON                                  bool
+	columns                                        []string // every column's name, in tuple order
 }
 
 // Bind resolves a relation's columns. It does not fail on missing columns:
@@ -88,6 +102,10 @@ func (r *Router) Bind(rel *pglogrepl.RelationMessage) *Binding {
 	b.Route = r.routes[b.Name]
 	if b.Route == nil {
 		return b
+	}
+	b.columns = make([]string, len(rel.Columns))
+	for i, c := range rel.Columns {
+		b.columns[i] = c.Name
 	}
 	find := func(name string) int {
 		for i, c := range rel.Columns {
@@ -200,4 +218,58 @@ func (r *Router) Build(b *Binding, tuple *pglogrepl.TupleData) (outboxd.Record, 
 			{Key: HeaderID, Value: id},
 		},
 	}, nil
+}
+
+// DeadLetter builds the dead-letter record of a row that could not become a
+// record: the original key when the row has a usable agregat_id; as value
+// the row itself, a JSON object of every column's text value (null for
+// NULL), unless keepRow is false (the row is too large to be written
+// anywhere, so only its size is kept); the original id_esdeveniment and
+// tipus headers when readable; and headers naming the reason, the table,
+// the transaction's commit LSN and the time.
+func (r *Router) DeadLetter(b *Binding, tuple *pglogrepl.TupleData, reason error, lsn string, now time.Time, keepRow bool) outboxd.Record {
+	text := func(idx int) []byte {
+		if tuple == nil || idx < 0 || idx >= len(tuple.Columns) || tuple.Columns[idx].DataType != pglogrepl.TupleDataTypeText {
+			return nil
+		}
+		return tuple.Columns[idx].Data
+	}
+	rec := outboxd.Record{Topic: b.Route.DeadLetterTopic, Key: text(b.agregatID)}
+	if v := text(b.id); v != nil {
+		rec.Headers = append(rec.Headers, outboxd.Header{Key: HeaderID, Value: v})
+	}
+	if v := text(b.tipus); v != nil {
+		rec.Headers = append(rec.Headers, outboxd.Header{Key: HeaderTipus, Value: v})
+	}
+	rec.Headers = append(rec.Headers,
+		outboxd.Header{Key: HeaderError, Value: []byte(reason.Error())},
+		outboxd.Header{Key: HeaderTable, Value: []byte(b.Name)},
+		outboxd.Header{Key: HeaderLSN, Value: []byte(lsn)},
+		outboxd.Header{Key: HeaderTime, Value: []byte(now.UTC().Format(time.RFC3339Nano))},
+	)
+	if !keepRow {
+		size := 0
+		if tuple != nil {
+			for _, c := range tuple.Columns {
+				size += len(c.Data)
+			}
+		}
+		rec.Headers = append(rec.Headers, outboxd.Header{Key: HeaderSize, Value: strconv.AppendInt(nil, int64(size), 10)})
+		return rec
+	}
+	val := []byte{'{'}
+	for i, name := range b.columns {
+		if i > 0 {
+			val = append(val, ',')
+		}
+		val = appendString(val, name)
+		val = append(val, ':')
+		if v := text(i); v != nil {
+			val = appendString(val, string(v))
+		} else {
+			val = append(val, "null"...)
+		}
+	}
+	rec.Value = append(val, '}')
+	return rec
 }

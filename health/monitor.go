@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"time"
 
@@ -34,6 +35,9 @@ type Snapshot struct {
 	UnconfirmedBytes int64 // current WAL LSN - confirmed_flush_lsn
 	Brokers          int
 	BrokersReachable int
+	// Publication says what is wrong with the publication ("" when it
+	// exists, publishes inserts and covers every routed table).
+	Publication string
 }
 
 // Monitor polls pg_replication_slots and the brokers on an interval, on a
@@ -41,6 +45,8 @@ type Snapshot struct {
 type Monitor struct {
 	dsn      string
 	slot     string
+	pub      string
+	tables   []string // schema.table of every route
 	brokers  []string
 	interval time.Duration
 	log      hclog.Logger
@@ -50,8 +56,8 @@ type Monitor struct {
 }
 
 // NewMonitor prepares a monitor; Run starts polling.
-func NewMonitor(dsn, slot string, brokers []string, interval time.Duration, log hclog.Logger) *Monitor {
-	return &Monitor{dsn: dsn, slot: slot, brokers: brokers, interval: interval, log: log}
+func NewMonitor(dsn, slot, publication string, tables, brokers []string, interval time.Duration, log hclog.Logger) *Monitor {
+	return &Monitor{dsn: dsn, slot: slot, pub: publication, tables: tables, brokers: brokers, interval: interval, log: log}
 }
 
 // Snapshot returns the latest poll.
@@ -132,6 +138,10 @@ func (m *Monitor) readSlot(ctx context.Context, conn *pgx.Conn, snap *Snapshot) 
 		return nil, fmt.Errorf("read pg_current_wal_lsn(): %w", err)
 	}
 	snap.ServerWALLSN = cur
+	if err := m.readPublication(ctx, conn, snap); err != nil {
+		_ = conn.Close(ctx)
+		return nil, err
+	}
 	var s SlotInfo
 	var confirmed, restart, walStatus *string
 	err := conn.QueryRow(ctx, `SELECT slot_name, plugin, active, active_pid, confirmed_flush_lsn::text, restart_lsn::text, wal_status, safe_wal_size
@@ -161,4 +171,50 @@ func deref(s *string) string {
 		return ""
 	}
 	return *s
+}
+
+// readPublication checks that the publication still exists, publishes
+// inserts and covers every routed table: altered under a running outboxd,
+// it would stop events silently.
+func (m *Monitor) readPublication(ctx context.Context, conn *pgx.Conn, snap *Snapshot) error {
+	var insert bool
+	err := conn.QueryRow(ctx, "SELECT pubinsert FROM pg_catalog.pg_publication WHERE pubname = $1", m.pub).Scan(&insert)
+	if err == pgx.ErrNoRows {
+		snap.Publication = fmt.Sprintf("publication %q does not exist: no outbox insert reaches outboxd; recreate it (sql/002_publication.sql)", m.pub)
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read pg_publication: %w", err)
+	}
+	if !insert {
+		snap.Publication = fmt.Sprintf("publication %q no longer publishes inserts: ALTER PUBLICATION %s SET (publish = 'insert')", m.pub, m.pub)
+		return nil
+	}
+	rows, err := conn.Query(ctx, "SELECT schemaname || '.' || tablename FROM pg_catalog.pg_publication_tables WHERE pubname = $1", m.pub)
+	if err != nil {
+		return fmt.Errorf("read pg_publication_tables: %w", err)
+	}
+	published := map[string]bool{}
+	for rows.Next() {
+		var t string
+		if err := rows.Scan(&t); err != nil {
+			rows.Close()
+			return err
+		}
+		published[t] = true
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	var missing []string
+	for _, t := range m.tables {
+		if !published[t] {
+			missing = append(missing, t)
+		}
+	}
+	if len(missing) > 0 {
+		snap.Publication = fmt.Sprintf("publication %q no longer covers %s: inserts into it do not reach outboxd; ALTER PUBLICATION %s ADD TABLE %s", m.pub, strings.Join(missing, ", "), m.pub, strings.Join(missing, ", "))
+	}
+	return nil
 }

@@ -115,6 +115,9 @@ func (s *Server) view(now time.Time) view {
 	} else if v.snap.Err == "" && !v.snap.At.IsZero() {
 		v.problems["slot"] = "the replication slot does not exist"
 	}
+	if v.snap.Publication != "" {
+		v.problems["publication"] = v.snap.Publication
+	}
 
 	if v.st.State != "streaming" {
 		v.reasons = append(v.reasons, "state is "+v.st.State)
@@ -130,7 +133,7 @@ func (s *Server) view(now time.Time) view {
 	if v.st.Tracker.Err != nil {
 		v.reasons = append(v.reasons, "kafka delivery failed: "+v.st.Tracker.Err.Error())
 	}
-	for _, k := range []string{"slot", "wal_status", "lag", "retained_wal"} {
+	for _, k := range problemKeys {
 		if msg, ok := v.problems[k]; ok {
 			v.reasons = append(v.reasons, msg)
 		}
@@ -149,16 +152,19 @@ func (s *Server) view(now time.Time) view {
 	return v
 }
 
+// problemKeys orders the problems a view can find.
+var problemKeys = []string{"slot", "publication", "wal_status", "lag", "retained_wal"}
+
 // Watch logs a warning once each time a threshold is crossed, and once when
 // it clears. Pass it to Monitor.Run.
 func (s *Server) Watch(Snapshot) {
 	v := s.view(time.Now())
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, k := range []string{"slot", "wal_status", "lag", "retained_wal"} {
+	for _, k := range problemKeys {
 		msg, crossed := v.problems[k]
 		if crossed && !s.crossing[k] {
-			if k == "wal_status" || k == "slot" {
+			if k == "wal_status" || k == "slot" || k == "publication" {
 				s.log.Error(msg)
 			} else {
 				s.log.Warn(msg)
@@ -221,6 +227,7 @@ type Counters struct {
 	Events       uint64 `json:"events"`
 	Transactions uint64 `json:"transactions"`
 	Bytes        int64  `json:"bytes"`
+	DeadLettered uint64 `json:"dead_lettered"`
 }
 
 // KafkaStatus is broker reachability from the last poll.
@@ -238,7 +245,7 @@ func (s *Server) status(w http.ResponseWriter, _ *http.Request) {
 		LagSeconds:   v.lag.Seconds(),
 		ConfirmedLSN: v.st.Tracker.Confirmed.String(),
 		InFlight:     InFlight{Events: v.st.Tracker.Events, Bytes: v.st.Tracker.Bytes, Transactions: v.st.Tracker.Open},
-		Counters:     Counters{Events: v.st.Events, Transactions: v.st.Txns, Bytes: v.st.Bytes},
+		Counters:     Counters{Events: v.st.Events, Transactions: v.st.Txns, Bytes: v.st.Bytes, DeadLettered: v.st.DeadLettered},
 		Topics:       s.met.Topics(),
 		Kafka:        KafkaStatus{Brokers: v.snap.Brokers, BrokersReachable: v.snap.BrokersReachable},
 	}
@@ -270,13 +277,14 @@ var (
 	descInFlightEv  = prometheus.NewDesc("outboxd_in_flight_events", "Records produced and not yet acknowledged.", nil, nil)
 	descInFlightB   = prometheus.NewDesc("outboxd_in_flight_bytes", "Bytes of the records in flight.", nil, nil)
 	descTxns        = prometheus.NewDesc("outboxd_transactions_total", "Transactions received from the slot (replays included).", nil, nil)
+	descDead        = prometheus.NewDesc("outboxd_dead_lettered_total", "Rows written to a dead-letter topic because they could not become records (replays included).", nil, nil)
 	descBrokers     = prometheus.NewDesc("outboxd_kafka_brokers_reachable", "Configured brokers that accepted a TCP connection at the last poll.", nil, nil)
 	descConfirmed   = prometheus.NewDesc("outboxd_confirmed_lsn", "Flush position outboxd has confirmed, as a number.", nil, nil)
 )
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descState, descReady, descRetained, descUnconfirmed, descSlotActive, descSafeWAL, descLag,
-		descInFlightEv, descInFlightB, descTxns, descBrokers, descConfirmed} {
+		descInFlightEv, descInFlightB, descTxns, descDead, descBrokers, descConfirmed} {
 		ch <- d
 	}
 }
@@ -303,6 +311,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descInFlightEv, prometheus.GaugeValue, float64(v.st.Tracker.Events))
 	ch <- prometheus.MustNewConstMetric(descInFlightB, prometheus.GaugeValue, float64(v.st.Tracker.Bytes))
 	ch <- prometheus.MustNewConstMetric(descTxns, prometheus.CounterValue, float64(v.st.Txns))
+	ch <- prometheus.MustNewConstMetric(descDead, prometheus.CounterValue, float64(v.st.DeadLettered))
 	ch <- prometheus.MustNewConstMetric(descBrokers, prometheus.GaugeValue, float64(v.snap.BrokersReachable))
 	ch <- prometheus.MustNewConstMetric(descConfirmed, prometheus.GaugeValue, float64(v.st.Tracker.Confirmed))
 }

@@ -472,6 +472,19 @@ func TestLeastPrivilegeRoleAndNoSecrets(t *testing.T) {
 	if !contains(log, "password authentication failed") || !contains(log, "check postgres.dsn") {
 		t.Fatalf("the error does not say what is wrong:\n%s", log)
 	}
+
+	// The role loses REPLICATION: a clear error naming the privilege.
+	if _, err := f.db.Exec(ctx, "ALTER ROLE "+role+" NOREPLICATION"); err != nil {
+		t.Fatal(err)
+	}
+	dc.dsn = dsn(password)
+	noRepl := f.spawn(dc)
+	if err := noRepl.exited(30 * time.Second); err == nil {
+		t.Fatal("outboxd exited 0 without the REPLICATION privilege")
+	}
+	if log := noRepl.logText(); !contains(log, "REPLICATION") || contains(log, password) {
+		t.Fatalf("the error does not name the missing privilege (or shows the password):\n%s", log)
+	}
 }
 
 // TestMissingTopicAutoCreated: like the Java producer, outboxd asks the

@@ -37,6 +37,15 @@ type Config struct {
 	BackoffMin         time.Duration
 	BackoffMax         time.Duration
 	StandbyRetry       time.Duration // retry interval while another instance holds the slot
+	// MaxRecordBytes is the largest record the producer takes (its batch
+	// limit); a larger one is bad input. 0: no limit.
+	MaxRecordBytes int64
+	// ReceiveTimeout: nothing from the server for this long while reading
+	// means a dead connection. DeliveryTimeout: no acknowledgement from
+	// Kafka for this long with records in flight means an unreachable
+	// broker. Either ends the session (replaying from the slot).
+	ReceiveTimeout  time.Duration
+	DeliveryTimeout time.Duration
 	// OnConfirm, when set, is told the commit time of every confirmed
 	// transaction that carried records. It must be cheap and safe for
 	// concurrent use.
@@ -90,6 +99,8 @@ type Status struct {
 	Events    uint64 // records acknowledged since start (replays included)
 	Bytes     int64  // their bytes
 	Txns      uint64 // transactions received since start (replays included)
+	// DeadLettered counts rows sent to a dead-letter topic (replays included).
+	DeadLettered uint64
 	// LastStatusSent is when the last standby status went to the server;
 	// WALSenderTimeout is the server's wal_sender_timeout (0: none).
 	LastStatusSent   time.Time

@@ -102,6 +102,11 @@ type stream struct {
 	// session start may be older than the server's (another instance's
 	// final status may have landed in between), so no position is sent.
 	positioned bool
+
+	lastRecv  time.Time // last message from the server (or end of a backpressure pause)
+	pinged    bool      // a status asking for a reply went out since lastRecv
+	lastAcked uint64    // acknowledged count at lastAckAt
+	lastAckAt time.Time // last acknowledgement progress, or when records started waiting
 }
 
 func (s *stream) run(ctx context.Context) error {
@@ -112,19 +117,23 @@ func (s *stream) run(ctx context.Context) error {
 	defer pcancel()
 	nextStatus := time.Now().Add(cfg.StatusInterval)
 	var stopDeadline time.Time // set once ctx is cancelled
+	s.lastRecv, s.lastAckAt = time.Now(), time.Now()
 	for {
 		now := time.Now()
 		if s.reply || !now.Before(nextStatus) {
-			if err := s.sendStatus(now); err != nil {
+			if err := s.sendStatus(now, false); err != nil {
 				return err
 			}
 			nextStatus = now.Add(cfg.StatusInterval)
 		}
 		st := s.tracker.State()
+		if err := s.checkPeers(now, st); err != nil {
+			return err
+		}
 		if st.Err != nil {
 			// Confirmation is frozen below the failed record; tell the
 			// server where it stands and replay from the slot.
-			_ = s.sendStatus(now)
+			_ = s.sendStatus(now, false)
 			return s.deliveryError(st.Err)
 		}
 
@@ -150,6 +159,8 @@ func (s *stream) run(ctx context.Context) error {
 			case <-wait.C:
 			}
 			wait.Stop()
+			// Silence from the server while we did not read proves nothing.
+			s.lastRecv, s.pinged = time.Now(), false
 			continue
 		}
 
@@ -171,6 +182,7 @@ func (s *stream) run(ctx context.Context) error {
 			}
 			return fmt.Errorf("receive from PostgreSQL: %w", err)
 		}
+		s.lastRecv, s.pinged = time.Now(), false
 		switch m := msg.(type) {
 		case *pgproto3.CopyData:
 			if err := s.handleCopyData(pctx, m.Data); err != nil {
@@ -248,8 +260,25 @@ func (s *stream) handleMessage(ctx context.Context, wal []byte) error {
 			return fmt.Errorf("pgoutput: Insert for relation %d before its Relation message", m.RelationID)
 		}
 		rec, err := s.r.router.Build(b, m.Tuple)
+		keepRow := true
+		if err == nil && s.tooLarge(&rec) {
+			err = &envelope.RowError{Table: b.Name, Reason: fmt.Sprintf("the record is %d bytes, over kafka.batch_bytes (%d): raise it together with the broker's and the topic's max.message.bytes, or make the row smaller", rec.Size(), s.r.cfg.MaxRecordBytes)}
+			keepRow = false
+		}
 		if err != nil {
-			return Fatal(fmt.Errorf("transaction committed at %s: %w", s.txnLSN, err))
+			if b.Route == nil || b.Route.DeadLetterTopic == "" {
+				return Fatal(fmt.Errorf("transaction committed at %s: %w", s.txnLSN, err))
+			}
+			// Dead-lettered in the same transaction: the slot passes the row
+			// only once Kafka acknowledged its dead-letter record.
+			rec = s.r.router.DeadLetter(b, m.Tuple, err, s.txnLSN, time.Now(), keepRow)
+			if s.tooLarge(&rec) {
+				rec = s.r.router.DeadLetter(b, m.Tuple, err, s.txnLSN, time.Now(), false)
+			}
+			s.r.log.Warn("row dead-lettered", "table", b.Name, "topic", rec.Topic, "lsn", s.txnLSN, "reason", err.Error())
+			s.r.mu.Lock()
+			s.r.status.DeadLettered++
+			s.r.mu.Unlock()
 		}
 		rec.Ack = s.tracker.Track(s.txn, rec.Size())
 		s.batch = append(s.batch, rec)
@@ -274,6 +303,15 @@ func (s *stream) handleMessage(ctx context.Context, wal []byte) error {
 		// truncates (an insert-only publication sends none) are ignored.
 	}
 	return nil
+}
+
+// recordOverhead covers what Kafka's record format adds to key, value and
+// headers (lengths, offsets, timestamps as varints).
+const recordOverhead = 128
+
+// tooLarge reports whether the producer would refuse rec for its size.
+func (s *stream) tooLarge(rec *outboxd.Record) bool {
+	return s.r.cfg.MaxRecordBytes > 0 && rec.Size()+recordOverhead > s.r.cfg.MaxRecordBytes
 }
 
 // flush hands the batched records to the producer.
@@ -306,15 +344,42 @@ func (s *stream) deliveryError(err error) error {
 	return fmt.Errorf("kafka delivery: %w", err)
 }
 
+// checkPeers ends the session when the server has been silent for longer
+// than the receive timeout (after asking it for a reply at half of it), or
+// when Kafka has acknowledged nothing for the delivery timeout while records
+// wait: a connection that died without a reset is detected within those
+// bounds instead of the operating system's TCP timeouts.
+func (s *stream) checkPeers(now time.Time, st State) error {
+	cfg := s.r.cfg
+	if st.Events == 0 || st.Acked != s.lastAcked {
+		s.lastAcked, s.lastAckAt = st.Acked, now
+	} else if cfg.DeliveryTimeout > 0 && now.Sub(s.lastAckAt) > cfg.DeliveryTimeout {
+		return fmt.Errorf("kafka acknowledged nothing for %s with %d records in flight: broker presumed unreachable", cfg.DeliveryTimeout, st.Events)
+	}
+	if cfg.ReceiveTimeout <= 0 {
+		return nil
+	}
+	silent := now.Sub(s.lastRecv)
+	if silent > cfg.ReceiveTimeout {
+		return fmt.Errorf("nothing received from PostgreSQL for %s: connection presumed dead", silent.Round(time.Millisecond))
+	}
+	if silent > cfg.ReceiveTimeout/2 && !s.pinged {
+		s.pinged = true
+		return s.sendStatus(now, true)
+	}
+	return nil
+}
+
 // sendStatus reports the confirmed position: every interval while it moves,
-// at least every idle interval, and whenever the server asks.
-func (s *stream) sendStatus(now time.Time) error {
+// at least every idle interval, and whenever the server asks. ask requests
+// an immediate reply (a keepalive), to prove the connection alive.
+func (s *stream) sendStatus(now time.Time, ask bool) error {
 	st := s.tracker.State()
 	if st.Confirmed == 0 {
 		// Never send 0: pglogrepl would replace it with the write position.
 		return nil
 	}
-	if !s.reply && st.Confirmed == s.sentFlush && now.Sub(s.sentAt) < s.r.cfg.IdleStatusInterval {
+	if !ask && !s.reply && st.Confirmed == s.sentFlush && now.Sub(s.sentAt) < s.r.cfg.IdleStatusInterval {
 		return nil
 	}
 	write, flush := s.received, st.Confirmed
@@ -332,6 +397,7 @@ func (s *stream) sendStatus(now time.Time) error {
 		WALFlushPosition: flush, // the acknowledged position, never the received one
 		WALApplyPosition: flush,
 		ClientTime:       now,
+		ReplyRequested:   ask,
 	})
 	if err != nil {
 		return fmt.Errorf("send standby status: %w", err)
@@ -375,7 +441,7 @@ func (s *stream) stop(deadline time.Time) error {
 		wait.Stop()
 	}
 	s.reply = true // force the final status out
-	if err := s.sendStatus(time.Now()); err != nil {
+	if err := s.sendStatus(time.Now(), false); err != nil {
 		return err
 	}
 	final := s.tracker.State().Confirmed

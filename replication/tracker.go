@@ -21,13 +21,13 @@ type Tracker struct {
 	maxEvents int
 	maxBytes  int64
 
-	mu        sync.Mutex
-	queue     []*Txn // unconfirmed transactions, oldest first
-	confirmed pglogrepl.LSN
-	lastTime  time.Time // commit time of the newest confirmed transaction
-	err       error     // first delivery error
-	events    int
-	bytes     int64
+	mu         sync.Mutex
+	queue      []*Txn // unconfirmed transactions, oldest first
+	confirmed  pglogrepl.LSN
+	lastTime   time.Time // commit time of the newest confirmed transaction
+	err        error     // first delivery error
+	events     int
+	bytes      int64
 	acked      uint64 // records acknowledged, for counters
 	ackedBytes int64
 	wake       chan struct{}

@@ -36,7 +36,11 @@ func run(ctx context.Context, path string, stderr io.Writer) error {
 	var srv *health.Server
 	var mon *health.Monitor
 	if cfg.Health.Listen != "" {
-		mon = health.NewMonitor(cfg.Postgres.DSN, cfg.Postgres.Slot, cfg.Kafka.Brokers, cfg.Health.PollInterval, log.Named("health"))
+		tables := make([]string, len(cfg.Routes))
+		for i, r := range cfg.Routes {
+			tables[i] = r.Table
+		}
+		mon = health.NewMonitor(cfg.Postgres.DSN, cfg.Postgres.Slot, cfg.Postgres.Publication, tables, cfg.Kafka.Brokers, cfg.Health.PollInterval, log.Named("health"))
 		// Bound now, so a port clash fails at start.
 		srv, err = health.Listen(cfg.Health.Listen, runner, mon, metrics,
 			health.Limits{MaxLag: cfg.Health.MaxLag, MaxRetainedWALBytes: cfg.Health.MaxRetainedWALBytes}, log.Named("health"))
@@ -83,6 +87,9 @@ func buildRunner(cfg config.Config, metrics *health.Metrics, log hclog.Logger) (
 			cols.Versio = ""
 		}
 		routes[i] = envelope.Route{Schema: r.Schema, Table: r.Name, Topic: r.Topic, Columns: cols}
+		if r.OnError == config.OnErrorDeadLetter {
+			routes[i].DeadLetterTopic = r.DeadLetterTopic
+		}
 		tables[i] = replication.Table{Schema: r.Schema, Name: r.Name}
 	}
 	sc := sink.Config{
@@ -103,6 +110,7 @@ func buildRunner(cfg config.Config, metrics *health.Metrics, log hclog.Logger) (
 		Tables: tables, StatusInterval: p.StatusInterval, IdleStatusInterval: p.IdleStatusInterval, ConnectTimeout: p.ConnectTimeout,
 		MaxInFlightEvents: pl.MaxInFlightEvents, MaxInFlightBytes: pl.MaxInFlightBytes, ShutdownTimeout: pl.ShutdownTimeout,
 		BackoffMin: pl.BackoffMin, BackoffMax: pl.BackoffMax, StandbyRetry: p.StandbyRetry,
+		MaxRecordBytes: cfg.Kafka.BatchBytes, ReceiveTimeout: p.ReceiveTimeout, DeliveryTimeout: cfg.Kafka.DeliveryTimeout,
 		OnConfirm: metrics.ObserveConfirm,
 	}
 	return replication.NewRunner(rc, envelope.NewRouter(cfg.Origen, routes), newProducer, log.Named("replication"))

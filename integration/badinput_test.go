@@ -1,0 +1,236 @@
+package integration_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/outboxd/outboxd/integration/testenv"
+)
+
+// looseSchema is an outbox without the seed's NOT NULL constraints and types:
+// what a careless service might have.
+const looseSchema = `CREATE TABLE outbox (id TEXT PRIMARY KEY, agregat TEXT, agregat_id TEXT, tipus TEXT, versio TEXT, carrega TEXT, creat_en TIMESTAMPTZ DEFAULT now());`
+
+const dlqRoute = `  - table: public.outbox
+    topic: %s
+    on_error: dead_letter
+    dead_letter_topic: %s
+`
+
+func consumeExactly(t *testing.T, topic string, want int) []kafka.Message {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	msgs, err := testenv.Consume(ctx, env.KafkaBrokers, topic, want)
+	if err != nil {
+		t.Fatalf("consume %s: %d of %d: %v", topic, len(msgs), want, err)
+	}
+	// Nothing more than that arrives.
+	tctx, tcancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer tcancel()
+	if all, _ := testenv.Consume(tctx, env.KafkaBrokers, topic, 0); len(all) != want {
+		t.Fatalf("%s holds %d records, want exactly %d", topic, len(all), want)
+	}
+	return msgs
+}
+
+// TestDeadLetterBadRows: rows that cannot become records go to the route's
+// dead-letter topic, with the original key and the row, and headers naming
+// the reason, the table, the LSN and the time; the good rows around them
+// flow on, and the slot passes the bad rows once their dead-letter records
+// are acknowledged.
+func TestDeadLetterBadRows(t *testing.T) {
+	f := newFixture(t, looseSchema, map[string]int{"comandes": 1, "comandes.dlq": 1})
+	ctx := context.Background()
+	d := f.start(daemonConfig{routes: fmt.Sprintf(dlqRoute, f.topic("comandes"), f.topic("comandes.dlq"))})
+	ins := "INSERT INTO outbox (id, agregat, agregat_id, tipus, versio, carrega) VALUES ($1, 'comanda', $2, $3, $4, $5)"
+	big := `{"farciment": "` + strings.Repeat("x", 1200<<10) + `"}`
+	rows := []struct {
+		id             string
+		key, tipus     any
+		versio, carreg any
+		bad            string // expected reason, "" for a good row
+	}{
+		{"ok-1", "K-1", "comanda.creada", "1", `{"a": 1}`, ""},
+		{"bad-null-key", nil, "comanda.creada", "1", `{"a": 2}`, `column "agregat_id": the value is NULL`},
+		{"bad-versio", "K-2", "comanda.creada", "dos", `{"a": 3}`, `"dos" is not an integer`},
+		{"bad-carrega", "K-3", "comanda.creada", "1", "hola", "not valid JSON"},
+		{"bad-null-tipus", "K-4", nil, "1", `{"a": 5}`, `column "tipus": the value is NULL`},
+		{"bad-too-large", "K-5", "comanda.creada", "1", big, "over kafka.batch_bytes"},
+		{"ok-2", "K-1", "comanda.pagada", "2", `{"a": 7}`, ""},
+	}
+	for _, r := range rows {
+		if _, err := f.db.Exec(ctx, ins, r.id, r.key, r.tipus, r.versio, r.carreg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	end := f.walLSN()
+	good := consumeExactly(t, f.topic("comandes"), 2)
+	if header(good[0], "id_esdeveniment") != "ok-1" || header(good[1], "id_esdeveniment") != "ok-2" {
+		t.Fatalf("good rows: %v, %v", good[0].Headers, good[1].Headers)
+	}
+	dead := consumeExactly(t, f.topic("comandes.dlq"), 5)
+	i := 0
+	for _, r := range rows {
+		if r.bad == "" {
+			continue
+		}
+		m := dead[i]
+		i++
+		if reason := header(m, "outboxd.error"); !strings.Contains(reason, r.bad) || !strings.Contains(reason, "public.outbox") {
+			t.Errorf("%s: reason %q, want %q", r.id, reason, r.bad)
+		}
+		if header(m, "outboxd.table") != "public.outbox" || header(m, "outboxd.lsn") == "" || header(m, "id_esdeveniment") != r.id {
+			t.Errorf("%s: headers %v", r.id, m.Headers)
+		}
+		if ts, err := time.Parse(time.RFC3339Nano, header(m, "outboxd.time")); err != nil || time.Since(ts) > time.Minute {
+			t.Errorf("%s: outboxd.time %q", r.id, header(m, "outboxd.time"))
+		}
+		wantKey := ""
+		if r.key != nil {
+			wantKey = r.key.(string)
+		}
+		if string(m.Key) != wantKey {
+			t.Errorf("%s: key %q, want the original %q", r.id, m.Key, wantKey)
+		}
+		if r.id == "bad-too-large" {
+			if m.Value != nil || header(m, "outboxd.original_size") == "" {
+				t.Errorf("too large: value of %d bytes, size header %q", len(m.Value), header(m, "outboxd.original_size"))
+			}
+			continue
+		}
+		var row map[string]*string
+		if err := json.Unmarshal(m.Value, &row); err != nil {
+			t.Fatalf("%s: value is not the row as JSON: %v: %s", r.id, err, m.Value)
+		}
+		if row["id"] == nil || *row["id"] != r.id || row["carrega"] == nil || *row["carrega"] != r.carreg || len(row) != 7 {
+			t.Errorf("%s: row %s", r.id, m.Value)
+		}
+	}
+	f.waitConfirmed(end, 30*time.Second)
+	var st struct {
+		State    string `json:"state"`
+		Counters struct {
+			DeadLettered int `json:"dead_lettered"`
+		} `json:"counters"`
+	}
+	resp, err := http.Get("http://" + d.health + "/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = json.NewDecoder(resp.Body).Decode(&st)
+	resp.Body.Close()
+	if st.State != "streaming" || st.Counters.DeadLettered != 5 {
+		t.Fatalf("status after dead-lettering: %+v", st)
+	}
+	if log := d.logText(); strings.Count(log, "row dead-lettered") != 5 {
+		t.Errorf("want one warning per dead-lettered row:\n%s", log)
+	}
+	d.term()
+}
+
+// TestRenamedColumnDeadLettersThenRecovers: a mapped column renamed while
+// streaming makes the next rows bad input (dead-lettered, named); renamed
+// back, rows flow again.
+func TestRenamedColumnDeadLettersThenRecovers(t *testing.T) {
+	f := newFixture(t, seedSchema, map[string]int{"comandes": 1, "dlq": 1})
+	ctx := context.Background()
+	d := f.start(daemonConfig{routes: fmt.Sprintf(dlqRoute, f.topic("comandes"), f.topic("dlq"))})
+	w := newWriter(f, 30, 3, "outbox")
+	if err := w.txn(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.db.Exec(ctx, "ALTER TABLE outbox RENAME COLUMN tipus TO kind"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.db.Exec(ctx, "INSERT INTO outbox (id, agregat, agregat_id, kind, carrega) VALUES ('00000000-0000-4000-8000-0000000000c1', 'comanda', 'K', 'x', '{}')"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.db.Exec(ctx, "ALTER TABLE outbox RENAME COLUMN kind TO tipus"); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.txn(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	dead := consumeExactly(t, f.topic("dlq"), 1)
+	if reason := header(dead[0], "outboxd.error"); !strings.Contains(reason, `column "tipus": the column does not exist`) {
+		t.Fatalf("reason %q", reason)
+	}
+	// The verifier compares the topic with the table: take the
+	// dead-lettered row out of the table (deletes are not published).
+	if _, err := f.db.Exec(ctx, "DELETE FROM outbox WHERE id = '00000000-0000-4000-8000-0000000000c1'"); err != nil {
+		t.Fatal(err)
+	}
+	w.verify(ctx, f.topic("comandes"), "murmur2")
+	d.term()
+}
+
+// TestTooLargeRowStops: with the default on_error (stop), a row larger than
+// the broker's max.message.bytes stops outboxd with an actionable error; the
+// slot stays before it.
+func TestTooLargeRowStops(t *testing.T) {
+	f := newFixture(t, seedSchema, map[string]int{"comandes": 1})
+	ctx := context.Background()
+	d := f.start(daemonConfig{routes: fmt.Sprintf(seedRoute, f.topic("comandes"))})
+	before := f.walLSN()
+	big := `{"farciment": "` + strings.Repeat("y", 1500<<10) + `"}`
+	if _, err := f.db.Exec(ctx, "INSERT INTO outbox (id, agregat, agregat_id, tipus, carrega) VALUES ('00000000-0000-4000-8000-0000000000d1', 'comanda', 'K', 'comanda.creada', $1)", big); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.exited(30 * time.Second); err == nil {
+		t.Fatal("outboxd exited 0")
+	}
+	if log := d.logText(); !contains(log, "over kafka.batch_bytes") || !contains(log, "max.message.bytes") {
+		t.Fatalf("the error is not actionable:\n%s", log)
+	}
+	if c, _ := f.slot(); c > before {
+		t.Fatalf("the slot passed the row: %s > %s", c, before)
+	}
+}
+
+// TestPublicationChangedUnderRunningOutboxd: a publication that stops
+// covering the outbox turns readiness off with the fix; a dropped one stops
+// outboxd with a clear error.
+func TestPublicationChangedUnderRunningOutboxd(t *testing.T) {
+	f := newFixture(t, seedSchema, map[string]int{"comandes": 1})
+	ctx := context.Background()
+	d := f.start(daemonConfig{routes: fmt.Sprintf(seedRoute, f.topic("comandes"))})
+	if _, err := f.db.Exec(ctx, "ALTER PUBLICATION "+f.name+" DROP TABLE outbox"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "/readyz 503 naming the publication", func() bool {
+		resp, err := http.Get("http://" + d.health + "/readyz")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		var body struct{ Reasons []string }
+		_ = json.NewDecoder(resp.Body).Decode(&body)
+		return resp.StatusCode == 503 && len(body.Reasons) > 0 && strings.Contains(strings.Join(body.Reasons, ";"), "no longer covers public.outbox")
+	})
+	if _, err := f.db.Exec(ctx, "ALTER PUBLICATION "+f.name+" ADD TABLE outbox"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "/readyz 200 again", func() bool { return d.code("/readyz") == 200 })
+
+	if _, err := f.db.Exec(ctx, "DROP PUBLICATION "+f.name); err != nil {
+		t.Fatal(err)
+	}
+	w := newWriter(f, 31, 3, "outbox")
+	if err := w.txn(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.exited(30 * time.Second); err == nil {
+		t.Fatal("outboxd exited 0 after its publication was dropped")
+	}
+	if log := d.logText(); !contains(log, "publication") || !contains(log, "does not exist") {
+		t.Fatalf("the error does not name the publication:\n%s", log)
+	}
+}
