@@ -24,7 +24,19 @@ demo:
 clean:
 	rm -rf bin
 
-# Benchmarks print numbers; they are not tests. Needs the same tools as `make test`.
+# Benchmarks print numbers; they are not tests (docs/PERFORMANCE.md). Needs
+# the same tools as `make test`; starts and removes its own PostgreSQL and
+# Kafka; about 5 minutes with the defaults. Scale with ROWS=500000 REPEATS=5
+# DURATION=20s; more flags in BENCH_ARGS (go run ./integration/cmd/bench -h).
 .PHONY: bench
 bench:
-	$(GO) run ./integration/cmd/drain-bench -rows $${ROWS:-200000}
+	$(GO) run ./integration/cmd/bench -rows $${ROWS:-100000} -repeats $${REPEATS:-3} -duration $${DURATION:-5s} \
+		-rates $${RATES:-500,2000,10000} -out $${OUT:-bench-out} $(BENCH_ARGS)
+
+# Fault-injection scenarios (issue 4): kill -9, broker and PostgreSQL
+# outages, network cuts and blackholes, a 500,000-row transaction, SIGTERM,
+# a dropped slot. Prints the table of docs/CHAOS.md; takes about 15 minutes.
+# CHAOS_ARGS="-short" or "-only 1,7" for a subset.
+.PHONY: chaos
+chaos:
+	$(GO) run ./integration/cmd/chaos -keep-logs $(CHAOS_ARGS)

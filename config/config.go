@@ -127,6 +127,8 @@ type Health struct {
 	// disables the check.
 	MaxLag              time.Duration `yaml:"max_lag"`
 	MaxRetainedWALBytes int64         `yaml:"max_retained_wal_bytes"`
+	// Pprof serves Go's profiler under /debug/pprof/ (off by default).
+	Pprof bool `yaml:"pprof"`
 }
 
 // Log configures the logger.

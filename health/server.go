@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"sync"
 	"time"
 
@@ -31,6 +32,8 @@ type Source interface {
 type Limits struct {
 	MaxLag              time.Duration
 	MaxRetainedWALBytes int64
+	// Pprof adds Go's profiler under /debug/pprof/.
+	Pprof bool
 }
 
 // Server is the HTTP health server.
@@ -60,6 +63,12 @@ func Listen(addr string, src Source, mon *Monitor, met *Metrics, limits Limits, 
 	mux.HandleFunc("GET /readyz", s.readyz)
 	mux.HandleFunc("GET /status", s.status)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(met.reg, promhttp.HandlerOpts{}))
+	if limits.Pprof {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	s.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	return s, nil
 }

@@ -14,6 +14,10 @@ import (
 	"github.com/outboxd/outboxd/envelope"
 )
 
+// failedCloseTimeout bounds how long a failed session waits for its
+// producer to close.
+const failedCloseTimeout = 2 * time.Second
+
 // produceBatch is how many records of one transaction are handed to the
 // producer at once; the rest of a transaction follows at its commit.
 const produceBatch = 256
@@ -44,9 +48,17 @@ func (r *Runner) session(ctx context.Context, first bool) (progressed bool, err 
 		tracker.OnConfirm(r.cfg.OnConfirm)
 	}
 	defer func() {
-		// Outstanding records of a failed session are abandoned: their
-		// positions were never confirmed, the next session replays them.
-		cctx, cancel := context.WithTimeout(context.Background(), r.cfg.ShutdownTimeout)
+		// After a clean stop every record was acknowledged and Close only
+		// flushes. After a failure the outstanding records are abandoned:
+		// their positions were never confirmed, the next session replays
+		// them, so waiting for batches to a dead broker would only delay
+		// the reconnection (and starve the server of status updates).
+		timeout := r.cfg.ShutdownTimeout
+		if err != nil {
+			r.setState("backoff", err)
+			timeout = failedCloseTimeout
+		}
+		cctx, cancel := context.WithTimeout(context.Background(), timeout)
 		defer cancel()
 		if cerr := prod.Close(cctx); cerr != nil {
 			r.log.Debug("close producer", "error", cerr)

@@ -43,7 +43,7 @@ func run(ctx context.Context, path string, stderr io.Writer) error {
 		mon = health.NewMonitor(cfg.Postgres.DSN, cfg.Postgres.Slot, cfg.Postgres.Publication, tables, cfg.Kafka.Brokers, cfg.Health.PollInterval, log.Named("health"))
 		// Bound now, so a port clash fails at start.
 		srv, err = health.Listen(cfg.Health.Listen, runner, mon, metrics,
-			health.Limits{MaxLag: cfg.Health.MaxLag, MaxRetainedWALBytes: cfg.Health.MaxRetainedWALBytes}, log.Named("health"))
+			health.Limits{MaxLag: cfg.Health.MaxLag, MaxRetainedWALBytes: cfg.Health.MaxRetainedWALBytes, Pprof: cfg.Health.Pprof}, log.Named("health"))
 		if err != nil {
 			return fmt.Errorf("health server: %w", err)
 		}
