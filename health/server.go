@@ -168,6 +168,10 @@ var problemKeys = []string{"slot", "publication", "wal_status", "lag", "retained
 // it clears. Pass it to Monitor.Run.
 func (s *Server) Watch(Snapshot) {
 	v := s.view(time.Now())
+	if v.st.State == "starting" {
+		// The slot and the publication may not be created yet.
+		return
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, k := range problemKeys {

@@ -170,9 +170,8 @@ section "Waiting until outboxd has confirmed every transaction to PostgreSQL"
 # every event of a transaction and of all earlier ones.
 confirmed=0
 for _ in $(seq 1 200); do # 20 s
-  st="$(curl -fsS "$HEALTH_URL/status" 2>/dev/null || true)"
-  if [[ "$st" == *'"events_acknowledged":5,'* && "$st" == *'"in_flight_events":0,'* &&
-    "$st" == *'"unconfirmed_transactions":0'* ]]; then
+  st="$(curl -fsS "$HEALTH_URL/status" 2>/dev/null | tr -d ' \n' || true)"
+  if [[ "$st" == *'"counters":{"events":5,'* && "$st" == *'"in_flight":{"events":0,"bytes":0,"transactions":0}'* ]]; then
     confirmed=1
     break
   fi
