@@ -9,7 +9,6 @@
 package chaos
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -78,7 +77,7 @@ func Start(ctx context.Context, logf func(string, ...any)) (*Env, error) {
 		e.Close()
 		return nil, err
 	}
-	env, err := readEnvFile(filepath.Join(dir, "pg.env"))
+	env, err := testenv.ReadEnvFile(filepath.Join(dir, "pg.env"))
 	if err != nil {
 		e.Close()
 		return nil, err
@@ -194,22 +193,6 @@ func (e *Env) script(name string, args ...string) (string, error) {
 		return out.String(), fmt.Errorf("chaos: %s %s: %w\n%s%s", name, strings.Join(args, " "), err, out.String(), errb.String())
 	}
 	return out.String(), nil
-}
-
-func readEnvFile(path string) (map[string]string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	m := map[string]string{}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if k, v, ok := strings.Cut(sc.Text(), "="); ok {
-			m[k] = v
-		}
-	}
-	return m, sc.Err()
 }
 
 func freePorts(n int) ([]int, error) {

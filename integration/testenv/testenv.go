@@ -133,7 +133,8 @@ func (e *Env) run(script string, args ...string) (string, error) {
 	return out.String(), nil
 }
 
-func readEnvFile(path string) (map[string]string, error) {
+// ReadEnvFile reads the KEY=VALUE lines the scripts write (pg.env, kafka.env).
+func ReadEnvFile(path string) (map[string]string, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
@@ -150,11 +151,11 @@ func readEnvFile(path string) (map[string]string, error) {
 }
 
 func (e *Env) loadEnv() error {
-	pg, err := readEnvFile(filepath.Join(e.Dir, "pg.env"))
+	pg, err := ReadEnvFile(filepath.Join(e.Dir, "pg.env"))
 	if err != nil {
 		return fmt.Errorf("testenv: %w", err)
 	}
-	k, err := readEnvFile(filepath.Join(e.Dir, "kafka.env"))
+	k, err := ReadEnvFile(filepath.Join(e.Dir, "kafka.env"))
 	if err != nil {
 		return fmt.Errorf("testenv: %w", err)
 	}
