@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -232,5 +235,45 @@ func TestPublicationChangedUnderRunningOutboxd(t *testing.T) {
 	}
 	if log := d.logText(); !contains(log, "publication") || !contains(log, "does not exist") {
 		t.Fatalf("the error does not name the publication:\n%s", log)
+	}
+}
+
+// TestMissingTopicWithoutAutoCreationStops: on a broker that does not
+// auto-create topics, a route to a missing topic stops outboxd with an error
+// that names the topic and the fix, and the slot does not pass the row.
+func TestMissingTopicWithoutAutoCreationStops(t *testing.T) {
+	needEnv(t)
+	scripts, err := testenv.ScriptsDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	cmd := exec.Command("bash", filepath.Join(scripts, "kafka.sh"), "start", dir)
+	cmd.Env = append(os.Environ(), "KAFKA_AUTO_CREATE=false")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("start a broker without auto-creation: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("bash", filepath.Join(scripts, "kafka.sh"), "destroy", dir).Run() })
+	kenv, err := testenv.ReadEnvFile(filepath.Join(dir, "kafka.env"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newFixture(t, seedSchema, nil)
+	ctx := context.Background()
+	topic := f.name + ".inexistent"
+	d := f.start(daemonConfig{routes: fmt.Sprintf(seedRoute, topic), brokers: kenv["OUTBOXD_KAFKA_BROKERS"]})
+	before := f.walLSN()
+	w := newWriter(f, 32, 2, "outbox")
+	if err := w.txn(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.exited(60 * time.Second); err == nil {
+		t.Fatal("outboxd exited 0")
+	}
+	if log := d.logText(); !contains(log, topic) || !contains(log, "does not exist") || !contains(log, "create it") {
+		t.Fatalf("the error does not name the topic and the fix:\n%s", log)
+	}
+	if c, _ := f.slot(); c > before {
+		t.Fatalf("the slot passed the row: %s > %s", c, before)
 	}
 }

@@ -175,6 +175,7 @@ type daemonConfig struct {
 	dsn         string // instead of the fixture's superuser DSN
 	postgres    string // more YAML lines under postgres:, indented
 	health      string // more YAML lines under health:, indented
+	brokers     string // instead of the shared test broker
 }
 
 type daemon struct {
@@ -195,6 +196,10 @@ func freePort(t *testing.T) string {
 }
 
 func (f *fixture) config(dc daemonConfig, health string) string {
+	brokers := env.KafkaBrokers
+	if dc.brokers != "" {
+		brokers = dc.brokers
+	}
 	part := dc.partitioner
 	if part == "" {
 		part = "murmur2"
@@ -220,7 +225,7 @@ health:
   poll_interval: 200ms
 %slog:
   level: debug
-%s`, f.name, f.name, dc.postgres, env.KafkaBrokers, part, dc.routes, health, dc.health, dc.extra)
+%s`, f.name, f.name, dc.postgres, brokers, part, dc.routes, health, dc.health, dc.extra)
 }
 
 // start runs outboxd and waits until it is streaming.
