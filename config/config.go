@@ -153,7 +153,7 @@ func Default() Config {
 			Partitioner:     "murmur2",
 			Compression:     "lz4",
 			Linger:          5 * time.Millisecond,
-			BatchSize:       250,
+			BatchSize:       1000,
 			BatchBytes:      1 << 20,
 			MaxAttempts:     10,
 			WriteTimeout:    10 * time.Second,

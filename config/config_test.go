@@ -72,7 +72,7 @@ func TestDefault(t *testing.T) {
 			Partitioner:     "murmur2",
 			Compression:     "lz4",
 			Linger:          5 * time.Millisecond,
-			BatchSize:       250,
+			BatchSize:       1000,
 			BatchBytes:      1048576,
 			MaxAttempts:     10,
 			WriteTimeout:    10 * time.Second,
