@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"strings"
 	"sync"
 	"time"
@@ -261,10 +260,6 @@ func classify(err error) error {
 		case pgErr.Code == "42501":
 			return Fatal(fmt.Errorf("connect to PostgreSQL: %w: the role needs LOGIN and REPLICATION (see sql/003_role.sql)", err))
 		}
-	}
-	var netErr net.Error
-	if errors.As(err, &netErr) {
-		return fmt.Errorf("connect to PostgreSQL: %w", err)
 	}
 	return fmt.Errorf("connect to PostgreSQL: %w", err)
 }

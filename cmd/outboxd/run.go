@@ -98,10 +98,6 @@ func buildRunner(cfg config.Config, metrics *health.Metrics, log hclog.Logger) (
 		MaxAttempts: cfg.Kafka.MaxAttempts, WriteTimeout: cfg.Kafka.WriteTimeout, ClientID: cfg.Kafka.ClientID,
 		Observe: metrics.ObserveProduce,
 	}
-	// Fail on a bad producer setting now rather than at the first session.
-	if _, err := sink.New(sc, log); err != nil {
-		return nil, usageError{err}
-	}
 	sinkLog := log.Named("sink")
 	newProducer := func() (replication.Producer, error) { return sink.New(sc, sinkLog) }
 	p, pl := cfg.Postgres, cfg.Pipeline
