@@ -143,7 +143,7 @@ func Default() Config {
 		Postgres: Postgres{
 			CreateSlot:         true,
 			CreatePublication:  true,
-			StatusInterval:     time.Second,
+			StatusInterval:     100 * time.Millisecond,
 			IdleStatusInterval: 10 * time.Second,
 			ConnectTimeout:     10 * time.Second,
 			StandbyRetry:       2 * time.Second,
@@ -161,8 +161,8 @@ func Default() Config {
 			DeliveryTimeout: 30 * time.Second,
 		},
 		Pipeline: Pipeline{
-			MaxInFlightEvents: 10000,
-			MaxInFlightBytes:  64 << 20,
+			MaxInFlightEvents: 5000,
+			MaxInFlightBytes:  8 << 20,
 			ShutdownTimeout:   30 * time.Second,
 			BackoffMin:        500 * time.Millisecond,
 			BackoffMax:        30 * time.Second,

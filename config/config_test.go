@@ -62,7 +62,7 @@ func TestDefault(t *testing.T) {
 		Postgres: config.Postgres{
 			CreateSlot:         true,
 			CreatePublication:  true,
-			StatusInterval:     time.Second,
+			StatusInterval:     100 * time.Millisecond,
 			IdleStatusInterval: 10 * time.Second,
 			ConnectTimeout:     10 * time.Second,
 			StandbyRetry:       2 * time.Second,
@@ -80,8 +80,8 @@ func TestDefault(t *testing.T) {
 			DeliveryTimeout: 30 * time.Second,
 		},
 		Pipeline: config.Pipeline{
-			MaxInFlightEvents: 10000,
-			MaxInFlightBytes:  67108864,
+			MaxInFlightEvents: 5000,
+			MaxInFlightBytes:  8388608,
 			ShutdownTimeout:   30 * time.Second,
 			BackoffMin:        500 * time.Millisecond,
 			BackoffMax:        30 * time.Second,

@@ -75,7 +75,7 @@ type Router struct {
 
 // NewRouter indexes routes by "schema.table".
 func NewRouter(origen string, routes []Route) *Router {
-	r := &Router{origen: appendString(nil, origen), routes: make(map[string]*Route, len(routes))}
+	r := &Router{origen: appendString(nil, []byte(origen)), routes: make(map[string]*Route, len(routes))}
 	for i := range routes {
 		rt := routes[i]
 		r.routes[rt.Schema+"."+rt.Table] = &rt
@@ -129,10 +129,24 @@ func (r *Router) Bind(rel *pglogrepl.RelationMessage) *Binding {
 	return b
 }
 
-// Build turns one inserted tuple into a record for the binding's route. The
-// record references the tuple's column buffers, which pglogrepl allocates
-// per message.
-func (r *Router) Build(b *Binding, tuple *pglogrepl.TupleData) (outboxd.Record, error) {
+// Column is one value of a decoded row, as pgoutput sends it.
+type Column struct {
+	Kind byte // pglogrepl.TupleDataType*: 'n' NULL, 'u' unchanged TOAST, 't' text, 'b' binary
+	Data []byte
+}
+
+// Scratch is the memory Build reuses from one row to the next.
+type Scratch struct {
+	value   []byte
+	headers [2]outboxd.Header
+}
+
+// Build turns one inserted row into a record for the binding's route. The
+// record references the row's bytes (its key and headers) and, when sc is
+// not nil, sc's memory (its value and header list): it is valid until the
+// row's buffer or sc is reused, so it must go to a Producer that copies it
+// before then.
+func (r *Router) Build(b *Binding, row []Column, sc *Scratch) (outboxd.Record, error) {
 	if b.Route == nil {
 		return outboxd.Record{}, &RowError{Table: b.Name, Reason: "the table is published but has no route; add a route for it or remove it from the publication"}
 	}
@@ -141,17 +155,17 @@ func (r *Router) Build(b *Binding, tuple *pglogrepl.TupleData) (outboxd.Record, 
 		if idx < 0 {
 			return nil, &RowError{Table: b.Name, Column: name, Reason: "the column does not exist in the table (check the route's columns mapping)"}
 		}
-		if tuple == nil || idx >= len(tuple.Columns) {
+		if idx >= len(row) {
 			return nil, &RowError{Table: b.Name, Column: name, Reason: "the column is missing from the decoded row"}
 		}
-		v := tuple.Columns[idx]
-		switch v.DataType {
+		v := &row[idx]
+		switch v.Kind {
 		case pglogrepl.TupleDataTypeText:
 			return v.Data, nil
 		case pglogrepl.TupleDataTypeNull:
 			return nil, &RowError{Table: b.Name, Column: name, Reason: "the value is NULL"}
 		default:
-			return nil, &RowError{Table: b.Name, Column: name, Reason: fmt.Sprintf("unexpected tuple data kind %q", v.DataType)}
+			return nil, &RowError{Table: b.Name, Column: name, Reason: fmt.Sprintf("unexpected tuple data kind %q", v.Kind)}
 		}
 	}
 	id, err := col(b.id, c.ID)
@@ -172,8 +186,8 @@ func (r *Router) Build(b *Binding, tuple *pglogrepl.TupleData) (outboxd.Record, 
 		if err != nil {
 			return outboxd.Record{}, err
 		}
-		versio, err = strconv.ParseInt(string(raw), 10, 64)
-		if err != nil {
+		var ok bool
+		if versio, ok = parseInt(raw); !ok {
 			return outboxd.Record{}, &RowError{Table: b.Name, Column: c.Versio, Reason: fmt.Sprintf("%q is not an integer", raw)}
 		}
 	}
@@ -193,11 +207,17 @@ func (r *Router) Build(b *Binding, tuple *pglogrepl.TupleData) (outboxd.Record, 
 		return outboxd.Record{}, &RowError{Table: b.Name, Column: c.CreatEn, Reason: err.Error()}
 	}
 
-	val := make([]byte, 0, len(id)+len(tipus)+len(carrega)+len(r.origen)+96)
+	var val []byte
+	if sc != nil {
+		val = sc.value[:0]
+	}
+	if need := len(id) + len(tipus) + len(carrega) + len(r.origen) + 96; cap(val) < need {
+		val = make([]byte, 0, need)
+	}
 	val = append(val, `{"id_esdeveniment":`...)
-	val = appendString(val, string(id))
+	val = appendString(val, id)
 	val = append(val, `,"tipus":`...)
-	val = appendString(val, string(tipus))
+	val = appendString(val, tipus)
 	val = append(val, `,"versio":`...)
 	val = strconv.AppendInt(val, versio, 10)
 	val = append(val, `,"data_ms":`...)
@@ -209,15 +229,40 @@ func (r *Router) Build(b *Binding, tuple *pglogrepl.TupleData) (outboxd.Record, 
 	val = append(val, carrega...)
 	val = append(val, '}')
 
-	return outboxd.Record{
-		Topic: b.Route.Topic,
-		Key:   key,
-		Value: val,
-		Headers: []outboxd.Header{
-			{Key: HeaderTipus, Value: tipus},
-			{Key: HeaderID, Value: id},
-		},
-	}, nil
+	var headers []outboxd.Header
+	if sc != nil {
+		sc.value = val
+		headers = sc.headers[:]
+	} else {
+		headers = make([]outboxd.Header, 2)
+	}
+	headers[0] = outboxd.Header{Key: HeaderTipus, Value: tipus}
+	headers[1] = outboxd.Header{Key: HeaderID, Value: id}
+	return outboxd.Record{Topic: b.Route.Topic, Key: key, Value: val, Headers: headers}, nil
+}
+
+// parseInt reads a decimal integer as strconv.ParseInt does, without its
+// allocation for the common short case.
+func parseInt(b []byte) (int64, bool) {
+	digits := b
+	if len(digits) > 0 && (digits[0] == '-' || digits[0] == '+') {
+		digits = digits[1:]
+	}
+	if len(digits) == 0 || len(digits) > 18 {
+		v, err := strconv.ParseInt(string(b), 10, 64)
+		return v, err == nil
+	}
+	var v int64
+	for _, c := range digits {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		v = v*10 + int64(c-'0')
+	}
+	if b[0] == '-' {
+		v = -v
+	}
+	return v, true
 }
 
 // DeadLetter builds the dead-letter record of a row that could not become a
@@ -227,12 +272,12 @@ func (r *Router) Build(b *Binding, tuple *pglogrepl.TupleData) (outboxd.Record, 
 // anywhere, so only its size is kept); the original id_esdeveniment and
 // tipus headers when readable; and headers naming the reason, the table,
 // the transaction's commit LSN and the time.
-func (r *Router) DeadLetter(b *Binding, tuple *pglogrepl.TupleData, reason error, lsn string, now time.Time, keepRow bool) outboxd.Record {
+func (r *Router) DeadLetter(b *Binding, row []Column, reason error, lsn string, now time.Time, keepRow bool) outboxd.Record {
 	text := func(idx int) []byte {
-		if tuple == nil || idx < 0 || idx >= len(tuple.Columns) || tuple.Columns[idx].DataType != pglogrepl.TupleDataTypeText {
+		if idx < 0 || idx >= len(row) || row[idx].Kind != pglogrepl.TupleDataTypeText {
 			return nil
 		}
-		return tuple.Columns[idx].Data
+		return row[idx].Data
 	}
 	rec := outboxd.Record{Topic: b.Route.DeadLetterTopic, Key: text(b.agregatID)}
 	if v := text(b.id); v != nil {
@@ -249,10 +294,8 @@ func (r *Router) DeadLetter(b *Binding, tuple *pglogrepl.TupleData, reason error
 	)
 	if !keepRow {
 		size := 0
-		if tuple != nil {
-			for _, c := range tuple.Columns {
-				size += len(c.Data)
-			}
+		for _, c := range row {
+			size += len(c.Data)
 		}
 		rec.Headers = append(rec.Headers, outboxd.Header{Key: HeaderSize, Value: strconv.AppendInt(nil, int64(size), 10)})
 		return rec
@@ -262,10 +305,10 @@ func (r *Router) DeadLetter(b *Binding, tuple *pglogrepl.TupleData, reason error
 		if i > 0 {
 			val = append(val, ',')
 		}
-		val = appendString(val, name)
+		val = appendString(val, []byte(name))
 		val = append(val, ':')
 		if v := text(i); v != nil {
-			val = appendString(val, string(v))
+			val = appendString(val, v)
 		} else {
 			val = append(val, "null"...)
 		}

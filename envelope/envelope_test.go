@@ -62,16 +62,16 @@ func relation(cols ...string) *pglogrepl.RelationMessage {
 	return rel
 }
 
-func tuple(vals ...*string) *pglogrepl.TupleData {
-	td := &pglogrepl.TupleData{}
+func tuple(vals ...*string) []envelope.Column {
+	var row []envelope.Column
 	for _, v := range vals {
 		if v == nil {
-			td.Columns = append(td.Columns, &pglogrepl.TupleDataColumn{DataType: pglogrepl.TupleDataTypeNull})
+			row = append(row, envelope.Column{Kind: pglogrepl.TupleDataTypeNull})
 			continue
 		}
-		td.Columns = append(td.Columns, &pglogrepl.TupleDataColumn{DataType: pglogrepl.TupleDataTypeText, Data: []byte(*v)})
+		row = append(row, envelope.Column{Kind: pglogrepl.TupleDataTypeText, Data: []byte(*v)})
 	}
-	return td
+	return row
 }
 
 func s(v string) *string { return &v }
@@ -85,7 +85,7 @@ func TestBuildGolden(t *testing.T) {
 	b := r.Bind(relation("publicat_en", "carrega", "id", "tipus", "agregat", "agregat_id", "creat_en", "versio"))
 	carrega := `{"id": "P-2026-000123", "client": "anna", "linies": [{"producte": "formatge-curat", "quantitat": 2, "preu_centims": 1450}]}`
 	rec, err := r.Build(b, tuple(nil, s(carrega), s("6f1c9e2a-0a4b-4c8e-9d1f-2b3c4d5e6f70"), s("comanda.creada"), s("comanda"),
-		s("P-2026-000123"), s("2026-09-10 09:33:20.123999+02"), s("1")))
+		s("P-2026-000123"), s("2026-09-10 09:33:20.123999+02"), s("1")), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +140,7 @@ func TestBuildDebeziumColumnsWithoutVersio(t *testing.T) {
 	}{{"id", 2950}, {"aggregatetype", 25}, {"aggregateid", 25}, {"type", 25}, {"payload", 25}, {"timestamp", 1184}} {
 		rel.Columns = append(rel.Columns, &pglogrepl.RelationMessageColumn{Name: c.n, DataType: c.t})
 	}
-	rec, err := r.Build(r.Bind(rel), tuple(s("a"), s("producte"), s("K-1"), s("producte.creat"), s(`"text\"json"`), s("1970-01-01 00:00:01.0015+00")))
+	rec, err := r.Build(r.Bind(rel), tuple(s("a"), s("producte"), s("K-1"), s("producte.creat"), s(`"text\"json"`), s("1970-01-01 00:00:01.0015+00")), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +179,7 @@ func TestBuildBadRows(t *testing.T) {
 			if tc.change != nil {
 				tc.change(v)
 			}
-			_, err := r.Build(r.Bind(tc.rel), tuple(v...))
+			_, err := r.Build(r.Bind(tc.rel), tuple(v...), nil)
 			var re *envelope.RowError
 			if !errors.As(err, &re) {
 				t.Fatalf("want a RowError, got %v", err)
@@ -191,7 +191,7 @@ func TestBuildBadRows(t *testing.T) {
 	}
 	// A table without a route.
 	other := &pglogrepl.RelationMessage{Namespace: "public", RelationName: "comandes"}
-	if _, err := r.Build(r.Bind(other), tuple()); err == nil || !strings.Contains(err.Error(), "no route") {
+	if _, err := r.Build(r.Bind(other), tuple(), nil); err == nil || !strings.Contains(err.Error(), "no route") {
 		t.Errorf("unrouted table: got %v", err)
 	}
 }
@@ -200,7 +200,7 @@ func TestStringEscapingMatchesEncodingJSON(t *testing.T) {
 	r := envelope.NewRouter("comandes", []envelope.Route{{Schema: "public", Table: "outbox", Topic: "t", Columns: seedCols}})
 	b := r.Bind(relation("id", "agregat", "agregat_id", "tipus", "versio", "carrega", "creat_en"))
 	for _, in := range []string{"plain", `quo"te`, `back\slash`, "new\nline\ttab\rcr", "\x00\x01\x1f", "àèí·l€ 😀", "bad\xffutf8", "sep\u2028\u2029", "<html>&"} {
-		rec, err := r.Build(b, tuple(s("id"), s("a"), s("K"), s(in), s("1"), s("{}"), s("2026-01-01 00:00:00+00")))
+		rec, err := r.Build(b, tuple(s("id"), s("a"), s("K"), s(in), s("1"), s("{}"), s("2026-01-01 00:00:00+00")), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -211,6 +211,52 @@ func TestStringEscapingMatchesEncodingJSON(t *testing.T) {
 		want := strings.ToValidUTF8(in, "\ufffd")
 		if env.Tipus != want {
 			t.Errorf("%q round-tripped as %q", in, env.Tipus)
+		}
+	}
+}
+
+// TestBuildWithScratch: a Scratch reused from row to row gives each record
+// the value a fresh build gives, and allocates nothing once warm.
+func TestBuildWithScratch(t *testing.T) {
+	r := envelope.NewRouter("comandes", []envelope.Route{{Schema: "public", Table: "outbox", Topic: "t", Columns: seedCols}})
+	b := r.Bind(relation("id", "agregat", "agregat_id", "tipus", "versio", "carrega", "creat_en", "publicat_en"))
+	var sc envelope.Scratch
+	rows := [][]envelope.Column{
+		tuple(s("6f1c9e2a-0a4b-4c8e-9d1f-2b3c4d5e6f70"), s("comanda"), s("P-1"), s("comanda.creada"), s("1"), s(`{"a": [1, 2, 3], "b": "llarg llarg llarg"}`), s("2026-09-10 09:33:20.123999+02"), nil),
+		tuple(s("7a2d0f3b-1b5c-4d9f-8e2a-3c4d5e6f7081"), s("comanda"), s("P-2"), s(`tipus "amb" cometes`), s("-12"), s(`{}`), s("1969-12-31 23:59:59.9995+00"), nil),
+	}
+	for round := 0; round < 2; round++ {
+		for i, row := range rows {
+			want, err := r.Build(b, row, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := r.Build(b, row, &sc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(got.Value) != string(want.Value) || string(got.Key) != string(want.Key) ||
+				string(got.Headers[0].Value) != string(want.Headers[0].Value) || string(got.Headers[1].Value) != string(want.Headers[1].Value) {
+				t.Errorf("round %d row %d: scratch build %s, fresh %s", round, i, got.Value, want.Value)
+			}
+		}
+	}
+	if n := testing.AllocsPerRun(100, func() { _, _ = r.Build(b, rows[0], &sc) }); n != 0 {
+		t.Errorf("%.1f allocations per warm build, want 0", n)
+	}
+}
+
+func BenchmarkBuild(b *testing.B) {
+	r := envelope.NewRouter("comandes", []envelope.Route{{Schema: "public", Table: "outbox", Topic: "t", Columns: seedCols}})
+	bd := r.Bind(relation("id", "agregat", "agregat_id", "tipus", "versio", "carrega", "creat_en", "publicat_en"))
+	row := tuple(s("6f1c9e2a-0a4b-4c8e-9d1f-2b3c4d5e6f70"), s("comanda"), s("P-2026-000123"), s("comanda.creada"), s("1"),
+		s(`{"id": "P-2026-000123", "client": "anna", "mercat": "girona", "linies": [{"producte": "formatge-curat", "quantitat": 2, "preu_centims": 1450}, {"producte": "mel-de-romani", "quantitat": 1, "preu_centims": 890}]}`),
+		s("2026-09-10 09:33:20.123999+02"), nil)
+	var sc envelope.Scratch
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		if _, err := r.Build(bd, row, &sc); err != nil {
+			b.Fatal(err)
 		}
 	}
 }

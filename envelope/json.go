@@ -9,7 +9,20 @@ const hexDigits = "0123456789abcdef"
 // appendString appends s as a JSON string. Invalid UTF-8 becomes U+FFFD, as
 // encoding/json does; HTML characters are left alone (the value is not
 // embedded in HTML).
-func appendString(dst []byte, s string) []byte {
+func appendString(dst, s []byte) []byte {
+	// Fast path: nothing to escape (UUIDs, event types, keys).
+	plain := true
+	for _, c := range s {
+		if c < 0x20 || c == '"' || c == '\\' || c >= utf8.RuneSelf {
+			plain = false
+			break
+		}
+	}
+	if plain {
+		dst = append(dst, '"')
+		dst = append(dst, s...)
+		return append(dst, '"')
+	}
 	dst = append(dst, '"')
 	start := 0
 	for i := 0; i < len(s); {
@@ -36,7 +49,7 @@ func appendString(dst []byte, s string) []byte {
 			start = i
 			continue
 		}
-		r, size := utf8.DecodeRuneInString(s[i:])
+		r, size := utf8.DecodeRune(s[i:])
 		if r == utf8.RuneError && size == 1 {
 			dst = append(dst, s[start:i]...)
 			dst = append(dst, `\ufffd`...)

@@ -4,20 +4,25 @@ import (
 	"errors"
 	"fmt"
 	"time"
+	"unsafe"
 )
+
+// unsafeString views b as a string without copying; b must not change while
+// the string is in use (the parser only reads it during the call).
+func unsafeString(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
 
 // ParseTimestamptz parses PostgreSQL's text output of a timestamptz in the
 // ISO DateStyle ("2026-12-02 12:46:05.123456+05:30", "... BC" for years
 // before 1) and returns microseconds since the Unix epoch. Offsets may carry
 // minutes and seconds (+05:30, -03:30:45); fractions have up to 6 digits.
 func ParseTimestamptz(b []byte) (int64, error) {
-	s := string(b)
-	bad := func(why string) error { return fmt.Errorf("cannot parse timestamptz %q: %s", s, why) }
-	switch s {
+	// Converted only for an error message: the hot path allocates nothing.
+	bad := func(why string) error { return fmt.Errorf("cannot parse timestamptz %q: %s", b, why) }
+	switch string(b) {
 	case "infinity", "-infinity":
 		return 0, bad("infinite timestamps have no epoch time")
 	}
-	p := parser{s: s}
+	p := parser{s: unsafeString(b)}
 	bc := false
 	if n := len(p.s); n > 3 && p.s[n-3:] == " BC" {
 		bc = true

@@ -2,6 +2,7 @@ package replication
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/hex"
 	"os"
@@ -21,8 +22,16 @@ type fakeProducer struct {
 	recs []outboxd.Record
 }
 
+// Produce copies, as the real one does: the records reference the
+// message buffer and the stream's scratch memory, both reused.
 func (p *fakeProducer) Produce(_ context.Context, recs []outboxd.Record) error {
-	p.recs = append(p.recs, recs...)
+	for _, r := range recs {
+		c := outboxd.Record{Topic: r.Topic, Key: bytes.Clone(r.Key), Value: bytes.Clone(r.Value), Ack: r.Ack}
+		for _, h := range r.Headers {
+			c.Headers = append(c.Headers, outboxd.Header{Key: h.Key, Value: bytes.Clone(h.Value)})
+		}
+		p.recs = append(p.recs, c)
+	}
 	return nil
 }
 
@@ -30,7 +39,7 @@ func (p *fakeProducer) Close(context.Context) error { return nil }
 
 // readFixture returns the pgoutput messages recorded from a real server by
 // integration/cmd/pgoutput-fixture.
-func readFixture(t *testing.T, name string) [][]byte {
+func readFixture(t testing.TB, name string) [][]byte {
 	t.Helper()
 	f, err := os.Open(name)
 	if err != nil {
@@ -63,8 +72,13 @@ func TestDecodeRecordedPgoutput(t *testing.T) {
 	prod := &fakeProducer{}
 	s := &stream{r: &Runner{router: router, log: hclog.NewNullLogger()}, prod: prod, tracker: tracker, relations: map[uint32]*envelope.Binding{}}
 	var commits []pglogrepl.LSN
+	// Every message goes through one buffer, overwritten by the next, as
+	// pgconn's receive buffer is: a record that kept a reference into it
+	// past Produce would come out corrupted.
+	buf := make([]byte, 0, 1<<16)
 	for _, m := range readFixture(t, "testdata/outbox.pgoutput") {
-		if err := s.handleMessage(context.Background(), m); err != nil {
+		buf = append(buf[:0], m...)
+		if err := s.handleMessage(context.Background(), buf); err != nil {
 			t.Fatalf("message %q: %v", m[:1], err)
 		}
 		if m[0] == 'C' {

@@ -4,9 +4,11 @@
 package replication
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -14,10 +16,14 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/outboxd/outboxd"
 	"github.com/outboxd/outboxd/envelope"
 )
+
+// readBufferSize is the replication connection's read buffer.
+const readBufferSize = 256 << 10
 
 // Config is what the stream needs; durations are positive.
 type Config struct {
@@ -119,6 +125,12 @@ func NewRunner(cfg Config, router *envelope.Router, newProducer func() (Producer
 	pc.RuntimeParams["datestyle"] = "ISO, YMD"
 	pc.RuntimeParams["timezone"] = "UTC"
 	pc.ConnectTimeout = cfg.ConnectTimeout
+	// pgproto3 reads the socket in 8 KiB chunks: a drain then costs a
+	// read(2) (and often a wake-up) per ~20 rows. A larger buffer under it
+	// takes whatever the walsender has written in one call.
+	pc.BuildFrontend = func(r io.Reader, w io.Writer) *pgproto3.Frontend {
+		return pgproto3.NewFrontend(bufio.NewReaderSize(r, readBufferSize), w)
+	}
 	return &Runner{cfg: cfg, conn: pc, router: router, newProducer: newProducer, log: log, status: Status{State: "starting"}}, nil
 }
 

@@ -18,10 +18,6 @@ import (
 // producer to close.
 const failedCloseTimeout = 2 * time.Second
 
-// produceBatch is how many records of one transaction are handed to the
-// producer at once; the rest of a transaction follows at its commit.
-const produceBatch = 256
-
 // session runs one replication connection: prepare, stream, and on ctx
 // cancellation a clean stop. progressed reports whether streaming started.
 func (r *Runner) session(ctx context.Context, first bool) (progressed bool, err error) {
@@ -101,10 +97,15 @@ type stream struct {
 	tracker   *Tracker
 	relations map[uint32]*envelope.Binding
 
-	txn      *Txn   // open transaction
-	txnLSN   string // its final LSN, for error messages
-	batch    []outboxd.Record
+	txn      *Txn          // open transaction
+	txnLSN   string        // its final LSN, for error messages
 	received pglogrepl.LSN // newest WAL position received
+
+	// Reused from row to row: the decoded columns (they reference the
+	// message buffer), the envelope's memory, the producer's argument.
+	row     []envelope.Column
+	scratch envelope.Scratch
+	one     [1]outboxd.Record
 
 	sentFlush pglogrepl.LSN // flush position last sent
 	sentAt    time.Time
@@ -129,9 +130,10 @@ func (s *stream) run(ctx context.Context) error {
 	defer pcancel()
 	nextStatus := time.Now().Add(cfg.StatusInterval)
 	var stopDeadline time.Time // set once ctx is cancelled
+	var readDeadline time.Time // the connection's, as last set here
 	s.lastRecv, s.lastAckAt = time.Now(), time.Now()
+	now := time.Now()
 	for {
-		now := time.Now()
 		if s.reply || !now.Before(nextStatus) {
 			if err := s.sendStatus(now, false); err != nil {
 				return err
@@ -161,9 +163,6 @@ func (s *stream) run(ctx context.Context) error {
 		}
 
 		if s.tracker.Full(0) {
-			if err := s.flush(pctx); err != nil {
-				return err
-			}
 			// Reading pauses; standby status still goes out on time.
 			wait := time.NewTimer(time.Until(nextStatus))
 			select {
@@ -172,29 +171,38 @@ func (s *stream) run(ctx context.Context) error {
 			}
 			wait.Stop()
 			// Silence from the server while we did not read proves nothing.
-			s.lastRecv, s.pinged = time.Now(), false
+			now = time.Now()
+			s.lastRecv, s.pinged = now, false
 			continue
 		}
 
 		deadline := nextStatus
+		if st.Open == 0 && st.Confirmed == s.sentFlush {
+			// Nothing waits to be confirmed: no reason to wake that often.
+			if idle := now.Add(time.Second); idle.After(deadline) {
+				deadline = idle
+			}
+		}
 		if !stopDeadline.IsZero() && stopDeadline.Before(deadline) {
 			deadline = stopDeadline
 		}
 		// A plain read deadline instead of a per-message context: pgconn
 		// treats a timeout as recoverable and keeps the connection.
-		_ = s.conn.Conn().SetReadDeadline(deadline)
+		if !deadline.Equal(readDeadline) {
+			_ = s.conn.Conn().SetReadDeadline(deadline)
+			readDeadline = deadline
+		}
 		msg, err := s.conn.ReceiveMessage(context.Background())
+		now = time.Now()
 		if err != nil {
 			if pgconn.Timeout(err) {
-				// Quiet: hand over what is batched.
-				if err := s.flush(pctx); err != nil {
-					return err
-				}
+				// Set it again next time: a stop request moves it too.
+				readDeadline = time.Time{}
 				continue
 			}
 			return fmt.Errorf("receive from PostgreSQL: %w", err)
 		}
-		s.lastRecv, s.pinged = time.Now(), false
+		s.lastRecv, s.pinged = now, false
 		switch m := msg.(type) {
 		case *pgproto3.CopyData:
 			if err := s.handleCopyData(pctx, m.Data); err != nil {
@@ -250,6 +258,9 @@ func (s *stream) handleCopyData(ctx context.Context, data []byte) error {
 }
 
 func (s *stream) handleMessage(ctx context.Context, wal []byte) error {
+	if len(wal) > 0 && wal[0] == 'I' {
+		return s.handleInsert(ctx, wal)
+	}
 	msg, err := pglogrepl.Parse(wal)
 	if err != nil {
 		return Fatal(fmt.Errorf("decode pgoutput message %q: %w", wal[:1], err))
@@ -263,46 +274,9 @@ func (s *stream) handleMessage(ctx context.Context, wal []byte) error {
 		}
 		s.txn = s.tracker.Begin(m.CommitTime)
 		s.txnLSN = m.FinalLSN.String()
-	case *pglogrepl.InsertMessage:
-		if s.txn == nil {
-			return errors.New("pgoutput: Insert outside a transaction")
-		}
-		b := s.relations[m.RelationID]
-		if b == nil {
-			return fmt.Errorf("pgoutput: Insert for relation %d before its Relation message", m.RelationID)
-		}
-		rec, err := s.r.router.Build(b, m.Tuple)
-		keepRow := true
-		if err == nil && s.tooLarge(&rec) {
-			err = &envelope.RowError{Table: b.Name, Reason: fmt.Sprintf("the record is %d bytes, over kafka.batch_bytes (%d): raise it together with the broker's and the topic's max.message.bytes, or make the row smaller", rec.Size(), s.r.cfg.MaxRecordBytes)}
-			keepRow = false
-		}
-		if err != nil {
-			if b.Route == nil || b.Route.DeadLetterTopic == "" {
-				return Fatal(fmt.Errorf("transaction committed at %s: %w", s.txnLSN, err))
-			}
-			// Dead-lettered in the same transaction: the slot passes the row
-			// only once Kafka acknowledged its dead-letter record.
-			rec = s.r.router.DeadLetter(b, m.Tuple, err, s.txnLSN, time.Now(), keepRow)
-			if s.tooLarge(&rec) {
-				rec = s.r.router.DeadLetter(b, m.Tuple, err, s.txnLSN, time.Now(), false)
-			}
-			s.r.log.Warn("row dead-lettered", "table", b.Name, "topic", rec.Topic, "lsn", s.txnLSN, "reason", err.Error())
-			s.r.mu.Lock()
-			s.r.status.DeadLettered++
-			s.r.mu.Unlock()
-		}
-		rec.Ack = s.tracker.Track(s.txn, rec.Size())
-		s.batch = append(s.batch, rec)
-		if len(s.batch) >= produceBatch {
-			return s.flush(ctx)
-		}
 	case *pglogrepl.CommitMessage:
 		if s.txn == nil {
 			return errors.New("pgoutput: Commit outside a transaction")
-		}
-		if err := s.flush(ctx); err != nil {
-			return err
 		}
 		s.tracker.Commit(s.txn, m.TransactionEndLSN)
 		s.txn = nil
@@ -317,23 +291,47 @@ func (s *stream) handleMessage(ctx context.Context, wal []byte) error {
 	return nil
 }
 
-// recordOverhead covers what Kafka's record format adds to key, value and
-// headers (lengths, offsets, timestamps as varints).
-const recordOverhead = 128
-
-// tooLarge reports whether the producer would refuse rec for its size.
-func (s *stream) tooLarge(rec *outboxd.Record) bool {
-	return s.r.cfg.MaxRecordBytes > 0 && rec.Size()+recordOverhead > s.r.cfg.MaxRecordBytes
-}
-
-// flush hands the batched records to the producer.
-func (s *stream) flush(ctx context.Context) error {
-	if len(s.batch) == 0 {
-		return nil
+// handleInsert turns one inserted row into a record (or a dead-letter
+// record) and hands it to the producer, which copies it: the row and the
+// record reference the message buffer, valid until the next receive.
+func (s *stream) handleInsert(ctx context.Context, wal []byte) error {
+	if s.txn == nil {
+		return errors.New("pgoutput: Insert outside a transaction")
 	}
-	err := s.prod.Produce(ctx, s.batch)
-	clear(s.batch)
-	s.batch = s.batch[:0]
+	relID, row, err := parseInsert(wal, s.row)
+	s.row = row
+	if err != nil {
+		return Fatal(fmt.Errorf("decode pgoutput message 'I': %w", err))
+	}
+	b := s.relations[relID]
+	if b == nil {
+		return fmt.Errorf("pgoutput: Insert for relation %d before its Relation message", relID)
+	}
+	rec, err := s.r.router.Build(b, row, &s.scratch)
+	keepRow := true
+	if err == nil && s.tooLarge(&rec) {
+		err = &envelope.RowError{Table: b.Name, Reason: fmt.Sprintf("the record is %d bytes, over kafka.batch_bytes (%d): raise it together with the broker's and the topic's max.message.bytes, or make the row smaller", rec.Size(), s.r.cfg.MaxRecordBytes)}
+		keepRow = false
+	}
+	if err != nil {
+		if b.Route == nil || b.Route.DeadLetterTopic == "" {
+			return Fatal(fmt.Errorf("transaction committed at %s: %w", s.txnLSN, err))
+		}
+		// Dead-lettered in the same transaction: the slot passes the row
+		// only once Kafka acknowledged its dead-letter record.
+		rec = s.r.router.DeadLetter(b, row, err, s.txnLSN, time.Now(), keepRow)
+		if s.tooLarge(&rec) {
+			rec = s.r.router.DeadLetter(b, row, err, s.txnLSN, time.Now(), false)
+		}
+		s.r.log.Warn("row dead-lettered", "table", b.Name, "topic", rec.Topic, "lsn", s.txnLSN, "reason", err.Error())
+		s.r.mu.Lock()
+		s.r.status.DeadLettered++
+		s.r.mu.Unlock()
+	}
+	rec.Ack = s.tracker.Track(s.txn, rec.Size())
+	s.one[0] = rec
+	err = s.prod.Produce(ctx, s.one[:])
+	s.one[0] = outboxd.Record{}
 	if err != nil {
 		if isRecordError(err) {
 			return Fatal(fmt.Errorf("transaction committed at %s: %w", s.txnLSN, err))
@@ -345,6 +343,15 @@ func (s *stream) flush(ctx context.Context) error {
 		return err
 	}
 	return nil
+}
+
+// recordOverhead covers what Kafka's record format adds to key, value and
+// headers (lengths, offsets, timestamps as varints).
+const recordOverhead = 128
+
+// tooLarge reports whether the producer would refuse rec for its size.
+func (s *stream) tooLarge(rec *outboxd.Record) bool {
+	return s.r.cfg.MaxRecordBytes > 0 && rec.Size()+recordOverhead > s.r.cfg.MaxRecordBytes
 }
 
 // deliveryError is the session's end after Kafka failed a record: fatal when
@@ -429,13 +436,8 @@ func (s *stream) sendStatus(now time.Time, ask bool) error {
 // processed that status before the connection closes.
 func (s *stream) stop(deadline time.Time) error {
 	if s.txn != nil {
-		// The deadline passed inside a transaction: it cannot be confirmed,
-		// so producing the rest of its batch would only make duplicates.
+		// The deadline passed inside a transaction: it cannot be confirmed.
 		s.r.log.Warn("shutdown timeout inside a transaction; it will be produced again on restart", "transaction", s.txnLSN)
-		clear(s.batch)
-		s.batch = s.batch[:0]
-	} else if err := s.flush(context.Background()); err != nil {
-		s.r.log.Warn("could not hand the last records to Kafka; they will be replayed", "error", err)
 	}
 	for {
 		st := s.tracker.State()

@@ -31,6 +31,7 @@ type Tracker struct {
 	acked      uint64 // records acknowledged, for counters
 	ackedBytes int64
 	wake       chan struct{}
+	slab       []ticket // tickets handed out from one allocation per 256 records
 	// onConfirm, when set, is called (with mu held: keep it cheap) for
 	// every transaction confirmed, with its commit time.
 	onConfirm func(commitTime time.Time)
@@ -81,8 +82,14 @@ func (t *Tracker) Track(x *Txn, size int64) outboxd.Acker {
 	x.pendingSeen = true
 	t.events++
 	t.bytes += size
+	if len(t.slab) == 0 {
+		t.slab = make([]ticket, 256)
+	}
+	k := &t.slab[0]
+	t.slab = t.slab[1:]
 	t.mu.Unlock()
-	return &ticket{x: x, size: size}
+	k.x, k.size = x, size
+	return k
 }
 
 // Commit closes x at the transaction's end LSN.

@@ -52,8 +52,3 @@ func (w *lz4Writer) Close() error {
 	lz4Writers.Put(z)
 	return err
 }
-
-func init() {
-	// kafka-go looks codecs up in this table by compression code.
-	compress.Codecs[compress.Lz4] = lz4Codec{}
-}

@@ -1,21 +1,34 @@
-// Package sink produces records to Kafka with kafka-go: acks=all, a key
-// balancer compatible with the Java client (murmur2) or with librdkafka
-// (crc32), batching with a short linger, and one completion per record.
+// Package sink produces records to Kafka: acks=all, a key partitioner
+// compatible with the Java client (murmur2) or with librdkafka (crc32), and
+// one completion per record.
+//
+// It encodes record batches itself and sends them through kafka-go's
+// Transport (connections, metadata, API versions). kafka-go's Writer sends
+// one produce request per partition batch, so small transactions spread
+// over many partitions cost a request each; this producer sends, in rounds,
+// one request per leader broker that carries a batch for every partition
+// with records waiting, like the Java producer. Only one round is in flight
+// at a time, so a partition's batches reach the broker strictly in order,
+// and a failed batch is retried before anything later is sent; once it
+// fails for good the producer is fenced and sends nothing more.
 package sink
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"net"
-	"sync/atomic"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/compress"
 	"github.com/segmentio/kafka-go/protocol"
+	meta "github.com/segmentio/kafka-go/protocol/metadata"
 	"github.com/segmentio/kafka-go/protocol/produce"
+	"github.com/segmentio/kafka-go/protocol/rawproduce"
 
 	"github.com/outboxd/outboxd"
 )
@@ -26,13 +39,14 @@ type Config struct {
 	Partitioner  string // murmur2 | crc32
 	Compression  string // none | gzip | snappy | lz4 | zstd
 	Linger       time.Duration
-	BatchSize    int
-	BatchBytes   int64
+	BatchSize    int   // records per partition batch
+	BatchBytes   int64 // bytes per partition batch, as encoded (before compression)
 	MaxAttempts  int
 	WriteTimeout time.Duration
 	ClientID     string
-	// Observe, when set, is told the outcome of every batch: its topic,
-	// records, bytes, the time since it was handed over, and the error.
+	// Observe, when set, is told the outcome of every partition batch: its
+	// topic, records, key and value bytes, the time since its first record
+	// was handed over, and the error.
 	Observe func(topic string, records int, bytes int64, latency time.Duration, err error)
 }
 
@@ -41,6 +55,9 @@ type Config struct {
 // the broker, or a later event could be delivered before an earlier one of
 // the same aggregate.
 var ErrFenced = errors.New("produce fenced after an earlier delivery failure")
+
+// errClosed is the error of records still waiting when Close gave up.
+var errClosed = errors.New("producer closed before the records were acknowledged")
 
 // RecordError is a record the broker cannot take whatever the retries
 // (larger than the batch limit, a topic that does not exist). It is bad
@@ -67,14 +84,52 @@ const (
 	topicWaitAttempts = 40
 )
 
+// metadataTTL is how often a topic's partitions and leaders are read again
+// (from the Transport's cache, which refreshes on the same period).
+const metadataTTL = 10 * time.Second
+
+// maxRoundBytes bounds one round's batches (the broker's
+// socket.request.max.bytes defaults to 100 MiB).
+const maxRoundBytes = 32 << 20
+
 // Producer sends records asynchronously; each record's Acker learns its
 // outcome. A Producer is used for one replication session: after a failure
 // it is fenced and must be closed and replaced.
 type Producer struct {
-	w       *kafka.Writer
-	fenced  atomic.Bool
-	log     hclog.Logger
-	observe func(topic string, records int, bytes int64, latency time.Duration, err error)
+	cfg       Config
+	rt        kafka.RoundTripper
+	transport *kafka.Transport // nil when rt was given (tests)
+	addr      net.Addr
+	bal       kafka.Balancer
+	codec     compress.Codec // nil: no compression
+	log       hclog.Logger
+
+	ctx    context.Context // cancelled when Close gives up
+	cancel context.CancelFunc
+	kick   chan struct{}
+	done   chan struct{} // closed when the sender goroutine has returned
+
+	mu      sync.Mutex
+	topics  map[string]*topic
+	parts   []*partition // every known partition, in a stable order
+	next    int          // where the next round starts in parts
+	fenced  error        // the error every later record gets
+	closing bool
+}
+
+type topic struct {
+	name    string
+	ids     []int // partition ids, for the balancer
+	parts   map[int]*partition
+	fetched time.Time
+}
+
+type partition struct {
+	topic  string
+	id     int32
+	leader int32 // broker id, -1 when unknown
+	open   *batch
+	queued []*batch // full batches, oldest first
 }
 
 // Balancer returns the kafka-go balancer for a partitioner name.
@@ -90,20 +145,20 @@ func Balancer(name string) (kafka.Balancer, error) {
 	return nil, fmt.Errorf("unknown partitioner %q (want murmur2 or crc32)", name)
 }
 
-func codec(name string) (kafka.Compression, error) {
+func codec(name string) (compress.Codec, error) {
 	switch name {
 	case "", "none":
-		return 0, nil
+		return nil, nil
 	case "gzip":
-		return kafka.Compression(compress.Gzip), nil
+		return compress.Gzip.Codec(), nil
 	case "snappy":
-		return kafka.Compression(compress.Snappy), nil
+		return compress.Snappy.Codec(), nil
 	case "lz4":
-		return kafka.Compression(compress.Lz4), nil
+		return lz4Codec{}, nil
 	case "zstd":
-		return kafka.Compression(compress.Zstd), nil
+		return compress.Zstd.Codec(), nil
 	}
-	return 0, fmt.Errorf("unknown compression %q", name)
+	return nil, fmt.Errorf("unknown compression %q", name)
 }
 
 // New builds a producer. It does not connect until the first record.
@@ -111,139 +166,569 @@ func New(cfg Config, log hclog.Logger) (*Producer, error) {
 	return newProducer(cfg, log, nil)
 }
 
-// newProducer builds a producer over transport, or over a kafka-go
-// Transport for the configured brokers when it is nil.
-func newProducer(cfg Config, log hclog.Logger, transport kafka.RoundTripper) (*Producer, error) {
+// NewWithTransport builds a producer that sends through rt (a
+// *kafka.Transport, or a fake broker in tests and benchmarks).
+func NewWithTransport(cfg Config, log hclog.Logger, rt kafka.RoundTripper) (*Producer, error) {
+	return newProducer(cfg, log, rt)
+}
+
+// newProducer builds a producer over rt, or over a kafka-go Transport for
+// the configured brokers when it is nil.
+func newProducer(cfg Config, log hclog.Logger, rt kafka.RoundTripper) (*Producer, error) {
 	bal, err := Balancer(cfg.Partitioner)
 	if err != nil {
 		return nil, err
 	}
-	comp, err := codec(cfg.Compression)
+	cd, err := codec(cfg.Compression)
 	if err != nil {
 		return nil, err
 	}
-	p := &Producer{log: log, observe: cfg.Observe}
-	if transport == nil {
-		transport = &kafka.Transport{
+	if cfg.BatchSize <= 0 {
+		cfg.BatchSize = 1000
+	}
+	if cfg.BatchBytes <= 0 {
+		cfg.BatchBytes = 1 << 20
+	}
+	if cfg.MaxAttempts <= 0 {
+		cfg.MaxAttempts = 10
+	}
+	if cfg.WriteTimeout <= 0 {
+		cfg.WriteTimeout = 10 * time.Second
+	}
+	p := &Producer{cfg: cfg, rt: rt, addr: kafka.TCP(cfg.Brokers...), bal: bal, codec: cd, log: log,
+		kick: make(chan struct{}, 1), done: make(chan struct{}), topics: map[string]*topic{}}
+	if rt == nil {
+		p.transport = &kafka.Transport{
 			ClientID:    cfg.ClientID,
 			Dial:        (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 10 * time.Second}).DialContext,
 			IdleTimeout: 30 * time.Second,
-			MetadataTTL: 10 * time.Second,
+			MetadataTTL: metadataTTL,
 		}
+		p.rt = p.transport
 	}
-	p.w = &kafka.Writer{
-		Addr:            kafka.TCP(cfg.Brokers...),
-		Balancer:        bal,
-		RequiredAcks:    kafka.RequireAll, // the zero value is "none"
-		Async:           true,
-		Completion:      p.complete,
-		BatchSize:       cfg.BatchSize,
-		BatchBytes:      cfg.BatchBytes,
-		BatchTimeout:    cfg.Linger, // kafka-go's default is 1 s
-		MaxAttempts:     cfg.MaxAttempts,
-		WriteBackoffMin: 100 * time.Millisecond,
-		WriteBackoffMax: 1 * time.Second,
-		WriteTimeout:    cfg.WriteTimeout,
-		ReadTimeout:     cfg.WriteTimeout,
-		Compression:     comp,
-		Transport:       &fence{next: transport, fenced: &p.fenced},
-		// As the Java producer does: ask for a missing topic to be created and
-		// let the broker's auto.create.topics.enable decide.
-		AllowAutoTopicCreation: true,
-		ErrorLogger:            kafka.LoggerFunc(func(f string, a ...any) { log.Debug(fmt.Sprintf(f, a...)) }),
-	}
+	p.ctx, p.cancel = context.WithCancel(context.Background())
+	go p.run()
 	return p, nil
 }
 
-// Produce hands records to the writer. kafka-go accepts all of a call's
-// records or none: on an error every record of the call is failed through
-// its Acker, and the caller must stop and replace the producer.
+// Produce encodes the records into their partitions' batches and returns;
+// each record's Acker learns its outcome later. The records' bytes are
+// copied: the caller may reuse them as soon as Produce returns. On an error
+// the records not taken are failed through their Ackers and the caller must
+// stop and replace the producer.
 func (p *Producer) Produce(ctx context.Context, recs []outboxd.Record) error {
-	if p.fenced.Load() {
-		return ErrFenced
-	}
-	msgs := make([]kafka.Message, len(recs))
-	// The record's CreateTime, as the Java client and librdkafka set it;
-	// kafka-go would otherwise stamp it when encoding the batch.
 	now := time.Now()
+	ts := now.UnixMilli() // the record's CreateTime, as the Java client sets it
 	for i := range recs {
-		r := &recs[i]
-		m := &msgs[i]
-		m.Topic = r.Topic
-		m.Key = r.Key
-		m.Value = r.Value
-		if len(r.Headers) > 0 {
-			m.Headers = make([]kafka.Header, len(r.Headers))
-			for j, h := range r.Headers {
-				m.Headers[j] = kafka.Header{Key: h.Key, Value: h.Value}
+		if err := p.add(ctx, &recs[i], now, ts); err != nil {
+			for j := i; j < len(recs); j++ {
+				recs[j].Ack.Ack(err)
 			}
+			return err
 		}
-		m.WriterData = r.Ack
-		m.Time = now
 	}
-	err := p.w.WriteMessages(ctx, msgs...)
-	// A topic the broker is auto-creating (the metadata request asked it
-	// to) is unknown or leaderless for a moment: wait for it, as the Java
-	// producer does, before calling it missing. kafka-go queues nothing when
-	// WriteMessages fails, so the call can be repeated as is.
-	for wait := 0; err != nil && wait < topicWaitAttempts && (errors.Is(err, kafka.UnknownTopicOrPartition) || errors.Is(err, kafka.LeaderNotAvailable)); wait++ {
+	return nil
+}
+
+func (p *Producer) add(ctx context.Context, r *outboxd.Record, now time.Time, ts int64) error {
+	p.mu.Lock()
+	t := p.topics[r.Topic]
+	if t == nil || now.Sub(t.fetched) > metadataTTL {
+		p.mu.Unlock()
+		if err := p.refreshTopic(ctx, r.Topic, t == nil); err != nil {
+			return err
+		}
+		p.mu.Lock()
+		t = p.topics[r.Topic]
+	}
+	defer p.mu.Unlock()
+	if p.fenced != nil {
+		return p.fenced
+	}
+	if p.closing {
+		return errClosed
+	}
+	part := t.parts[p.bal.Balance(kafka.Message{Key: r.Key}, t.ids...)]
+	b := part.open
+	kick := false
+	if b != nil && int64(len(b.buf)+b.encodedLen(r, ts)) > p.cfg.BatchBytes {
+		part.seal()
+		b, kick = nil, true
+	}
+	if b == nil {
+		if n := int64(batchHeaderLen + emptyBatchLen(r)); n > p.cfg.BatchBytes {
+			return &RecordError{Topic: r.Topic, Key: r.Key, Err: kafka.MessageSizeTooLarge,
+				Reason: fmt.Sprintf("%d bytes is larger than kafka.batch_bytes (%d); raise it together with the broker's and the topic's max.message.bytes", n, p.cfg.BatchBytes)}
+		}
+		b, kick = newBatch(part, now), true
+		part.open = b
+	}
+	b.add(r, ts)
+	if int(b.count) >= p.cfg.BatchSize || int64(len(b.buf)) >= p.cfg.BatchBytes {
+		part.seal()
+		kick = true
+	}
+	if kick {
+		select {
+		case p.kick <- struct{}{}:
+		default:
+		}
+	}
+	return nil
+}
+
+func (pt *partition) seal() {
+	pt.queued = append(pt.queued, pt.open)
+	pt.open = nil
+}
+
+// refreshTopic reads a topic's partitions and leaders. The first time
+// (first is set), it waits for a topic the broker is auto-creating (the
+// request asks for it, as the Java producer does) before calling it
+// missing; later refreshes keep the known layout when they fail.
+func (p *Producer) refreshTopic(ctx context.Context, name string, first bool) error {
+	var err error
+	for attempt := 0; ; attempt++ {
+		var mt *meta.ResponseTopic
+		mt, err = p.metadata(ctx, name)
+		if err == nil {
+			p.mu.Lock()
+			p.applyTopic(mt, time.Now())
+			p.mu.Unlock()
+			return nil
+		}
+		if !first {
+			p.log.Debug("metadata refresh failed; keeping the known partitions", "topic", name, "error", err)
+			p.mu.Lock()
+			if t := p.topics[name]; t != nil {
+				t.fetched = time.Now()
+			}
+			p.mu.Unlock()
+			return nil
+		}
+		waiting := errors.Is(err, kafka.UnknownTopicOrPartition) || errors.Is(err, kafka.LeaderNotAvailable)
+		if !waiting || attempt >= topicWaitAttempts {
+			break
+		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(topicWaitStep):
 		}
-		err = p.w.WriteMessages(ctx, msgs...)
 	}
+	if errors.Is(err, kafka.UnknownTopicOrPartition) {
+		return &RecordError{Topic: name, Err: err, Reason: "the topic does not exist and the broker does not create topics (auto.create.topics.enable=false): create it"}
+	}
+	return fmt.Errorf("kafka metadata for topic %q: %w", name, err)
+}
+
+// metadata asks for one topic (auto-creating it when the broker allows).
+func (p *Producer) metadata(ctx context.Context, name string) (*meta.ResponseTopic, error) {
+	mctx, cancel := context.WithTimeout(ctx, p.cfg.WriteTimeout)
+	defer cancel()
+	res, err := p.rt.RoundTrip(mctx, p.addr, &meta.Request{TopicNames: []string{name}, AllowAutoTopicCreation: true})
+	if err != nil {
+		return nil, err
+	}
+	m, ok := res.(*meta.Response)
+	if !ok {
+		return nil, fmt.Errorf("unexpected metadata response %T", res)
+	}
+	for i := range m.Topics {
+		t := &m.Topics[i]
+		if t.Name != name {
+			continue
+		}
+		if t.ErrorCode != 0 {
+			return nil, kafka.Error(t.ErrorCode)
+		}
+		if len(t.Partitions) == 0 {
+			return nil, kafka.UnknownTopicOrPartition
+		}
+		for _, pm := range t.Partitions {
+			if pm.LeaderID < 0 {
+				return nil, kafka.LeaderNotAvailable
+			}
+		}
+		return t, nil
+	}
+	return nil, kafka.UnknownTopicOrPartition
+}
+
+// applyTopic records a topic's layout. Called with mu held.
+func (p *Producer) applyTopic(mt *meta.ResponseTopic, now time.Time) {
+	t := p.topics[mt.Name]
+	if t == nil {
+		t = &topic{name: mt.Name, parts: map[int]*partition{}}
+		p.topics[mt.Name] = t
+	}
+	t.fetched = now
+	for _, pm := range mt.Partitions {
+		id := int(pm.PartitionIndex)
+		pt := t.parts[id]
+		if pt == nil {
+			pt = &partition{topic: mt.Name, id: pm.PartitionIndex}
+			t.parts[id] = pt
+			t.ids = append(t.ids, id)
+			p.parts = append(p.parts, pt)
+		}
+		pt.leader = pm.LeaderID
+	}
+	sortInts(t.ids)
+}
+
+func sortInts(a []int) {
+	for i := 1; i < len(a); i++ {
+		for j := i; j > 0 && a[j] < a[j-1]; j-- {
+			a[j], a[j-1] = a[j-1], a[j]
+		}
+	}
+}
+
+// run is the sender: it takes a round (the oldest batch of every partition
+// with records waiting, once one is full or has waited the linger), sends
+// it, retries what failed, and only then takes the next.
+func (p *Producer) run() {
+	defer close(p.done)
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	for {
+		p.mu.Lock()
+		round, wait, drop, exit := p.takeRound(time.Now())
+		p.mu.Unlock()
+		for _, b := range drop {
+			p.complete(b, p.fenced)
+		}
+		if exit {
+			return
+		}
+		if len(round) > 0 {
+			p.send(round)
+			continue
+		}
+		if wait > 0 {
+			timer.Reset(wait)
+		}
+		select {
+		case <-p.kick:
+		case <-timer.C:
+		case <-p.ctx.Done():
+		}
+		timer.Stop()
+	}
+}
+
+// takeRound picks the next round, or says how long to wait for one (0: until
+// kicked). After a fence it hands back every waiting batch to be failed.
+// Called with mu held.
+func (p *Producer) takeRound(now time.Time) (round []*batch, wait time.Duration, drop []*batch, exit bool) {
+	if p.fenced != nil {
+		for _, pt := range p.parts {
+			drop = append(drop, pt.queued...)
+			pt.queued = nil
+			if pt.open != nil {
+				drop = append(drop, pt.open)
+				pt.open = nil
+			}
+		}
+		return nil, 0, drop, p.closing
+	}
+	ready, any := false, false
+	var oldest time.Time
+	for _, pt := range p.parts {
+		if len(pt.queued) > 0 {
+			ready = true
+			break
+		}
+		if pt.open != nil {
+			any = true
+			if p.closing || now.Sub(pt.open.created) >= p.cfg.Linger {
+				ready = true
+				break
+			}
+			if oldest.IsZero() || pt.open.created.Before(oldest) {
+				oldest = pt.open.created
+			}
+		}
+	}
+	if !ready {
+		if !any && p.closing {
+			return nil, 0, nil, true
+		}
+		if any {
+			wait = p.cfg.Linger - now.Sub(oldest)
+		}
+		return nil, wait, nil, false
+	}
+	// Like the Java producer, a ready round takes every partition's oldest
+	// batch, lingering or not: one request instead of several.
+	size := 0
+	n := len(p.parts)
+	for i := 0; i < n; i++ {
+		pt := p.parts[(p.next+i)%n]
+		var b *batch
+		switch {
+		case len(pt.queued) > 0:
+			b = pt.queued[0]
+		case pt.open != nil:
+			b = pt.open
+		default:
+			continue
+		}
+		if size > 0 && size+len(b.buf) > maxRoundBytes {
+			p.next = (p.next + i) % n
+			return round, 0, nil, false
+		}
+		if len(pt.queued) > 0 {
+			pt.queued[0] = nil
+			pt.queued = pt.queued[1:]
+		} else {
+			pt.open = nil
+		}
+		size += len(b.buf)
+		round = append(round, b)
+	}
+	p.next = (p.next + 1) % n
+	return round, 0, nil, false
+}
+
+// send delivers one round: every batch is acknowledged, or retried (alone,
+// before anything later) until MaxAttempts, or failed, which fences the
+// producer.
+func (p *Producer) send(round []*batch) {
+	todo := round
+	for attempt := 1; ; attempt++ {
+		var retry []*batch
+		var retryErr []error
+		var fatal error
+		for i, err := range p.sendOnce(todo) {
+			b := todo[i]
+			switch {
+			case err == nil:
+				p.complete(b, nil)
+			case p.ctx.Err() != nil:
+				fatal = errClosed
+				retry, retryErr = append(retry, b), append(retryErr, errClosed)
+			case retriable(err):
+				retry, retryErr = append(retry, b), append(retryErr, err)
+			default:
+				if reason := permanent(err); reason != "" {
+					err = &RecordError{Topic: b.part.topic, Reason: reason, Err: err}
+				}
+				fatal = err
+				p.fence(b, err)
+				p.complete(b, err)
+			}
+		}
+		if len(retry) == 0 {
+			return
+		}
+		if fatal == nil && attempt < p.cfg.MaxAttempts {
+			p.log.Debug("produce failed; retrying", "batches", len(retry), "attempt", attempt, "error", retryErr[0])
+			select {
+			case <-time.After(backoff(attempt, 100*time.Millisecond, time.Second)):
+			case <-p.ctx.Done():
+			}
+			if p.ctx.Err() == nil {
+				p.refreshLeaders(retry)
+				todo = retry
+				continue
+			}
+		}
+		for i, b := range retry {
+			p.fence(b, retryErr[i])
+			p.complete(b, retryErr[i])
+		}
+		return
+	}
+}
+
+// fence stops the producer after b failed for good.
+func (p *Producer) fence(b *batch, err error) {
+	p.mu.Lock()
+	first := p.fenced == nil
+	if first {
+		p.fenced = ErrFenced
+	}
+	p.mu.Unlock()
+	if first && !errors.Is(err, errClosed) {
+		p.log.Error("delivery failed; no further records will be sent by this producer",
+			"topic", b.part.topic, "partition", b.part.id, "records", b.count, "error", err)
+	}
+}
+
+// retriable reports whether a produce error may go away on its own.
+func retriable(err error) bool {
+	var kerr kafka.Error
+	if errors.As(err, &kerr) {
+		return kerr.Temporary()
+	}
+	// Transport errors (a refused or reset connection, a timeout): the
+	// outcome is unknown, a retry may duplicate but never reorders.
+	return !errors.Is(err, errEncode)
+}
+
+var errEncode = errors.New("encode record batch")
+
+// sendOnce sends one produce request per leader broker and returns each
+// batch's outcome.
+func (p *Producer) sendOnce(todo []*batch) []error {
+	errs := make([]error, len(todo))
+	groups := map[int32][]int{}
+	p.mu.Lock()
+	for i, b := range todo {
+		if b.part.leader < 0 {
+			errs[i] = kafka.LeaderNotAvailable
+			continue
+		}
+		groups[b.part.leader] = append(groups[b.part.leader], i)
+	}
+	p.mu.Unlock()
+	if len(groups) == 1 {
+		for _, idx := range groups {
+			p.request(todo, idx, errs)
+		}
+		return errs
+	}
+	var wg sync.WaitGroup
+	for _, idx := range groups {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p.request(todo, idx, errs)
+		}()
+	}
+	wg.Wait()
+	return errs
+}
+
+var outPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// request sends the batches todo[idx] (one leader) in one produce request
+// and writes each one's outcome into errs.
+func (p *Producer) request(todo []*batch, idx []int, errs []error) {
+	req := &rawproduce.Request{Acks: int16(kafka.RequireAll), Timeout: int32(p.cfg.WriteTimeout / time.Millisecond)}
+	byTopic := map[string]int{}
+	var outs []*bytes.Buffer
+	defer func() {
+		for _, o := range outs {
+			if o.Cap() <= 4<<20 {
+				outPool.Put(o)
+			}
+		}
+	}()
+	sent := idx[:0:0]
+	for _, i := range idx {
+		b := todo[i]
+		var out *bytes.Buffer
+		if p.codec != nil {
+			out = outPool.Get().(*bytes.Buffer)
+			outs = append(outs, out)
+		}
+		raw, err := b.encode(p.codec, out)
+		if err != nil {
+			errs[i] = fmt.Errorf("%w: %w", errEncode, err)
+			continue
+		}
+		ti, ok := byTopic[b.part.topic]
+		if !ok {
+			ti = len(req.Topics)
+			byTopic[b.part.topic] = ti
+			req.Topics = append(req.Topics, rawproduce.RequestTopic{Topic: b.part.topic})
+		}
+		req.Topics[ti].Partitions = append(req.Topics[ti].Partitions, rawproduce.RequestPartition{
+			Partition: b.part.id, RecordSet: protocol.RawRecordSet{Reader: bytes.NewReader(raw)}})
+		sent = append(sent, i)
+	}
+	if len(sent) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(p.ctx, p.cfg.WriteTimeout)
+	res, err := p.rt.RoundTrip(ctx, p.addr, req)
+	cancel()
 	if err == nil {
-		return nil
+		if pr, ok := res.(*produce.Response); ok {
+			for _, i := range sent {
+				errs[i] = partitionResult(pr, todo[i].part)
+			}
+			return
+		}
+		err = fmt.Errorf("unexpected produce response %T", res)
 	}
-	p.fenced.Store(true)
-	err = p.refused(recs, err)
-	for i := range recs {
-		recs[i].Ack.Ack(err)
+	for _, i := range sent {
+		errs[i] = err
 	}
-	return err
 }
 
-// refused explains an error of WriteMessages.
-func (p *Producer) refused(recs []outboxd.Record, err error) error {
-	var tooLarge kafka.MessageTooLargeError
-	switch {
-	case errors.As(err, &tooLarge):
-		return &RecordError{Topic: tooLarge.Message.Topic, Key: tooLarge.Message.Key, Err: err,
-			Reason: fmt.Sprintf("%d bytes is larger than kafka.batch_bytes (%d); raise it together with the broker's and the topic's max.message.bytes", len(tooLarge.Message.Key)+len(tooLarge.Message.Value), p.w.BatchBytes)}
-	case errors.Is(err, kafka.UnknownTopicOrPartition):
-		return &RecordError{Topic: recs[0].Topic, Key: recs[0].Key, Err: err, Reason: "the topic does not exist and the broker does not create topics (auto.create.topics.enable=false): create it"}
+func partitionResult(res *produce.Response, pt *partition) error {
+	for _, t := range res.Topics {
+		if t.Topic != pt.topic {
+			continue
+		}
+		for _, r := range t.Partitions {
+			if r.Partition != pt.id {
+				continue
+			}
+			if r.ErrorCode == 0 {
+				return nil
+			}
+			if r.ErrorMessage != "" {
+				return fmt.Errorf("%w: %s", kafka.Error(r.ErrorCode), r.ErrorMessage)
+			}
+			return kafka.Error(r.ErrorCode)
+		}
 	}
-	return fmt.Errorf("produce: %w", err)
+	return fmt.Errorf("the produce response has no result for %s/%d", pt.topic, pt.id)
 }
 
-// complete runs on kafka-go's partition goroutine after each batch. A failed
-// batch fences the producer before the partition's next batch is sent.
-func (p *Producer) complete(msgs []kafka.Message, err error) {
-	if err != nil && !p.fenced.Swap(true) {
-		p.log.Error("delivery failed; no further records will be sent by this producer", "topic", msgs[0].Topic, "partition", msgs[0].Partition, "records", len(msgs), "error", err)
-	}
-	if reason := permanent(err); reason != "" {
-		err = &RecordError{Topic: msgs[0].Topic, Key: msgs[0].Key, Reason: reason, Err: err}
-	}
-	if p.observe != nil && len(msgs) > 0 {
-		var n int64
-		for i := range msgs {
-			n += int64(len(msgs[i].Key) + len(msgs[i].Value))
+// refreshLeaders rereads the leaders of the batches' topics (from the
+// Transport's metadata cache) before a retry.
+func (p *Producer) refreshLeaders(bs []*batch) {
+	seen := map[string]bool{}
+	for _, b := range bs {
+		if seen[b.part.topic] {
+			continue
 		}
-		p.observe(msgs[0].Topic, len(msgs), n, time.Since(msgs[0].Time), err)
-	}
-	for i := range msgs {
-		if a, ok := msgs[i].WriterData.(outboxd.Acker); ok {
-			a.Ack(err)
+		seen[b.part.topic] = true
+		mt, err := p.metadata(p.ctx, b.part.topic)
+		if err != nil {
+			continue
 		}
+		p.mu.Lock()
+		p.applyTopic(mt, time.Now())
+		p.mu.Unlock()
 	}
+}
+
+// complete tells every record of b its outcome.
+func (p *Producer) complete(b *batch, err error) {
+	if p.cfg.Observe != nil {
+		p.cfg.Observe(b.part.topic, int(b.count), b.kvBytes, time.Since(b.created), err)
+	}
+	for _, a := range b.acks {
+		a.ack.Ack(err)
+	}
+	b.release()
+}
+
+// backoff is min·2^(attempt-1), capped at max.
+func backoff(attempt int, min, max time.Duration) time.Duration {
+	d := min
+	for i := 1; i < attempt && d < max; i++ {
+		d *= 2
+	}
+	if d > max {
+		d = max
+	}
+	return d
 }
 
 // permanent names the broker errors that no retry or replay can fix: the
 // same records would fail the same way for ever.
 func permanent(err error) string {
+	if errors.Is(err, errEncode) {
+		return "the record batch could not be encoded"
+	}
 	var kerr kafka.Error
 	if !errors.As(err, &kerr) {
 		return ""
@@ -261,30 +746,35 @@ func permanent(err error) string {
 	return ""
 }
 
-// Close flushes what is batched and waits for the writer, at most until ctx
-// ends.
+// Close sends what is batched and waits for the acknowledgements, at most
+// until ctx ends; then it abandons the rest (their Ackers get an error).
 func (p *Producer) Close(ctx context.Context) error {
-	done := make(chan error, 1)
-	go func() { done <- p.w.Close() }()
+	p.mu.Lock()
+	p.closing = true
+	p.mu.Unlock()
 	select {
-	case err := <-done:
-		return err
+	case p.kick <- struct{}{}:
+	default:
+	}
+	var err error
+	select {
+	case <-p.done:
 	case <-ctx.Done():
-		p.fenced.Store(true)
-		return fmt.Errorf("close producer: %w", ctx.Err())
+		p.mu.Lock()
+		if p.fenced == nil {
+			p.fenced = errClosed
+		}
+		p.mu.Unlock()
+		p.cancel()
+		select {
+		case <-p.done:
+		case <-time.After(time.Second):
+		}
+		err = fmt.Errorf("close producer: %w", ctx.Err())
 	}
-}
-
-// fence refuses produce requests once the producer is fenced. Everything else
-// (metadata) passes.
-type fence struct {
-	next   kafka.RoundTripper
-	fenced *atomic.Bool
-}
-
-func (f *fence) RoundTrip(ctx context.Context, addr net.Addr, req protocol.Message) (protocol.Message, error) {
-	if _, ok := req.(*produce.Request); ok && f.fenced.Load() {
-		return nil, ErrFenced
+	p.cancel()
+	if p.transport != nil {
+		p.transport.CloseIdleConnections()
 	}
-	return f.next.RoundTrip(ctx, addr, req)
+	return err
 }

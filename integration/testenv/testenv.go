@@ -47,6 +47,9 @@ type Env struct {
 	KafkaBrokers string // "host:port"
 
 	External bool // services were provided via OUTBOXD_TEST_* and are not managed
+	// Attached: the services were started by `services.sh up Dir` outside
+	// this process (Attach); Cleanup leaves them running.
+	Attached bool
 
 	scripts string
 	mu      sync.Mutex
@@ -80,6 +83,24 @@ func Start() (*Env, error) {
 	}
 	if err := e.loadEnv(); err != nil {
 		e.Cleanup()
+		return nil, err
+	}
+	return e, nil
+}
+
+// Attach uses the services that `services.sh up dir` started and left
+// running (for repeated benchmark runs); Cleanup leaves them alone.
+func Attach(dir string) (*Env, error) {
+	scripts, err := ScriptsDir()
+	if err != nil {
+		return nil, err
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, err
+	}
+	e := &Env{Dir: abs, scripts: scripts, Attached: true}
+	if err := e.loadEnv(); err != nil {
 		return nil, err
 	}
 	return e, nil
@@ -171,7 +192,7 @@ func (e *Env) loadEnv() error {
 func (e *Env) Cleanup() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.External || e.cleaned || e.Dir == "" {
+	if e.External || e.Attached || e.cleaned || e.Dir == "" {
 		return
 	}
 	e.cleaned = true

@@ -51,7 +51,7 @@ const backlogTxn = 100
 // drain writes one backlog of rows and has the systems read it; label names
 // the run in the log. With profile, perf records outboxd.
 func (b *bench) drain(ctx context.Context, label string, rep, rows int, systems []string, profile bool) (drainRun, error) {
-	name := fmt.Sprintf("bench_drain_%d", rep)
+	name := fmt.Sprintf("bench_drain_%d", rep) + b.runTag
 	dsn, db, err := b.setupDB(ctx, name)
 	if err != nil {
 		return drainRun{}, err

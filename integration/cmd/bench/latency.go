@@ -192,7 +192,7 @@ const writers = 6
 // It also returns the system's idle CPU use, in CPU seconds per second,
 // measured for 3 s with nothing to carry.
 func (b *bench) latency(ctx context.Context, sys string, rep int) ([]cellResult, float64, error) {
-	name := fmt.Sprintf("bench_lat_%s_%d", map[string]string{sysOutboxd: "outboxd", sysRelay: "relay"}[sys], rep)
+	name := fmt.Sprintf("bench_lat_%s_%d", map[string]string{sysOutboxd: "outboxd", sysRelay: "relay"}[sys], rep) + b.runTag
 	dsn, db, err := b.setupDB(ctx, name)
 	if err != nil {
 		return nil, 0, err

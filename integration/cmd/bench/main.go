@@ -58,6 +58,7 @@ type options struct {
 	skipDrain  bool
 	skipLat    bool
 	kafkaYAML  string // extra keys for outboxd's kafka section, for experiments
+	services   string // reuse the services of `services.sh up DIR` (development)
 }
 
 func main() {
@@ -81,6 +82,7 @@ func main() {
 	flag.BoolVar(&o.skipDrain, "no-drain", false, "skip the drain workload")
 	flag.BoolVar(&o.skipLat, "no-latency", false, "skip the latency workload")
 	flag.StringVar(&o.kafkaYAML, "outboxd-kafka", "", `extra keys for outboxd's kafka section, e.g. "batch_size: 100, compression: none" (default: outboxd's defaults)`)
+	flag.StringVar(&o.services, "services", "", "reuse the PostgreSQL and Kafka that `bash integration/services.sh up DIR` started (left running; for repeated development runs)")
 	flag.Parse()
 	var err error
 	if o.rates, err = ints(rates); err == nil {
@@ -117,6 +119,9 @@ type bench struct {
 	admin     *pgx.Conn
 	brokerPID int
 	log       io.Writer
+	// runTag suffixes database, slot and topic names on reused services, so
+	// a run never reads the topics of an earlier one.
+	runTag string
 
 	mu       sync.Mutex
 	children []*os.Process // outboxd, relay, pg_recvlogical: killed on an interrupt
@@ -142,7 +147,10 @@ func run(o options) error {
 		return err
 	}
 	logf(b.log, "building outboxd")
-	build := exec.Command("go", "build", "-o", b.bin, "github.com/outboxd/outboxd/cmd/outboxd")
+	// Static, as `make build` ships it; its symbol table is kept for perf
+	// (`-s -w` only drop sections that are never mapped: same RSS).
+	build := exec.Command("go", "build", "-trimpath", "-o", b.bin, "github.com/outboxd/outboxd/cmd/outboxd")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	build.Stderr = os.Stderr
 	if err := build.Run(); err != nil {
 		return fmt.Errorf("build outboxd: %w", err)
@@ -150,8 +158,15 @@ func run(o options) error {
 	if _, err := exec.LookPath(recvlogical()); err != nil {
 		return fmt.Errorf("pg_recvlogical not found (PostgreSQL 15 server binaries): %w", err)
 	}
-	logf(b.log, "starting PostgreSQL and Kafka")
-	if b.env, err = testenv.Start(); err != nil {
+	if o.services != "" {
+		logf(b.log, "using the services of %s", o.services)
+		b.env, err = testenv.Attach(o.services)
+		b.runTag = fmt.Sprintf("_r%d", time.Now().Unix()%1000000)
+	} else {
+		logf(b.log, "starting PostgreSQL and Kafka")
+		b.env, err = testenv.Start()
+	}
+	if err != nil {
 		return err
 	}
 	defer b.env.Cleanup()

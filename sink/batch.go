@@ -1,0 +1,202 @@
+package sink
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+	"sync"
+	"time"
+
+	"github.com/segmentio/kafka-go/compress"
+
+	"github.com/outboxd/outboxd"
+)
+
+// A record batch in Kafka's v2 format (magic 2), the only one brokers of
+// 3.0 and later accept from a producer:
+//
+//	baseOffset int64 | batchLength int32 | partitionLeaderEpoch int32 |
+//	magic int8 | crc uint32 | attributes int16 | lastOffsetDelta int32 |
+//	baseTimestamp int64 | maxTimestamp int64 | producerId int64 |
+//	producerEpoch int16 | baseSequence int32 | records count int32 | records
+//
+// The crc is CRC-32C over everything from attributes to the end. With
+// compression, only the records (after the count) are compressed. Each
+// record is
+//
+//	length varint | attributes int8 | timestampDelta varint |
+//	offsetDelta varint | key varbytes | value varbytes |
+//	header count varint | (key varstring, value varbytes)...
+//
+// where varints are zigzag-encoded and a length of -1 is null.
+//
+// On the wire (and in a kafka-go RawRecordSet) the batch is preceded by its
+// size as an int32, so the buffer starts with that prefix.
+const (
+	sizePrefix     = 4
+	batchHeaderLen = sizePrefix + 61 // the prefix and the batch header
+	offAttributes  = sizePrefix + 21
+	offCRC         = sizePrefix + 17
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// batch is one partition's record batch being filled: the records are
+// encoded as they arrive, after room left for the header, so a record's
+// bytes are copied once and the caller's buffers can be reused at once.
+type batch struct {
+	part     *partition
+	buf      []byte // header room + encoded records, uncompressed
+	count    int32
+	baseTime int64 // ms, the first record's timestamp
+	maxTime  int64
+	acks     []pending
+	kvBytes  int64     // sum of the records' key and value bytes, for the observer
+	created  time.Time // when its first record was added (linger)
+}
+
+// pending is a record waiting for its outcome.
+type pending struct {
+	ack outboxd.Acker
+}
+
+var bufPool = sync.Pool{New: func() any { return new([]byte) }}
+
+func newBatch(p *partition, now time.Time) *batch {
+	bp := bufPool.Get().(*[]byte)
+	buf := (*bp)[:0]
+	if cap(buf) < 4096 {
+		buf = make([]byte, 0, 16384)
+	}
+	return &batch{part: p, buf: append(buf, make([]byte, batchHeaderLen)...), created: now}
+}
+
+// release returns the batch's buffer for reuse; the batch is dead after.
+func (b *batch) release() {
+	if b.buf != nil && cap(b.buf) <= 4<<20 {
+		buf := b.buf[:0]
+		bufPool.Put(&buf)
+	}
+	b.buf, b.acks = nil, nil
+}
+
+// recordLen is the encoded size of r in a batch where its deltas are
+// timestampDelta and offsetDelta, without the leading length varint.
+func recordLen(r *outboxd.Record, timestampDelta int64, offsetDelta int32) int {
+	n := 1 + varintLen(timestampDelta) + varintLen(int64(offsetDelta)) +
+		nullBytesLen(r.Key) + nullBytesLen(r.Value) + varintLen(int64(len(r.Headers)))
+	for i := range r.Headers {
+		h := &r.Headers[i]
+		n += varintLen(int64(len(h.Key))) + len(h.Key) + nullBytesLen(h.Value)
+	}
+	return n
+}
+
+// encodedLen is what appending r would add to the batch.
+func (b *batch) encodedLen(r *outboxd.Record, ts int64) int {
+	delta := int64(0)
+	if b.count > 0 {
+		delta = ts - b.baseTime
+	}
+	n := recordLen(r, delta, b.count)
+	return varintLen(int64(n)) + n
+}
+
+// emptyBatchLen is what r takes as the first record of a batch.
+func emptyBatchLen(r *outboxd.Record) int {
+	n := recordLen(r, 0, 0)
+	return varintLen(int64(n)) + n
+}
+
+// add encodes r at timestamp ts (ms since the epoch).
+func (b *batch) add(r *outboxd.Record, ts int64) {
+	if b.count == 0 {
+		b.baseTime, b.maxTime = ts, ts
+	}
+	if ts > b.maxTime {
+		b.maxTime = ts
+	}
+	delta := ts - b.baseTime
+	n := recordLen(r, delta, b.count)
+	buf := binary.AppendVarint(b.buf, int64(n))
+	buf = append(buf, 0) // record attributes: none
+	buf = binary.AppendVarint(buf, delta)
+	buf = binary.AppendVarint(buf, int64(b.count))
+	buf = appendNullBytes(buf, r.Key)
+	buf = appendNullBytes(buf, r.Value)
+	buf = binary.AppendVarint(buf, int64(len(r.Headers)))
+	for i := range r.Headers {
+		h := &r.Headers[i]
+		buf = binary.AppendVarint(buf, int64(len(h.Key)))
+		buf = append(buf, h.Key...)
+		buf = appendNullBytes(buf, h.Value)
+	}
+	b.buf = buf
+	b.count++
+	b.kvBytes += int64(len(r.Key) + len(r.Value))
+	b.acks = append(b.acks, pending{ack: r.Ack})
+}
+
+// encode returns the finished batch, compressed with codec when not nil,
+// in out (reset first) or in the batch's own buffer.
+func (b *batch) encode(codec compress.Codec, out *bytes.Buffer) ([]byte, error) {
+	raw := b.buf
+	attributes := int16(0)
+	if codec != nil {
+		attributes = int16(codec.Code()) // the low three bits
+		out.Reset()
+		out.Write(raw[:batchHeaderLen])
+		w := codec.NewWriter(out)
+		if _, err := w.Write(raw[batchHeaderLen:]); err != nil {
+			_ = w.Close()
+			return nil, fmt.Errorf("compress record batch: %w", err)
+		}
+		if err := w.Close(); err != nil {
+			return nil, fmt.Errorf("compress record batch: %w", err)
+		}
+		raw = out.Bytes()
+	}
+	h := raw[sizePrefix:batchHeaderLen]
+	be := binary.BigEndian
+	be.PutUint32(raw[0:], uint32(len(raw)-sizePrefix))  // the record set's size
+	be.PutUint64(h[0:], 0)                              // base offset: the broker assigns it
+	be.PutUint32(h[8:], uint32(len(raw)-sizePrefix-12)) // batch length: after this field
+	be.PutUint32(h[12:], 0xffffffff)                    // partition leader epoch: -1
+	h[16] = 2                                           // magic
+	be.PutUint16(h[21:], uint16(attributes))            // compression, CreateTime, not transactional
+	be.PutUint32(h[23:], uint32(b.count-1))             // last offset delta
+	be.PutUint64(h[27:], uint64(b.baseTime))            // base timestamp
+	be.PutUint64(h[35:], uint64(b.maxTime))             // max timestamp
+	be.PutUint64(h[43:], 0xffffffffffffffff)            // producer id: -1, no idempotence
+	be.PutUint16(h[51:], 0xffff)                        // producer epoch: -1
+	be.PutUint32(h[53:], 0xffffffff)                    // base sequence: -1
+	be.PutUint32(h[57:], uint32(b.count))               // records
+	be.PutUint32(raw[offCRC:], crc32.Checksum(raw[offAttributes:], castagnoli))
+	return raw, nil
+}
+
+func varintLen(v int64) int {
+	u := uint64(v<<1) ^ uint64(v>>63)
+	n := 1
+	for u >= 0x80 {
+		u >>= 7
+		n++
+	}
+	return n
+}
+
+func nullBytesLen(b []byte) int {
+	if b == nil {
+		return 1
+	}
+	return varintLen(int64(len(b))) + len(b)
+}
+
+func appendNullBytes(dst, b []byte) []byte {
+	if b == nil {
+		return binary.AppendVarint(dst, -1)
+	}
+	dst = binary.AppendVarint(dst, int64(len(b)))
+	return append(dst, b...)
+}

@@ -1,0 +1,108 @@
+package sink
+
+import (
+	"bytes"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go/protocol"
+
+	"github.com/outboxd/outboxd"
+)
+
+type nopAck struct{}
+
+func (nopAck) Ack(error) {}
+
+// TestBatchEncoding encodes batches with every compression and decodes them
+// with kafka-go's reader, which checks the CRC: keys (nil, empty, UTF-8),
+// values (nil, large), headers and timestamps must come back as given.
+func TestBatchEncoding(t *testing.T) {
+	recs := []outboxd.Record{
+		{Key: []byte("P-2026-000123"), Value: []byte(`{"id_esdeveniment":"6f1c","dades":{"a":1}}`),
+			Headers: []outboxd.Header{{Key: "tipus", Value: []byte("comanda.creada")}, {Key: "id_esdeveniment", Value: []byte("6f1c")}}},
+		{Key: nil, Value: []byte("null key")},
+		{Key: []byte{}, Value: nil, Headers: []outboxd.Header{{Key: "empty", Value: nil}}},
+		{Key: []byte("clau-àèò"), Value: []byte(strings.Repeat("carrega ", 5000))},
+	}
+	base := time.UnixMilli(1789000000000)
+	stamps := []int64{0, 1, 1, 300000}
+	for _, name := range []string{"none", "gzip", "snappy", "lz4", "zstd"} {
+		t.Run(name, func(t *testing.T) {
+			cd, err := codec(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b := newBatch(&partition{topic: "t"}, base)
+			for i := range recs {
+				recs[i].Ack = nopAck{}
+				b.add(&recs[i], base.UnixMilli()+stamps[i])
+			}
+			var out bytes.Buffer
+			raw, err := b.encode(cd, &out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if name != "none" && len(raw) >= len(b.buf) {
+				t.Errorf("compressed batch %d bytes, raw %d", len(raw), len(b.buf))
+			}
+			got, err := decodeRaw(protocol.RawRecordSet{Reader: bytes.NewReader(raw)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got) != len(recs) {
+				t.Fatalf("%d records decoded, want %d", len(got), len(recs))
+			}
+			for i, m := range got {
+				r := recs[i]
+				if (r.Key == nil) != (m.Key == nil) || !bytes.Equal(r.Key, m.Key) {
+					t.Errorf("record %d key %q (nil %v), want %q (nil %v)", i, m.Key, m.Key == nil, r.Key, r.Key == nil)
+				}
+				if !bytes.Equal(r.Value, m.Value) || (r.Value == nil) != (m.Value == nil) {
+					t.Errorf("record %d value differs (%d bytes, nil %v)", i, len(m.Value), m.Value == nil)
+				}
+				if fmt.Sprint(r.Headers) != fmt.Sprint(toHeaders(m.Headers)) {
+					t.Errorf("record %d headers %v, want %v", i, m.Headers, r.Headers)
+				}
+				if want := base.UnixMilli() + stamps[i]; m.Time.UnixMilli() != want {
+					t.Errorf("record %d timestamp %d, want %d", i, m.Time.UnixMilli(), want)
+				}
+				if m.Offset != int64(i) {
+					t.Errorf("record %d offset %d", i, m.Offset)
+				}
+			}
+		})
+	}
+}
+
+func toHeaders[H interface {
+	~struct {
+		Key   string
+		Value []byte
+	}
+}](hs []H) []outboxd.Header {
+	var out []outboxd.Header
+	for _, h := range hs {
+		out = append(out, outboxd.Header(h))
+	}
+	return out
+}
+
+// TestEncodedLen: the size the producer checks against batch_bytes is the
+// size the record takes.
+func TestEncodedLen(t *testing.T) {
+	b := newBatch(&partition{topic: "t"}, time.Now())
+	for i, v := range []int{0, 1, 63, 64, 127, 128, 8191, 8192, 100000} {
+		r := outboxd.Record{Key: []byte("k"), Value: make([]byte, v), Ack: nopAck{},
+			Headers: []outboxd.Header{{Key: "h", Value: []byte("x")}}}
+		ts := int64(1789000000000 + i*1000)
+		want := b.encodedLen(&r, ts)
+		before := len(b.buf)
+		b.add(&r, ts)
+		if got := len(b.buf) - before; got != want {
+			t.Errorf("value of %d bytes: encodedLen %d, took %d", v, want, got)
+		}
+	}
+}
