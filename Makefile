@@ -30,7 +30,7 @@ clean:
 # DURATION=20s; more flags in BENCH_ARGS (go run ./integration/cmd/bench -h).
 .PHONY: bench
 bench:
-	$(GO) run ./integration/cmd/bench -rows $${ROWS:-100000} -repeats $${REPEATS:-3} -duration $${DURATION:-5s} \
+	$(GO) run ./integration/cmd/bench -rows $${ROWS:-500000} -repeats $${REPEATS:-3} -duration $${DURATION:-5s} \
 		-rates $${RATES:-500,2000,10000} -out $${OUT:-bench-out} $(BENCH_ARGS)
 
 # Fault-injection scenarios (issue 4): kill -9, broker and PostgreSQL

@@ -78,10 +78,11 @@ func (e *RecordError) Unwrap() error { return e.Err }
 // RecordProblem marks the error as bad input for the replication stream.
 func (e *RecordError) RecordProblem() string { return e.Reason }
 
-// How long Produce waits for a topic being auto-created to appear.
+// How long records wait for a topic being auto-created to appear, and how
+// often its metadata is asked for meanwhile.
 const (
-	topicWaitStep     = 250 * time.Millisecond
-	topicWaitAttempts = 40
+	topicWait     = 10 * time.Second
+	topicWaitStep = 250 * time.Millisecond
 )
 
 // metadataTTL is how often a topic's partitions and leaders are read again
@@ -103,6 +104,7 @@ type Producer struct {
 	bal       kafka.Balancer
 	codec     compress.Codec // nil: no compression
 	log       hclog.Logger
+	topicWait time.Duration
 
 	ctx    context.Context // cancelled when Close gives up
 	cancel context.CancelFunc
@@ -121,7 +123,9 @@ type topic struct {
 	name    string
 	ids     []int // partition ids, for the balancer
 	parts   map[int]*partition
-	fetched time.Time
+	fetched time.Time       // when its layout was last read; zero: not known yet
+	since   time.Time       // first attempt to read it, while not known
+	waiting []waitingRecord // records that came before its layout was known
 }
 
 type partition struct {
@@ -196,7 +200,7 @@ func newProducer(cfg Config, log hclog.Logger, rt kafka.RoundTripper) (*Producer
 		cfg.WriteTimeout = 10 * time.Second
 	}
 	p := &Producer{cfg: cfg, rt: rt, addr: kafka.TCP(cfg.Brokers...), bal: bal, codec: cd, log: log,
-		kick: make(chan struct{}, 1), done: make(chan struct{}), topics: map[string]*topic{}}
+		kick: make(chan struct{}, 1), done: make(chan struct{}), topics: map[string]*topic{}, topicWait: topicWait}
 	if rt == nil {
 		p.transport = &kafka.Transport{
 			ClientID:    cfg.ClientID,
@@ -211,16 +215,16 @@ func newProducer(cfg Config, log hclog.Logger, rt kafka.RoundTripper) (*Producer
 	return p, nil
 }
 
-// Produce encodes the records into their partitions' batches and returns;
-// each record's Acker learns its outcome later. The records' bytes are
-// copied: the caller may reuse them as soon as Produce returns. On an error
-// the records not taken are failed through their Ackers and the caller must
-// stop and replace the producer.
-func (p *Producer) Produce(ctx context.Context, recs []outboxd.Record) error {
+// Produce encodes the records into their partitions' batches and returns
+// without waiting for the network; each record's Acker learns its outcome
+// later. The records' bytes are copied: the caller may reuse them as soon
+// as Produce returns. On an error the records not taken are failed through
+// their Ackers and the caller must stop and replace the producer.
+func (p *Producer) Produce(_ context.Context, recs []outboxd.Record) error {
 	now := time.Now()
 	ts := now.UnixMilli() // the record's CreateTime, as the Java client sets it
 	for i := range recs {
-		if err := p.add(ctx, &recs[i], now, ts); err != nil {
+		if err := p.add(&recs[i], now, ts); err != nil {
 			for j := i; j < len(recs); j++ {
 				recs[j].Ack.Ack(err)
 			}
@@ -230,17 +234,8 @@ func (p *Producer) Produce(ctx context.Context, recs []outboxd.Record) error {
 	return nil
 }
 
-func (p *Producer) add(ctx context.Context, r *outboxd.Record, now time.Time, ts int64) error {
+func (p *Producer) add(r *outboxd.Record, now time.Time, ts int64) error {
 	p.mu.Lock()
-	t := p.topics[r.Topic]
-	if t == nil || now.Sub(t.fetched) > metadataTTL {
-		p.mu.Unlock()
-		if err := p.refreshTopic(ctx, r.Topic, t == nil); err != nil {
-			return err
-		}
-		p.mu.Lock()
-		t = p.topics[r.Topic]
-	}
 	defer p.mu.Unlock()
 	if p.fenced != nil {
 		return p.fenced
@@ -248,6 +243,24 @@ func (p *Producer) add(ctx context.Context, r *outboxd.Record, now time.Time, ts
 	if p.closing {
 		return errClosed
 	}
+	t := p.topics[r.Topic]
+	if t == nil {
+		t = &topic{name: r.Topic, parts: map[int]*partition{}}
+		p.topics[r.Topic] = t
+	}
+	if t.fetched.IsZero() {
+		// Its partitions are not known yet: the sender asks the cluster.
+		// The record waits as a copy, in order, so Produce never blocks on
+		// the network (the stream goes on sending standby status).
+		t.waiting = append(t.waiting, waitingRecord{rec: cloneRecord(r), now: now, ts: ts})
+		p.poke()
+		return nil
+	}
+	return p.encode(t, r, now, ts)
+}
+
+// encode adds r to its partition's batch. Called with mu held.
+func (p *Producer) encode(t *topic, r *outboxd.Record, now time.Time, ts int64) error {
 	part := t.parts[p.bal.Balance(kafka.Message{Key: r.Key}, t.ids...)]
 	b := part.open
 	kick := false
@@ -257,7 +270,7 @@ func (p *Producer) add(ctx context.Context, r *outboxd.Record, now time.Time, ts
 	}
 	if b == nil {
 		if n := int64(batchHeaderLen + emptyBatchLen(r)); n > p.cfg.BatchBytes {
-			return &RecordError{Topic: r.Topic, Key: r.Key, Err: kafka.MessageSizeTooLarge,
+			return &RecordError{Topic: r.Topic, Key: bytes.Clone(r.Key), Err: kafka.MessageSizeTooLarge,
 				Reason: fmt.Sprintf("%d bytes is larger than kafka.batch_bytes (%d); raise it together with the broker's and the topic's max.message.bytes", n, p.cfg.BatchBytes)}
 		}
 		b, kick = newBatch(part, now), true
@@ -269,12 +282,17 @@ func (p *Producer) add(ctx context.Context, r *outboxd.Record, now time.Time, ts
 		kick = true
 	}
 	if kick {
-		select {
-		case p.kick <- struct{}{}:
-		default:
-		}
+		p.poke()
 	}
 	return nil
+}
+
+// poke wakes the sender.
+func (p *Producer) poke() {
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
 }
 
 func (pt *partition) seal() {
@@ -282,44 +300,112 @@ func (pt *partition) seal() {
 	pt.open = nil
 }
 
-// refreshTopic reads a topic's partitions and leaders. The first time
-// (first is set), it waits for a topic the broker is auto-creating (the
-// request asks for it, as the Java producer does) before calling it
-// missing; later refreshes keep the known layout when they fail.
-func (p *Producer) refreshTopic(ctx context.Context, name string, first bool) error {
-	var err error
-	for attempt := 0; ; attempt++ {
-		var mt *meta.ResponseTopic
-		mt, err = p.metadata(ctx, name)
-		if err == nil {
-			p.mu.Lock()
+// waitingRecord is a record held until its topic's partitions are known.
+type waitingRecord struct {
+	rec outboxd.Record
+	now time.Time
+	ts  int64
+}
+
+// cloneRecord copies r's bytes into one allocation.
+func cloneRecord(r *outboxd.Record) outboxd.Record {
+	n := len(r.Key) + len(r.Value)
+	for _, h := range r.Headers {
+		n += len(h.Value)
+	}
+	buf := make([]byte, 0, n)
+	take := func(b []byte) []byte {
+		if b == nil {
+			return nil
+		}
+		buf = append(buf, b...)
+		return buf[len(buf)-len(b) : len(buf) : len(buf)]
+	}
+	c := outboxd.Record{Topic: r.Topic, Key: take(r.Key), Value: take(r.Value), Ack: r.Ack}
+	if len(r.Headers) > 0 {
+		c.Headers = make([]outboxd.Header, len(r.Headers))
+		for i, h := range r.Headers {
+			c.Headers[i] = outboxd.Header{Key: h.Key, Value: take(h.Value)}
+		}
+	}
+	return c
+}
+
+// resolveTopics asks the cluster for the partitions and leaders of the
+// topics not known yet, and of the known ones every metadataTTL (served
+// from the Transport's cache). A topic being auto-created (the request asks
+// for it, as the Java producer does) is waited for up to
+// topicWait before its records fail as a RecordError;
+// an unreachable cluster is retried until the stream's delivery timeout
+// gives up on the session. It returns how soon to try again (0: nothing
+// pending).
+func (p *Producer) resolveTopics(now time.Time) time.Duration {
+	p.mu.Lock()
+	var names []string
+	for name, t := range p.topics {
+		if t.fetched.IsZero() || now.Sub(t.fetched) > metadataTTL {
+			names = append(names, name)
+		}
+	}
+	p.mu.Unlock()
+	retry := time.Duration(0)
+	for _, name := range names {
+		mt, err := p.metadata(p.ctx, name)
+		var failed []outboxd.Record
+		var failure error
+		p.mu.Lock()
+		t := p.topics[name]
+		switch {
+		case err == nil:
 			p.applyTopic(mt, time.Now())
-			p.mu.Unlock()
-			return nil
-		}
-		if !first {
-			p.log.Debug("metadata refresh failed; keeping the known partitions", "topic", name, "error", err)
-			p.mu.Lock()
-			if t := p.topics[name]; t != nil {
-				t.fetched = time.Now()
+			for _, w := range t.waiting {
+				if p.fenced != nil {
+					failed, failure = append(failed, w.rec), p.fenced
+					continue
+				}
+				if err := p.encode(t, &w.rec, w.now, w.ts); err != nil {
+					failed, failure = append(failed, w.rec), err
+					p.fenced = ErrFenced
+				}
 			}
-			p.mu.Unlock()
-			return nil
+			t.waiting = nil
+		case !t.fetched.IsZero():
+			// A refresh failed: keep the known layout, try again later.
+			p.log.Debug("metadata refresh failed; keeping the known partitions", "topic", name, "error", err)
+			t.fetched = time.Now()
+		default:
+			if t.since.IsZero() {
+				t.since = now
+			}
+			creating := errors.Is(err, kafka.UnknownTopicOrPartition) || errors.Is(err, kafka.LeaderNotAvailable)
+			if creating && time.Since(t.since) > p.topicWait {
+				failure = fmt.Errorf("kafka metadata for topic %q: %w", name, err)
+				if errors.Is(err, kafka.UnknownTopicOrPartition) {
+					failure = &RecordError{Topic: name, Err: err, Reason: "the topic does not exist and the broker does not create topics (auto.create.topics.enable=false): create it"}
+				}
+				for _, w := range t.waiting {
+					failed = append(failed, w.rec)
+				}
+				t.waiting = nil
+				if p.fenced == nil {
+					p.fenced = ErrFenced
+				}
+			} else {
+				if !creating {
+					p.log.Debug("kafka metadata unavailable; retrying", "topic", name, "error", err)
+				}
+				retry = topicWaitStep
+			}
 		}
-		waiting := errors.Is(err, kafka.UnknownTopicOrPartition) || errors.Is(err, kafka.LeaderNotAvailable)
-		if !waiting || attempt >= topicWaitAttempts {
-			break
+		p.mu.Unlock()
+		if failure != nil && len(failed) > 0 {
+			p.log.Error("records refused before delivery; no further records will be sent by this producer", "topic", name, "records", len(failed), "error", failure)
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(topicWaitStep):
+		for i := range failed {
+			failed[i].Ack.Ack(failure)
 		}
 	}
-	if errors.Is(err, kafka.UnknownTopicOrPartition) {
-		return &RecordError{Topic: name, Err: err, Reason: "the topic does not exist and the broker does not create topics (auto.create.topics.enable=false): create it"}
-	}
-	return fmt.Errorf("kafka metadata for topic %q: %w", name, err)
+	return retry
 }
 
 // metadata asks for one topic (auto-creating it when the broker allows).
@@ -393,11 +479,17 @@ func (p *Producer) run() {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	for {
+		retry := p.resolveTopics(time.Now())
 		p.mu.Lock()
 		round, wait, drop, exit := p.takeRound(time.Now())
 		p.mu.Unlock()
-		for _, b := range drop {
-			p.complete(b, p.fenced)
+		if drop != nil {
+			for _, b := range drop.batches {
+				p.complete(b, drop.err)
+			}
+			for i := range drop.records {
+				drop.records[i].Ack.Ack(drop.err)
+			}
 		}
 		if exit {
 			return
@@ -405,6 +497,9 @@ func (p *Producer) run() {
 		if len(round) > 0 {
 			p.send(round)
 			continue
+		}
+		if retry > 0 && (wait == 0 || retry < wait) {
+			wait = retry
 		}
 		if wait > 0 {
 			timer.Reset(wait)
@@ -418,20 +513,38 @@ func (p *Producer) run() {
 	}
 }
 
+// dropped is what a fenced producer fails without sending.
+type dropped struct {
+	batches []*batch
+	records []outboxd.Record
+	err     error
+}
+
 // takeRound picks the next round, or says how long to wait for one (0: until
 // kicked). After a fence it hands back every waiting batch to be failed.
 // Called with mu held.
-func (p *Producer) takeRound(now time.Time) (round []*batch, wait time.Duration, drop []*batch, exit bool) {
+func (p *Producer) takeRound(now time.Time) (round []*batch, wait time.Duration, drop *dropped, exit bool) {
 	if p.fenced != nil {
+		drop = &dropped{err: p.fenced}
 		for _, pt := range p.parts {
-			drop = append(drop, pt.queued...)
+			drop.batches = append(drop.batches, pt.queued...)
 			pt.queued = nil
 			if pt.open != nil {
-				drop = append(drop, pt.open)
+				drop.batches = append(drop.batches, pt.open)
 				pt.open = nil
 			}
 		}
+		for _, t := range p.topics {
+			for _, w := range t.waiting {
+				drop.records = append(drop.records, w.rec)
+			}
+			t.waiting = nil
+		}
 		return nil, 0, drop, p.closing
+	}
+	waiting := false
+	for _, t := range p.topics {
+		waiting = waiting || len(t.waiting) > 0
 	}
 	ready, any := false, false
 	var oldest time.Time
@@ -452,7 +565,7 @@ func (p *Producer) takeRound(now time.Time) (round []*batch, wait time.Duration,
 		}
 	}
 	if !ready {
-		if !any && p.closing {
+		if !any && !waiting && p.closing {
 			return nil, 0, nil, true
 		}
 		if any {

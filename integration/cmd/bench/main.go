@@ -71,7 +71,7 @@ func main() {
 	}
 	var o options
 	var rates, txns string
-	flag.IntVar(&o.rows, "rows", 100000, "backlog size for the drain (env ROWS in make bench)")
+	flag.IntVar(&o.rows, "rows", 500000, "backlog size for the drain (env ROWS in make bench)")
 	flag.IntVar(&o.repeats, "repeats", 3, "repetitions of every workload; the table shows medians")
 	flag.DurationVar(&o.duration, "duration", 5*time.Second, "how long the writer runs at each rate")
 	flag.StringVar(&rates, "rates", "500,2000,10000", "writer rates, events/s")

@@ -90,20 +90,23 @@ func (r *report) write(stdout io.Writer) error {
 		line("outboxd, last ack", sysOutboxd, false, "outboxd", "walsender")
 		line("outboxd, slot confirmed", sysOutboxd, true, "outboxd", "walsender")
 		line("polling relay", sysRelay, false, "relay", "backend")
+		// The drain ends when the last record is acknowledged and
+		// the slot confirmed: the targets use the confirmed time.
 		var vsRecv, vsRelay, usPerEv, rss []float64
 		for _, d := range r.drains {
 			o := d.results[sysOutboxd]
-			vsRecv = append(vsRecv, o.rate(rows)/d.results[sysRecv].rate(rows))
-			vsRelay = append(vsRelay, o.rate(rows)/d.results[sysRelay].rate(rows))
+			done := float64(rows) / o.confirmed
+			vsRecv = append(vsRecv, done/d.results[sysRecv].rate(rows))
+			vsRelay = append(vsRelay, done/d.results[sysRelay].rate(rows))
 			usPerEv = append(usPerEv, o.cpu/float64(rows)*1e6)
 			rss = append(rss, o.rss)
 		}
-		fmt.Fprintf(&b, "outboxd / polling relay drain rate: %.1f× (median of per-run ratios); outboxd CPU %.2f µs/event\n",
+		fmt.Fprintf(&b, "outboxd (slot confirmed) / polling relay drain rate: %.1f× (median of per-run ratios); outboxd CPU %.2f µs/event\n",
 			median(vsRelay), median(usPerEv))
-		check(median(vsRecv) >= 0.8, "drain ≥ 0.8 × pg_recvlogical: %.2f×", median(vsRecv))
+		check(median(vsRecv) >= 0.8, "drain (slot confirmed) ≥ 0.8 × pg_recvlogical: %.2f×", median(vsRecv))
 		check(median(usPerEv) <= 8, "outboxd CPU ≤ 8 µs/event during the drain: %.2f µs", median(usPerEv))
 		check(maxOf(rss) <= 40, "outboxd peak RSS ≤ 40 MB (drain of %d rows): %.1f MiB", rows, maxOf(rss))
-		check(median(vsRelay) >= 10, "drain ≥ 10× the polling relay: %.1f×", median(vsRelay))
+		check(median(vsRelay) >= 10, "drain (slot confirmed) ≥ 10× the polling relay: %.1f×", median(vsRelay))
 
 		// The throughput plot of the run with the median outboxd rate.
 		idx := make([]int, len(r.drains))
