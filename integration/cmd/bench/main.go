@@ -59,6 +59,7 @@ type options struct {
 	skipLat    bool
 	kafkaYAML  string // extra keys for outboxd's kafka section, for experiments
 	services   string // reuse the services of `services.sh up DIR` (development)
+	binary     string // a prebuilt outboxd instead of this tree's (A/B runs)
 }
 
 func main() {
@@ -82,6 +83,7 @@ func main() {
 	flag.BoolVar(&o.skipDrain, "no-drain", false, "skip the drain workload")
 	flag.BoolVar(&o.skipLat, "no-latency", false, "skip the latency workload")
 	flag.StringVar(&o.kafkaYAML, "outboxd-kafka", "", `extra keys for outboxd's kafka section, e.g. "batch_size: 100, compression: none" (default: outboxd's defaults)`)
+	flag.StringVar(&o.binary, "outboxd-bin", "", "run this outboxd binary instead of building the working tree's (to compare versions)")
 	flag.StringVar(&o.services, "services", "", "reuse the PostgreSQL and Kafka that `bash integration/services.sh up DIR` started (left running; for repeated development runs)")
 	flag.Parse()
 	var err error
@@ -146,14 +148,18 @@ func run(o options) error {
 	if b.self, err = os.Executable(); err != nil {
 		return err
 	}
-	logf(b.log, "building outboxd")
-	// Static, as `make build` ships it; its symbol table is kept for perf
-	// (`-s -w` only drop sections that are never mapped: same RSS).
-	build := exec.Command("go", "build", "-trimpath", "-o", b.bin, "github.com/outboxd/outboxd/cmd/outboxd")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	build.Stderr = os.Stderr
-	if err := build.Run(); err != nil {
-		return fmt.Errorf("build outboxd: %w", err)
+	if o.binary != "" {
+		b.bin = o.binary
+	} else {
+		logf(b.log, "building outboxd")
+		// Static, as `make build` ships it; its symbol table is kept for perf
+		// (`-s -w` only drop sections that are never mapped: same RSS).
+		build := exec.Command("go", "build", "-trimpath", "-o", b.bin, "github.com/outboxd/outboxd/cmd/outboxd")
+		build.Env = append(os.Environ(), "CGO_ENABLED=0")
+		build.Stderr = os.Stderr
+		if err := build.Run(); err != nil {
+			return fmt.Errorf("build outboxd: %w", err)
+		}
 	}
 	if _, err := exec.LookPath(recvlogical()); err != nil {
 		return fmt.Errorf("pg_recvlogical not found (PostgreSQL 15 server binaries): %w", err)
@@ -203,7 +209,7 @@ func run(o options) error {
 	if err := b.admin.QueryRow(ctx, "SHOW server_version").Scan(&pgVersion); err != nil {
 		return err
 	}
-	rep := &report{machine: machine(pgVersion, kafkaVersion()) + ", outboxd " + gitDescribe() + kafkaNote(o.kafkaYAML), o: o, idle: map[string][]float64{}}
+	rep := &report{machine: machine(pgVersion, kafkaVersion()) + ", outboxd " + binaryNote(o.binary) + kafkaNote(o.kafkaYAML), o: o, idle: map[string][]float64{}}
 
 	all := []string{sysRecv, sysOutboxd, sysRelay}
 	if !o.skipDrain {
@@ -265,6 +271,13 @@ func recvlogical() string {
 		return m[len(m)-1]
 	}
 	return "pg_recvlogical"
+}
+
+func binaryNote(bin string) string {
+	if bin != "" {
+		return bin
+	}
+	return gitDescribe()
 }
 
 func kafkaVersion() string {
