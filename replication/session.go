@@ -444,6 +444,11 @@ func (s *stream) stop(deadline time.Time) error {
 		if st.Open == 0 || st.Err != nil || time.Now().After(deadline) {
 			if st.Open > 0 {
 				s.r.log.Warn("stopped with unacknowledged records; they will be produced again on restart", "in_flight", st.Events, "error", st.Err)
+				// Give up on them now: flushing them would only make
+				// duplicates, and the grace period is spent.
+				abandon, cancel := context.WithCancel(context.Background())
+				cancel()
+				_ = s.prod.Close(abandon)
 			}
 			break
 		}

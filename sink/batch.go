@@ -54,6 +54,9 @@ type batch struct {
 	acks     []pending
 	kvBytes  int64     // sum of the records' key and value bytes, for the observer
 	created  time.Time // when its first record was added (linger)
+	// abandoned: a request carrying buf was given up while it may still
+	// be read; buf is left to the garbage collector.
+	abandoned bool
 }
 
 // pending is a record waiting for its outcome.
@@ -74,7 +77,7 @@ func newBatch(p *partition, now time.Time) *batch {
 
 // release returns the batch's buffer for reuse; the batch is dead after.
 func (b *batch) release() {
-	if b.buf != nil && cap(b.buf) <= 4<<20 {
+	if b.buf != nil && !b.abandoned && cap(b.buf) <= 4<<20 {
 		buf := b.buf[:0]
 		bufPool.Put(&buf)
 	}

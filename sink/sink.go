@@ -56,6 +56,17 @@ type Config struct {
 // the same aggregate.
 var ErrFenced = errors.New("produce fenced after an earlier delivery failure")
 
+// fenceError is the error of the records after the one that failed with
+// cause: ErrFenced, still carrying the cause, so that a record the broker
+// can never take (a RecordError) stops the stream whichever record's
+// outcome it hears first, instead of being taken for an outage and replayed.
+func fenceError(cause error) error {
+	if errors.Is(cause, ErrFenced) || errors.Is(cause, errClosed) {
+		return cause
+	}
+	return fmt.Errorf("%w: %w", ErrFenced, cause)
+}
+
 // errClosed is the error of records still waiting when Close gave up.
 var errClosed = errors.New("producer closed before the records were acknowledged")
 
@@ -86,8 +97,11 @@ const (
 )
 
 // metadataTTL is how often a topic's partitions and leaders are read again
-// (from the Transport's cache, which refreshes on the same period).
-const metadataTTL = 10 * time.Second
+// (from the Transport's cache, which refreshes on the same period). Nothing
+// refreshes that cache after a produce error, so it must be well under the
+// retry budget (kafka.max_attempts with backoff up to 1 s: about 6.5 s by
+// default), or a leader change would exhaust the retries and cost a replay.
+const metadataTTL = 2 * time.Second
 
 // maxRoundBytes bounds one round's batches (the broker's
 // socket.request.max.bytes defaults to 100 MiB).
@@ -365,7 +379,7 @@ func (p *Producer) resolveTopics(now time.Time) time.Duration {
 				}
 				if err := p.encode(t, &w.rec, w.now, w.ts); err != nil {
 					failed, failure = append(failed, w.rec), err
-					p.fenced = ErrFenced
+					p.fenced = fenceError(err)
 				}
 			}
 			t.waiting = nil
@@ -388,7 +402,7 @@ func (p *Producer) resolveTopics(now time.Time) time.Duration {
 				}
 				t.waiting = nil
 				if p.fenced == nil {
-					p.fenced = ErrFenced
+					p.fenced = fenceError(failure)
 				}
 			} else {
 				if !creating {
@@ -661,7 +675,7 @@ func (p *Producer) fence(b *batch, err error) {
 	p.mu.Lock()
 	first := p.fenced == nil
 	if first {
-		p.fenced = ErrFenced
+		p.fenced = fenceError(err)
 	}
 	p.mu.Unlock()
 	if first && !errors.Is(err, errClosed) {
@@ -674,7 +688,9 @@ func (p *Producer) fence(b *batch, err error) {
 func retriable(err error) bool {
 	var kerr kafka.Error
 	if errors.As(err, &kerr) {
-		return kerr.Temporary()
+		// REPLICA_NOT_AVAILABLE is stale metadata, retriable for the Java
+		// client, though kafka-go does not list it.
+		return kerr.Temporary() || kerr == kafka.ReplicaNotAvailable
 	}
 	// Transport errors (a refused or reset connection, a timeout): the
 	// outcome is unknown, a retry may duplicate but never reorders.
@@ -759,6 +775,14 @@ func (p *Producer) request(todo []*batch, idx []int, errs []error) {
 	ctx, cancel := context.WithTimeout(p.ctx, p.cfg.WriteTimeout)
 	res, err := p.rt.RoundTrip(ctx, p.addr, req)
 	cancel()
+	if err != nil && p.ctx.Err() != nil {
+		// kafka-go returns on cancellation while its connection may still
+		// be writing the request: its buffers must not be reused.
+		outs = nil
+		for _, i := range sent {
+			todo[i].abandoned = true
+		}
+	}
 	if err == nil {
 		if pr, ok := res.(*produce.Response); ok {
 			for _, i := range sent {
@@ -855,6 +879,12 @@ func permanent(err error) string {
 		return "not authorized to write to the topic: grant outboxd's principal WRITE on it"
 	case kafka.InvalidTopic:
 		return "the topic name is invalid"
+	}
+	if !kerr.Temporary() {
+		// As the Java producer: an error the broker does not call retriable
+		// fails the send (INVALID_TIMESTAMP, POLICY_VIOLATION, codes kafka-go
+		// does not know, ...). Replaying would fail the same way for ever.
+		return fmt.Sprintf("the broker refused the batch with a non-retriable error (%v)", err)
 	}
 	return ""
 }
