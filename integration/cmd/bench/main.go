@@ -60,6 +60,7 @@ type options struct {
 	kafkaYAML  string // extra keys for outboxd's kafka section, for experiments
 	services   string // reuse the services of `services.sh up DIR` (development)
 	binary     string // a prebuilt outboxd instead of this tree's (A/B runs)
+	outboxEnv  string // extra environment for outboxd, "K=V,K=V" (e.g. GOMAXPROCS=1)
 }
 
 func main() {
@@ -83,6 +84,7 @@ func main() {
 	flag.BoolVar(&o.skipDrain, "no-drain", false, "skip the drain workload")
 	flag.BoolVar(&o.skipLat, "no-latency", false, "skip the latency workload")
 	flag.StringVar(&o.kafkaYAML, "outboxd-kafka", "", `extra keys for outboxd's kafka section, e.g. "batch_size: 100, compression: none" (default: outboxd's defaults)`)
+	flag.StringVar(&o.outboxEnv, "outboxd-env", "", `extra environment for outboxd only, "K=V,K=V" (e.g. "GOMAXPROCS=2" to override outboxd's default)`)
 	flag.StringVar(&o.binary, "outboxd-bin", "", "run this outboxd binary instead of building the working tree's (to compare versions)")
 	flag.StringVar(&o.services, "services", "", "reuse the PostgreSQL and Kafka that `bash integration/services.sh up DIR` started (left running; for repeated development runs)")
 	flag.Parse()
@@ -375,6 +377,9 @@ log: {level: warn}
 	}
 	cmd := exec.Command(b.bin, "run", "-c", path)
 	cmd.Stderr = os.Stderr
+	if b.o.outboxEnv != "" {
+		cmd.Env = append(os.Environ(), strings.Split(b.o.outboxEnv, ",")...)
+	}
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
