@@ -61,6 +61,7 @@ type options struct {
 	services   string // reuse the services of `services.sh up DIR` (development)
 	binary     string // a prebuilt outboxd instead of this tree's (A/B runs)
 	outboxEnv  string // extra environment for outboxd, "K=V,K=V" (e.g. GOMAXPROCS=1)
+	pipeYAML   string // keys for outboxd's pipeline section, for experiments
 }
 
 func main() {
@@ -84,6 +85,7 @@ func main() {
 	flag.BoolVar(&o.skipDrain, "no-drain", false, "skip the drain workload")
 	flag.BoolVar(&o.skipLat, "no-latency", false, "skip the latency workload")
 	flag.StringVar(&o.kafkaYAML, "outboxd-kafka", "", `extra keys for outboxd's kafka section, e.g. "batch_size: 100, compression: none" (default: outboxd's defaults)`)
+	flag.StringVar(&o.pipeYAML, "outboxd-pipeline", "", `keys for outboxd's pipeline section, e.g. "max_in_flight_events: 20000"`)
 	flag.StringVar(&o.outboxEnv, "outboxd-env", "", `extra environment for outboxd only, "K=V,K=V" (e.g. "GOMAXPROCS=2" to override outboxd's default)`)
 	flag.StringVar(&o.binary, "outboxd-bin", "", "run this outboxd binary instead of building the working tree's (to compare versions)")
 	flag.StringVar(&o.services, "services", "", "reuse the PostgreSQL and Kafka that `bash integration/services.sh up DIR` started (left running; for repeated development runs)")
@@ -211,7 +213,7 @@ func run(o options) error {
 	if err := b.admin.QueryRow(ctx, "SHOW server_version").Scan(&pgVersion); err != nil {
 		return err
 	}
-	rep := &report{machine: machine(pgVersion, kafkaVersion()) + ", outboxd " + binaryNote(o.binary) + kafkaNote(o.kafkaYAML), o: o, idle: map[string][]float64{}}
+	rep := &report{machine: machine(pgVersion, kafkaVersion()) + ", outboxd " + binaryNote(o.binary) + kafkaNote(o.kafkaYAML, o.pipeYAML, o.outboxEnv), o: o, idle: map[string][]float64{}}
 
 	all := []string{sysRecv, sysOutboxd, sysRelay}
 	if !o.skipDrain {
@@ -371,6 +373,9 @@ routes: [{table: public.outbox, topic: %s}]
 health: {listen: %q}
 log: {level: warn}
 `, dsn, slot, name, b.env.KafkaBrokers, extra, name, health)
+	if b.o.pipeYAML != "" {
+		cfg += "pipeline: {" + b.o.pipeYAML + "}\n"
+	}
 	path := filepath.Join(b.tmp, slot+".yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 		return nil, err
@@ -536,9 +541,19 @@ func gitDescribe() string {
 	return strings.TrimSpace(string(out))
 }
 
-func kafkaNote(extra string) string {
-	if extra == "" {
+func kafkaNote(extra, pipeline, env string) string {
+	var parts []string
+	if extra != "" {
+		parts = append(parts, "kafka: {"+extra+"}")
+	}
+	if pipeline != "" {
+		parts = append(parts, "pipeline: {"+pipeline+"}")
+	}
+	if env != "" {
+		parts = append(parts, "env "+env)
+	}
+	if len(parts) == 0 {
 		return " (default settings)"
 	}
-	return " with kafka: {" + extra + "}"
+	return " with " + strings.Join(parts, ", ")
 }
