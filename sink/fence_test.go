@@ -494,23 +494,6 @@ func TestBatchLimits(t *testing.T) {
 	}
 }
 
-// TestPermanentBrokerErrorIsARecordError: an error no replay can fix reaches
-// the Acker as a RecordError, which stops outboxd instead of looping.
-func TestPermanentBrokerErrorIsARecordError(t *testing.T) {
-	b := &fakeBroker{fail: func(int, int32) int16 { return int16(kafka.TopicAuthorizationFailed) }}
-	p := testProducer(t, b, Config{BatchSize: 1, Linger: time.Millisecond, MaxAttempts: 3})
-	r := newAckRecorder(1)
-	produceOne(t, p, rec(r, "K", "v"))
-	r.wait(t)
-	var re *RecordError
-	if err := r.get("v"); !errors.As(err, &re) || !errors.Is(re, kafka.TopicAuthorizationFailed) {
-		t.Fatalf("got %v", err)
-	}
-	if n := len(b.values()); n != 1 {
-		t.Errorf("a permanent error was retried: %d requests", n)
-	}
-}
-
 // TestNothingAcknowledgedBeforeTheBroker: an Acker hears nil only after the
 // broker answered for its record's batch; while the request is outstanding
 // (the linger long passed), nothing is reported delivered.
@@ -624,8 +607,9 @@ func TestCloseFailsRecordsWaitingForMetadata(t *testing.T) {
 	}
 }
 
-// TestBrokerErrorClasses: errors the broker does not call retriable
-// (including codes kafka-go does not know) fail the record as a RecordError,
+// TestBrokerErrorClasses: errors no replay can fix (a missing authorization,
+// and every error the broker does not call retriable, including codes
+// kafka-go does not know) fail the record as a RecordError, sent once,
 // which stops outboxd with the broker's reason instead of replaying the same
 // refusal for ever; retriable ones (REPLICA_NOT_AVAILABLE among them, which
 // kafka-go does not list) are retried.
@@ -635,6 +619,7 @@ func TestBrokerErrorClasses(t *testing.T) {
 		code      int16
 		permanent bool
 	}{
+		{"topic authorization failed", int16(kafka.TopicAuthorizationFailed), true},
 		{"invalid timestamp", int16(kafka.InvalidTimestamp), true},
 		{"policy violation", int16(kafka.PolicyViolation), true},
 		{"unknown code", 9999, true},

@@ -880,7 +880,7 @@ func permanent(err error) string {
 	case kafka.InvalidTopic:
 		return "the topic name is invalid"
 	}
-	if !kerr.Temporary() {
+	if !retriable(err) {
 		// As the Java producer: an error the broker does not call retriable
 		// fails the send (INVALID_TIMESTAMP, POLICY_VIOLATION, codes kafka-go
 		// does not know, ...). Replaying would fail the same way for ever.
