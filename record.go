@@ -3,6 +3,11 @@
 // them to Kafka and reports each outcome back through the record's Ack.
 package outboxd
 
+import (
+	"encoding/binary"
+	"fmt"
+)
+
 // Header is one Kafka record header.
 type Header struct {
 	Key   string
@@ -22,6 +27,13 @@ type Record struct {
 	Key     []byte
 	Value   []byte
 	Headers []Header
+	// Refusable says the caller handles a refusal of this record: when the
+	// broker refuses it for its own content (too large for the topic, even
+	// alone in its batch), the producer reports a *RefusedError through Ack
+	// and goes on with the records after it (the caller dead-letters it).
+	// Without it such a refusal stops the producer, so that no later record
+	// steps over it.
+	Refusable bool
 	// Ack is told the outcome of the produce.
 	Ack Acker
 }
@@ -34,3 +46,52 @@ func (r *Record) Size() int64 {
 	}
 	return int64(n)
 }
+
+// batchOverhead is what a Kafka v2 record batch adds around its records:
+// the 61-byte batch header and the 4-byte size that precedes a record set.
+const batchOverhead = 65
+
+// WireSize is the number of bytes the record takes as the only record of a
+// Kafka v2 record batch, uncompressed: the unit that kafka.batch_bytes and
+// the broker's max.message.bytes limit. It is exact for a record whose
+// timestamp delta and offset delta are 0 and an upper bound otherwise
+// within a few bytes.
+func (r *Record) WireSize() int {
+	n := 1 + 1 + 1 + // attributes, timestamp delta 0, offset delta 0
+		bytesLen(r.Key) + bytesLen(r.Value) + varintLen(len(r.Headers))
+	for i := range r.Headers {
+		h := &r.Headers[i]
+		n += varintLen(len(h.Key)) + len(h.Key) + bytesLen(h.Value)
+	}
+	return batchOverhead + varintLen(n) + n
+}
+
+func varintLen(n int) int {
+	var buf [binary.MaxVarintLen64]byte
+	return binary.PutVarint(buf[:], int64(n))
+}
+
+func bytesLen(b []byte) int {
+	if b == nil {
+		return 1 // -1: null
+	}
+	return varintLen(len(b)) + len(b)
+}
+
+// RefusedError is the outcome of a Refusable record that the broker refused
+// for its own content, alone in its batch: no retry or replay can deliver
+// it. It carries copies of what identifies the record, for a dead-letter
+// record in its place.
+type RefusedError struct {
+	Topic   string
+	Key     []byte   // a copy, nil for a null key
+	Headers []Header // copies
+	Size    int      // the record's size on the wire (WireSize)
+	Err     error    // the broker's error
+}
+
+func (e *RefusedError) Error() string {
+	return fmt.Sprintf("the broker refused the record for topic %q with key %q (%d bytes): %v", e.Topic, e.Key, e.Size, e.Err)
+}
+
+func (e *RefusedError) Unwrap() error { return e.Err }
