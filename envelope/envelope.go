@@ -6,8 +6,10 @@ package envelope
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -53,29 +55,45 @@ const (
 )
 
 // RowError says why a row could not become a record. It names the table,
-// the column and the transaction's position so an operator can find the row.
+// the row (its id and agregat_id, when readable) and the column, so an
+// operator can find the row.
 type RowError struct {
-	Table  string
-	Column string
-	Reason string
+	Table     string
+	ID        string // the row's id column, "" when unreadable
+	AgregatID string // the row's agregat_id column, "" when unreadable
+	Column    string
+	Reason    string
 }
 
 func (e *RowError) Error() string {
-	if e.Column == "" {
-		return fmt.Sprintf("outbox row in %s: %s", e.Table, e.Reason)
+	row := "outbox row"
+	if e.ID != "" {
+		row += " id=" + strconv.Quote(e.ID)
 	}
-	return fmt.Sprintf("outbox row in %s, column %q: %s", e.Table, e.Column, e.Reason)
+	if e.AgregatID != "" {
+		row += " agregat_id=" + strconv.Quote(e.AgregatID)
+	}
+	if e.Column == "" {
+		return fmt.Sprintf("%s in %s: %s", row, e.Table, e.Reason)
+	}
+	return fmt.Sprintf("%s in %s, column %q: %s", row, e.Table, e.Column, e.Reason)
 }
 
-// Router knows the routes and the service name.
+// maxNameInError bounds an id or agregat_id quoted in an error.
+const maxNameInError = 200
+
+// Router knows the routes, the service name and the largest record Kafka
+// takes.
 type Router struct {
-	origen []byte // origen already encoded as a JSON string
-	routes map[string]*Route
+	origen   []byte // origen already encoded as a JSON string
+	routes   map[string]*Route
+	maxBytes int // the largest WireSize a record may have; 0: no limit
 }
 
-// NewRouter indexes routes by "schema.table".
-func NewRouter(origen string, routes []Route) *Router {
-	r := &Router{origen: appendString(nil, []byte(origen)), routes: make(map[string]*Route, len(routes))}
+// NewRouter indexes routes by "schema.table". maxRecordBytes is
+// kafka.batch_bytes: a record whose WireSize is larger is a bad row.
+func NewRouter(origen string, routes []Route, maxRecordBytes int) *Router {
+	r := &Router{origen: appendString(nil, []byte(origen)), routes: make(map[string]*Route, len(routes)), maxBytes: maxRecordBytes}
 	for i := range routes {
 		rt := routes[i]
 		r.routes[rt.Schema+"."+rt.Table] = &rt
@@ -147,6 +165,41 @@ type Scratch struct {
 // row's buffer or sc is reused, so it must go to a Producer that copies it
 // before then.
 func (r *Router) Build(b *Binding, row []Column, sc *Scratch) (outboxd.Record, error) {
+	rec, err := r.build(b, row, sc)
+	if err != nil {
+		var re *RowError
+		if errors.As(err, &re) {
+			re.ID = readable(text(row, b.id))
+			re.AgregatID = readable(text(row, b.agregatID))
+		}
+		return outboxd.Record{}, err
+	}
+	if r.maxBytes > 0 {
+		if n := rec.WireSize(); n > r.maxBytes {
+			return outboxd.Record{}, &RowError{Table: b.Name, ID: readable(text(row, b.id)), AgregatID: readable(text(row, b.agregatID)),
+				Reason: fmt.Sprintf("the record is %d bytes, over kafka.batch_bytes (%d): raise it together with the broker's and the topic's max.message.bytes, or make the row smaller", n, r.maxBytes)}
+		}
+	}
+	return rec, nil
+}
+
+// text is the text value of column idx of row, nil when absent or NULL.
+func text(row []Column, idx int) []byte {
+	if idx < 0 || idx >= len(row) || row[idx].Kind != pglogrepl.TupleDataTypeText {
+		return nil
+	}
+	return row[idx].Data
+}
+
+// readable is a value as an error may quote it: valid UTF-8, not too long.
+func readable(v []byte) string {
+	if len(v) > maxNameInError {
+		v = append(v[:maxNameInError:maxNameInError], "..."...)
+	}
+	return strings.ToValidUTF8(string(v), "\ufffd")
+}
+
+func (r *Router) build(b *Binding, row []Column, sc *Scratch) (outboxd.Record, error) {
 	if b.Route == nil {
 		return outboxd.Record{}, &RowError{Table: b.Name, Reason: "the table is published but has no route; add a route for it or remove it from the publication"}
 	}
@@ -238,7 +291,9 @@ func (r *Router) Build(b *Binding, row []Column, sc *Scratch) (outboxd.Record, e
 	}
 	headers[0] = outboxd.Header{Key: HeaderTipus, Value: tipus}
 	headers[1] = outboxd.Header{Key: HeaderID, Value: id}
-	return outboxd.Record{Topic: b.Route.Topic, Key: key, Value: val, Headers: headers}, nil
+	// A route with a dead-letter topic takes a record the broker refuses
+	// there too.
+	return outboxd.Record{Topic: b.Route.Topic, Key: key, Value: val, Headers: headers, Refusable: b.Route.DeadLetterTopic != ""}, nil
 }
 
 // parseInt reads a decimal integer as strconv.ParseInt does, without its
@@ -268,38 +323,19 @@ func parseInt(b []byte) (int64, bool) {
 // DeadLetter builds the dead-letter record of a row that could not become a
 // record: the original key when the row has a usable agregat_id; as value
 // the row itself, a JSON object of every column's text value (null for
-// NULL), unless keepRow is false (the row is too large to be written
-// anywhere, so only its size is kept); the original id_esdeveniment and
-// tipus headers when readable; and headers naming the reason, the table,
-// the transaction's commit LSN and the time.
-func (r *Router) DeadLetter(b *Binding, row []Column, reason error, lsn string, now time.Time, keepRow bool) outboxd.Record {
-	text := func(idx int) []byte {
-		if idx < 0 || idx >= len(row) || row[idx].Kind != pglogrepl.TupleDataTypeText {
-			return nil
-		}
-		return row[idx].Data
-	}
-	rec := outboxd.Record{Topic: b.Route.DeadLetterTopic, Key: text(b.agregatID)}
-	if v := text(b.id); v != nil {
+// NULL), unless that makes the record too large for Kafka (then only the
+// row's size is kept, in a header); the original id_esdeveniment and tipus
+// headers when readable; and headers naming the reason, the table, the
+// transaction's commit LSN and the time.
+func (r *Router) DeadLetter(b *Binding, row []Column, reason error, lsn string, now time.Time) outboxd.Record {
+	rec := outboxd.Record{Topic: b.Route.DeadLetterTopic, Key: text(row, b.agregatID)}
+	if v := text(row, b.id); v != nil {
 		rec.Headers = append(rec.Headers, outboxd.Header{Key: HeaderID, Value: v})
 	}
-	if v := text(b.tipus); v != nil {
+	if v := text(row, b.tipus); v != nil {
 		rec.Headers = append(rec.Headers, outboxd.Header{Key: HeaderTipus, Value: v})
 	}
-	rec.Headers = append(rec.Headers,
-		outboxd.Header{Key: HeaderError, Value: []byte(reason.Error())},
-		outboxd.Header{Key: HeaderTable, Value: []byte(b.Name)},
-		outboxd.Header{Key: HeaderLSN, Value: []byte(lsn)},
-		outboxd.Header{Key: HeaderTime, Value: []byte(now.UTC().Format(time.RFC3339Nano))},
-	)
-	if !keepRow {
-		size := 0
-		for _, c := range row {
-			size += len(c.Data)
-		}
-		rec.Headers = append(rec.Headers, outboxd.Header{Key: HeaderSize, Value: strconv.AppendInt(nil, int64(size), 10)})
-		return rec
-	}
+	rec.Headers = appendReason(rec.Headers, reason, b.Name, lsn, now)
 	val := []byte{'{'}
 	for i, name := range b.columns {
 		if i > 0 {
@@ -307,12 +343,45 @@ func (r *Router) DeadLetter(b *Binding, row []Column, reason error, lsn string, 
 		}
 		val = appendString(val, []byte(name))
 		val = append(val, ':')
-		if v := text(i); v != nil {
+		if v := text(row, i); v != nil {
 			val = appendString(val, v)
 		} else {
 			val = append(val, "null"...)
 		}
 	}
 	rec.Value = append(val, '}')
+	if r.maxBytes > 0 && rec.WireSize() > r.maxBytes {
+		size := 0
+		for _, c := range row {
+			size += len(c.Data)
+		}
+		rec.Value = nil
+		rec.Headers = append(rec.Headers, outboxd.Header{Key: HeaderSize, Value: strconv.AppendInt(nil, int64(size), 10)})
+	}
 	return rec
+}
+
+// DeadLetterRefused builds the dead-letter record of a record the broker
+// refused for its own content: its key and its id_esdeveniment and tipus
+// headers, the reason, the table, the commit LSN, the time and the refused
+// record's size; no value (the broker would refuse it again).
+func (r *Router) DeadLetterRefused(b *Binding, refused *outboxd.RefusedError, lsn string, now time.Time) outboxd.Record {
+	rec := outboxd.Record{Topic: b.Route.DeadLetterTopic, Key: refused.Key}
+	for _, h := range refused.Headers {
+		if h.Key == HeaderID || h.Key == HeaderTipus {
+			rec.Headers = append(rec.Headers, h)
+		}
+	}
+	rec.Headers = appendReason(rec.Headers, refused, b.Name, lsn, now)
+	rec.Headers = append(rec.Headers, outboxd.Header{Key: HeaderSize, Value: strconv.AppendInt(nil, int64(refused.Size), 10)})
+	return rec
+}
+
+func appendReason(hs []outboxd.Header, reason error, table, lsn string, now time.Time) []outboxd.Header {
+	return append(hs,
+		outboxd.Header{Key: HeaderError, Value: []byte(reason.Error())},
+		outboxd.Header{Key: HeaderTable, Value: []byte(table)},
+		outboxd.Header{Key: HeaderLSN, Value: []byte(lsn)},
+		outboxd.Header{Key: HeaderTime, Value: []byte(now.UTC().Format(time.RFC3339Nano))},
+	)
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pglogrepl"
 
+	"github.com/outboxd/outboxd"
 	"github.com/outboxd/outboxd/envelope"
 )
 
@@ -79,7 +80,7 @@ func s(v string) *string { return &v }
 var seedCols = envelope.Columns{ID: "id", AgregatID: "agregat_id", Tipus: "tipus", Versio: "versio", Carrega: "carrega", CreatEn: "creat_en"}
 
 func TestBuildGolden(t *testing.T) {
-	r := envelope.NewRouter("comandes", []envelope.Route{{Schema: "public", Table: "outbox", Topic: "comandes.esdeveniments", Columns: seedCols}})
+	r := envelope.NewRouter("comandes", []envelope.Route{{Schema: "public", Table: "outbox", Topic: "comandes.esdeveniments", Columns: seedCols}}, 0)
 	// Columns in a different order than the contract's CREATE TABLE: they
 	// are found by name.
 	b := r.Bind(relation("publicat_en", "carrega", "id", "tipus", "agregat", "agregat_id", "creat_en", "versio"))
@@ -132,7 +133,7 @@ func mustMarshal(v any) string {
 
 func TestBuildDebeziumColumnsWithoutVersio(t *testing.T) {
 	cols := envelope.Columns{ID: "id", AgregatID: "aggregateid", Tipus: "type", Carrega: "payload", CreatEn: "timestamp"}
-	r := envelope.NewRouter("cataleg", []envelope.Route{{Schema: "app", Table: "outboxevent", Topic: "cataleg", Columns: cols}})
+	r := envelope.NewRouter("cataleg", []envelope.Route{{Schema: "app", Table: "outboxevent", Topic: "cataleg", Columns: cols}}, 0)
 	rel := &pglogrepl.RelationMessage{Namespace: "app", RelationName: "outboxevent"}
 	for _, c := range []struct {
 		n string
@@ -151,7 +152,7 @@ func TestBuildDebeziumColumnsWithoutVersio(t *testing.T) {
 }
 
 func TestBuildBadRows(t *testing.T) {
-	r := envelope.NewRouter("comandes", []envelope.Route{{Schema: "public", Table: "outbox", Topic: "t", Columns: seedCols}})
+	r := envelope.NewRouter("comandes", []envelope.Route{{Schema: "public", Table: "outbox", Topic: "t", Columns: seedCols}}, 0)
 	full := relation("id", "agregat", "agregat_id", "tipus", "versio", "carrega", "creat_en", "publicat_en")
 	ok := func() []*string {
 		return []*string{s("id-1"), s("comanda"), s("K"), s("comanda.creada"), s("1"), s(`{}`), s("2026-01-01 00:00:00+00"), nil}
@@ -197,7 +198,7 @@ func TestBuildBadRows(t *testing.T) {
 }
 
 func TestStringEscapingMatchesEncodingJSON(t *testing.T) {
-	r := envelope.NewRouter("comandes", []envelope.Route{{Schema: "public", Table: "outbox", Topic: "t", Columns: seedCols}})
+	r := envelope.NewRouter("comandes", []envelope.Route{{Schema: "public", Table: "outbox", Topic: "t", Columns: seedCols}}, 0)
 	b := r.Bind(relation("id", "agregat", "agregat_id", "tipus", "versio", "carrega", "creat_en"))
 	for _, in := range []string{"plain", `quo"te`, `back\slash`, "new\nline\ttab\rcr", "\x00\x01\x1f", "àèí·l€ 😀", "bad\xffutf8", "sep\u2028\u2029", "<html>&"} {
 		rec, err := r.Build(b, tuple(s("id"), s("a"), s("K"), s(in), s("1"), s("{}"), s("2026-01-01 00:00:00+00")), nil)
@@ -218,7 +219,7 @@ func TestStringEscapingMatchesEncodingJSON(t *testing.T) {
 // TestBuildWithScratch: a Scratch reused from row to row gives each record
 // the value a fresh build gives, and allocates nothing once warm.
 func TestBuildWithScratch(t *testing.T) {
-	r := envelope.NewRouter("comandes", []envelope.Route{{Schema: "public", Table: "outbox", Topic: "t", Columns: seedCols}})
+	r := envelope.NewRouter("comandes", []envelope.Route{{Schema: "public", Table: "outbox", Topic: "t", Columns: seedCols}}, 0)
 	b := r.Bind(relation("id", "agregat", "agregat_id", "tipus", "versio", "carrega", "creat_en", "publicat_en"))
 	var sc envelope.Scratch
 	rows := [][]envelope.Column{
@@ -247,7 +248,7 @@ func TestBuildWithScratch(t *testing.T) {
 }
 
 func BenchmarkBuild(b *testing.B) {
-	r := envelope.NewRouter("comandes", []envelope.Route{{Schema: "public", Table: "outbox", Topic: "t", Columns: seedCols}})
+	r := envelope.NewRouter("comandes", []envelope.Route{{Schema: "public", Table: "outbox", Topic: "t", Columns: seedCols}}, 0)
 	bd := r.Bind(relation("id", "agregat", "agregat_id", "tipus", "versio", "carrega", "creat_en", "publicat_en"))
 	row := tuple(s("6f1c9e2a-0a4b-4c8e-9d1f-2b3c4d5e6f70"), s("comanda"), s("P-2026-000123"), s("comanda.creada"), s("1"),
 		s(`{"id": "P-2026-000123", "client": "anna", "mercat": "girona", "linies": [{"producte": "formatge-curat", "quantitat": 2, "preu_centims": 1450}, {"producte": "mel-de-romani", "quantitat": 1, "preu_centims": 890}]}`),
@@ -259,4 +260,89 @@ func BenchmarkBuild(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// TestBadRowErrorNamesTheRow: an operator must find the poison row from the
+// error alone: its id and agregat_id when they are readable.
+func TestBadRowErrorNamesTheRow(t *testing.T) {
+	r := envelope.NewRouter("comandes", []envelope.Route{{Schema: "public", Table: "outbox", Topic: "t", Columns: seedCols}}, 0)
+	rel := relation("id", "agregat", "agregat_id", "tipus", "versio", "carrega", "creat_en")
+	rel.Columns[5].DataType = 25 // carrega as text
+	b := r.Bind(rel)
+	_, err := r.Build(b, tuple(s("6f1c-bad"), s("comanda"), s("P-9"), s("comanda.creada"), s("1"), s("no és JSON"), s("2026-01-01 00:00:00+00")), nil)
+	want := `outbox row id="6f1c-bad" agregat_id="P-9" in public.outbox, column "carrega": the value is not valid JSON`
+	if err == nil || err.Error() != want {
+		t.Errorf("got  %v\nwant %s", err, want)
+	}
+	// A NULL agregat_id is not named; the id still is.
+	_, err = r.Build(b, tuple(s("6f1c-null"), s("comanda"), nil, s("comanda.creada"), s("1"), s("{}"), s("2026-01-01 00:00:00+00")), nil)
+	if err == nil || !strings.Contains(err.Error(), `outbox row id="6f1c-null" in public.outbox, column "agregat_id"`) {
+		t.Errorf("null key: got %v", err)
+	}
+}
+
+// TestRecordSizeLimit: the envelope decides whether a row fits the limit,
+// by the record's size on the wire; a dead-letter record that would not
+// fit keeps the row's size instead of the row.
+func TestRecordSizeLimit(t *testing.T) {
+	const limit = 2000
+	routes := []envelope.Route{{Schema: "public", Table: "outbox", Topic: "t", Columns: seedCols, DeadLetterTopic: "t.dlq"}}
+	r := envelope.NewRouter("comandes", routes, limit)
+	b := r.Bind(relation("id", "agregat", "agregat_id", "tipus", "versio", "carrega", "creat_en"))
+	row := func(n int) []envelope.Column {
+		return tuple(s("id-1"), s("comanda"), s("P-1"), s("comanda.creada"), s("1"), s(`"`+strings.Repeat("x", n)+`"`), s("2026-01-01 00:00:00+00"))
+	}
+	// Find the largest carrega that fits, from the record itself.
+	fit := 0
+	for n := 1500; n < limit; n++ {
+		rec, err := r.Build(b, row(n), nil)
+		if err != nil {
+			break
+		}
+		if rec.WireSize() > limit {
+			t.Fatalf("a %d-byte record passed the %d-byte limit", rec.WireSize(), limit)
+		}
+		if !rec.Refusable {
+			t.Fatal("a record of a route with a dead-letter topic must be Refusable")
+		}
+		fit = n
+	}
+	_, err := r.Build(b, row(fit+1), nil)
+	var re *envelope.RowError
+	if !errors.As(err, &re) || !strings.Contains(re.Reason, "over kafka.batch_bytes (2000)") || re.ID != "id-1" {
+		t.Fatalf("one byte more: got %v", err)
+	}
+	dl := r.DeadLetter(b, row(fit+1), err, "0/16B3748", time.Unix(0, 0))
+	if dl.Value != nil || dl.WireSize() > limit || header(dl, envelope.HeaderSize) == "" || string(dl.Key) != "P-1" || dl.Topic != "t.dlq" {
+		t.Errorf("too large a dead letter: value %d bytes, size header %q", len(dl.Value), header(dl, envelope.HeaderSize))
+	}
+	small := r.DeadLetter(b, row(10), errors.New("x"), "0/1", time.Unix(0, 0))
+	if !json.Valid(small.Value) || header(small, envelope.HeaderSize) != "" || header(small, envelope.HeaderID) != "id-1" {
+		t.Errorf("small dead letter: %s", small.Value)
+	}
+	if small.Refusable {
+		t.Error("a dead-letter record has nowhere else to go: it must not be Refusable")
+	}
+}
+
+func TestDeadLetterRefused(t *testing.T) {
+	routes := []envelope.Route{{Schema: "public", Table: "outbox", Topic: "t", Columns: seedCols, DeadLetterTopic: "t.dlq"}}
+	r := envelope.NewRouter("comandes", routes, 0)
+	b := r.Bind(relation("id", "agregat", "agregat_id", "tipus", "versio", "carrega", "creat_en"))
+	refused := &outboxd.RefusedError{Topic: "t", Key: []byte("P-7"), Size: 150000, Err: errors.New("[10] Message Size Too Large"),
+		Headers: []outboxd.Header{{Key: envelope.HeaderTipus, Value: []byte("comanda.creada")}, {Key: envelope.HeaderID, Value: []byte("id-7")}, {Key: "x", Value: []byte("y")}}}
+	dl := r.DeadLetterRefused(b, refused, "0/16B3748", time.Unix(0, 0))
+	if dl.Topic != "t.dlq" || string(dl.Key) != "P-7" || dl.Value != nil || header(dl, envelope.HeaderID) != "id-7" || header(dl, envelope.HeaderTipus) != "comanda.creada" ||
+		header(dl, envelope.HeaderSize) != "150000" || header(dl, envelope.HeaderLSN) != "0/16B3748" || !strings.Contains(header(dl, envelope.HeaderError), "Message Size Too Large") || header(dl, "x") != "" {
+		t.Errorf("dead letter of a refused record: %+v", dl)
+	}
+}
+
+func header(r outboxd.Record, key string) string {
+	for _, h := range r.Headers {
+		if h.Key == key {
+			return string(h.Value)
+		}
+	}
+	return ""
 }

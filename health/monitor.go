@@ -3,17 +3,17 @@ package health
 import (
 	"context"
 	"fmt"
-	"net"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/jackc/pglogrepl"
-	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outboxd/outboxd/catalog"
 )
 
-// SlotInfo is the slot's row in pg_replication_slots.
+// SlotInfo is the slot's row in pg_replication_slots, as /status shows it.
 type SlotInfo struct {
 	Name              string `json:"name"`
 	Plugin            string `json:"plugin"`
@@ -27,7 +27,7 @@ type SlotInfo struct {
 
 // Snapshot is what one poll of PostgreSQL and the brokers found.
 type Snapshot struct {
-	At               time.Time
+	At               time.Time // when the poll began
 	Err              string    // why the slot could not be read, if it could not
 	Slot             *SlotInfo // nil when the slot does not exist (or Err)
 	ServerWALLSN     string
@@ -35,29 +35,44 @@ type Snapshot struct {
 	UnconfirmedBytes int64 // current WAL LSN - confirmed_flush_lsn
 	Brokers          int
 	BrokersReachable int
-	// Publication says what is wrong with the publication ("" when it
-	// exists, publishes inserts and covers every routed table).
+	// Publication says what keeps routed events from reaching outboxd
+	// ("" when nothing does), with the statement that fixes it.
 	Publication string
 }
 
-// Monitor polls pg_replication_slots and the brokers on an interval, on a
-// connection of its own (never the replication connection).
+// MonitorConfig is what the monitor watches and how often.
+type MonitorConfig struct {
+	Conn        *pgconn.Config // a normal connection to the service database
+	Slot        string
+	Publication string
+	Routes      []catalog.Route
+	Brokers     []string
+	// Probe asks addr whether it is a Kafka broker that answers.
+	Probe    func(ctx context.Context, addr string) error
+	Interval time.Duration
+}
+
+// Monitor polls the slot, the publication and the brokers on an interval,
+// and at once when asked (PollNow), on a connection of its own (never the
+// replication connection).
 type Monitor struct {
-	dsn      string
-	slot     string
-	pub      string
-	tables   []string // schema.table of every route
-	brokers  []string
-	interval time.Duration
-	log      hclog.Logger
+	cfg  MonitorConfig
+	log  hclog.Logger
+	kick chan struct{}
 
 	mu   sync.Mutex
 	last Snapshot
 }
 
 // NewMonitor prepares a monitor; Run starts polling.
-func NewMonitor(dsn, slot, publication string, tables, brokers []string, interval time.Duration, log hclog.Logger) *Monitor {
-	return &Monitor{dsn: dsn, slot: slot, pub: publication, tables: tables, brokers: brokers, interval: interval, log: log}
+func NewMonitor(cfg MonitorConfig, log hclog.Logger) *Monitor {
+	conn := cfg.Conn.Copy()
+	if conn.RuntimeParams == nil {
+		conn.RuntimeParams = map[string]string{}
+	}
+	conn.RuntimeParams["application_name"] = "outboxd-monitor"
+	cfg.Conn = conn
+	return &Monitor{cfg: cfg, log: log, kick: make(chan struct{}, 1)}
 }
 
 // Snapshot returns the latest poll.
@@ -67,24 +82,26 @@ func (m *Monitor) Snapshot() Snapshot {
 	return m.last
 }
 
+// PollNow asks for a poll at once (the replication stream has just created
+// or found the slot): the next Snapshot then reflects it.
+func (m *Monitor) PollNow() {
+	select {
+	case m.kick <- struct{}{}:
+	default:
+	}
+}
+
 // Run polls until ctx ends. after, when set, is called after every poll.
 func (m *Monitor) Run(ctx context.Context, after func(Snapshot)) {
-	var conn *pgx.Conn
-	defer func() {
-		if conn != nil {
-			cctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			_ = conn.Close(cctx)
-			cancel()
-		}
-	}()
-	t := time.NewTicker(m.interval)
+	var p poller
+	defer p.close()
+	t := time.NewTicker(m.cfg.Interval)
 	defer t.Stop()
 	for {
-		snap := Snapshot{At: time.Now(), Brokers: len(m.brokers)}
-		pctx, cancel := context.WithTimeout(ctx, m.interval)
-		snap.BrokersReachable = m.dialBrokers(pctx)
-		var err error
-		conn, err = m.readSlot(pctx, conn, &snap)
+		snap := Snapshot{At: time.Now(), Brokers: len(m.cfg.Brokers)}
+		pctx, cancel := context.WithTimeout(ctx, m.cfg.Interval)
+		snap.BrokersReachable = m.probeBrokers(pctx)
+		err := p.read(pctx, m.cfg, &snap)
 		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
@@ -102,119 +119,95 @@ func (m *Monitor) Run(ctx context.Context, after func(Snapshot)) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-m.kick:
 		}
 	}
 }
 
-func (m *Monitor) dialBrokers(ctx context.Context) int {
+func (m *Monitor) probeBrokers(ctx context.Context) int {
 	n := 0
-	var d net.Dialer
-	for _, b := range m.brokers {
-		c, err := d.DialContext(ctx, "tcp", b)
-		if err == nil {
-			c.Close()
+	for _, b := range m.cfg.Brokers {
+		if m.cfg.Probe(ctx, b) == nil {
 			n++
 		}
 	}
 	return n
 }
 
-// readSlot fills snap from the server, (re)connecting when needed; it
-// returns the connection to reuse.
-func (m *Monitor) readSlot(ctx context.Context, conn *pgx.Conn, snap *Snapshot) (*pgx.Conn, error) {
-	if conn == nil || conn.IsClosed() {
-		cfg, err := pgx.ParseConfig(m.dsn)
+// poller holds the monitor's connection between polls.
+type poller struct {
+	conn    *pgconn.PgConn
+	version int
+}
+
+func (p *poller) close() {
+	if p.conn != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_ = p.conn.Close(ctx)
+		cancel()
+		p.conn = nil
+	}
+}
+
+// read fills snap from the server, (re)connecting when needed.
+func (p *poller) read(ctx context.Context, cfg MonitorConfig, snap *Snapshot) error {
+	if p.conn == nil || p.conn.IsClosed() {
+		conn, err := pgconn.ConnectConfig(ctx, cfg.Conn)
 		if err != nil {
-			return nil, fmt.Errorf("postgres.dsn is not a valid connection string")
+			return fmt.Errorf("connect: %w", err)
 		}
-		cfg.RuntimeParams["application_name"] = "outboxd-monitor"
-		if conn, err = pgx.ConnectConfig(ctx, cfg); err != nil {
-			return nil, fmt.Errorf("connect: %w", err)
+		srv, err := catalog.ReadServer(ctx, conn)
+		if err != nil {
+			_ = conn.Close(ctx)
+			return fmt.Errorf("read server settings: %w", err)
 		}
+		p.conn, p.version = conn, srv.Version
 	}
-	var cur string
-	if err := conn.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&cur); err != nil {
-		_ = conn.Close(ctx)
-		return nil, fmt.Errorf("read pg_current_wal_lsn(): %w", err)
-	}
-	snap.ServerWALLSN = cur
-	if err := m.readPublication(ctx, conn, snap); err != nil {
-		_ = conn.Close(ctx)
-		return nil, err
-	}
-	var s SlotInfo
-	var confirmed, restart, walStatus *string
-	err := conn.QueryRow(ctx, `SELECT slot_name, plugin, active, active_pid, confirmed_flush_lsn::text, restart_lsn::text, wal_status, safe_wal_size
-		FROM pg_catalog.pg_replication_slots WHERE slot_name = $1`, m.slot).
-		Scan(&s.Name, &s.Plugin, &s.Active, &s.ActivePID, &confirmed, &restart, &walStatus, &s.SafeWALSize)
-	if err == pgx.ErrNoRows {
-		return conn, nil
-	}
+	pub, err := catalog.ReadPublication(ctx, p.conn, cfg.Publication, p.version)
 	if err != nil {
-		_ = conn.Close(ctx)
-		return nil, fmt.Errorf("read pg_replication_slots: %w", err)
+		p.close()
+		return fmt.Errorf("read the publication: %w", err)
 	}
-	s.ConfirmedFlushLSN, s.RestartLSN, s.WALStatus = deref(confirmed), deref(restart), deref(walStatus)
-	snap.Slot = &s
-	curLSN, _ := pglogrepl.ParseLSN(cur)
-	if l, err := pglogrepl.ParseLSN(s.RestartLSN); err == nil && curLSN >= l {
-		snap.RetainedBytes = int64(curLSN - l)
+	var problems []string
+	for _, pr := range pub.Check(cfg.Routes) {
+		if pr.Kind == catalog.Unpublished {
+			problems = append(problems, pr.String())
+		}
 	}
-	if l, err := pglogrepl.ParseLSN(s.ConfirmedFlushLSN); err == nil && curLSN >= l {
-		snap.UnconfirmedBytes = int64(curLSN - l)
+	snap.Publication = strings.Join(problems, "; ")
+	s, err := catalog.ReadSlot(ctx, p.conn, cfg.Slot)
+	if err != nil {
+		p.close()
+		return fmt.Errorf("read pg_replication_slots: %w", err)
 	}
-	return conn, nil
-}
-
-func deref(s *string) string {
 	if s == nil {
-		return ""
+		return p.currentLSN(ctx, snap)
 	}
-	return *s
+	info := &SlotInfo{Name: s.Name, Plugin: s.Plugin, Active: s.Active, WALStatus: s.WALStatus, SafeWALSize: s.SafeWALSize}
+	if s.ActivePID != 0 {
+		pid := s.ActivePID
+		info.ActivePID = &pid
+	}
+	if s.ConfirmedFlush != 0 {
+		info.ConfirmedFlushLSN = s.ConfirmedFlush.String()
+	}
+	if s.Restart != 0 {
+		info.RestartLSN = s.Restart.String()
+	}
+	snap.Slot = info
+	snap.ServerWALLSN = s.CurrentWAL.String()
+	snap.RetainedBytes, snap.UnconfirmedBytes = s.RetainedBytes(), s.UnconfirmedBytes()
+	return nil
 }
 
-// readPublication checks that the publication still exists, publishes
-// inserts and covers every routed table: altered under a running outboxd,
-// it would stop events silently.
-func (m *Monitor) readPublication(ctx context.Context, conn *pgx.Conn, snap *Snapshot) error {
-	var insert bool
-	err := conn.QueryRow(ctx, "SELECT pubinsert FROM pg_catalog.pg_publication WHERE pubname = $1", m.pub).Scan(&insert)
-	if err == pgx.ErrNoRows {
-		snap.Publication = fmt.Sprintf("publication %q does not exist: no outbox insert reaches outboxd; recreate it (sql/002_publication.sql)", m.pub)
+// currentLSN reads the server's WAL position when there is no slot row to
+// carry it.
+func (p *poller) currentLSN(ctx context.Context, snap *Snapshot) error {
+	results, err := p.conn.Exec(ctx, "SELECT pg_catalog.pg_current_wal_lsn()").ReadAll()
+	if err == nil && len(results) == 1 && len(results[0].Rows) == 1 {
+		snap.ServerWALLSN = string(results[0].Rows[0][0])
 		return nil
 	}
-	if err != nil {
-		return fmt.Errorf("read pg_publication: %w", err)
-	}
-	if !insert {
-		snap.Publication = fmt.Sprintf("publication %q no longer publishes inserts: ALTER PUBLICATION %s SET (publish = 'insert')", m.pub, m.pub)
-		return nil
-	}
-	rows, err := conn.Query(ctx, "SELECT schemaname || '.' || tablename FROM pg_catalog.pg_publication_tables WHERE pubname = $1", m.pub)
-	if err != nil {
-		return fmt.Errorf("read pg_publication_tables: %w", err)
-	}
-	published := map[string]bool{}
-	for rows.Next() {
-		var t string
-		if err := rows.Scan(&t); err != nil {
-			rows.Close()
-			return err
-		}
-		published[t] = true
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return err
-	}
-	var missing []string
-	for _, t := range m.tables {
-		if !published[t] {
-			missing = append(missing, t)
-		}
-	}
-	if len(missing) > 0 {
-		snap.Publication = fmt.Sprintf("publication %q no longer covers %s: inserts into it do not reach outboxd; ALTER PUBLICATION %s ADD TABLE %s", m.pub, strings.Join(missing, ", "), m.pub, strings.Join(missing, ", "))
-	}
-	return nil
+	p.close()
+	return fmt.Errorf("read pg_current_wal_lsn(): %v", err)
 }

@@ -96,6 +96,7 @@ type view struct {
 	reasons  []string
 	wedged   string
 	problems map[string]string // threshold -> message, for the crossing log
+	fresh    bool              // the snapshot was taken in the current state
 }
 
 func (s *Server) view(now time.Time) view {
@@ -111,6 +112,10 @@ func (s *Server) view(now time.Time) view {
 	if s.limits.MaxLag > 0 && v.lag > s.limits.MaxLag {
 		v.problems["lag"] = fmt.Sprintf("replication lag %s exceeds health.max_lag %s", v.lag.Round(time.Millisecond), s.limits.MaxLag)
 	}
+	// A poll that began before the current state may have seen the
+	// server before the stream created the slot or the publication: its
+	// verdict on them is not shown next to that state.
+	fresh := !v.snap.At.IsZero() && !v.snap.At.Before(v.st.Since)
 	if s.limits.MaxRetainedWALBytes > 0 && v.snap.RetainedBytes > s.limits.MaxRetainedWALBytes {
 		v.problems["retained_wal"] = fmt.Sprintf("the slot retains %d bytes of WAL, over health.max_retained_wal_bytes %d", v.snap.RetainedBytes, s.limits.MaxRetainedWALBytes)
 	}
@@ -121,23 +126,26 @@ func (s *Server) view(now time.Time) view {
 		case "lost":
 			v.problems["wal_status"] = "slot wal_status is lost: WAL it needed was removed and events are missing; reconcile the outbox, then drop and recreate the slot (outboxd slot drop)"
 		}
-	} else if v.snap.Err == "" && !v.snap.At.IsZero() {
+	} else if v.snap.Err == "" && fresh {
 		v.problems["slot"] = "the replication slot does not exist"
 	}
-	if v.snap.Publication != "" {
+	if v.snap.Publication != "" && fresh {
 		v.problems["publication"] = v.snap.Publication
 	}
 
-	if v.st.State != "streaming" {
+	if v.st.State != replication.StateStreaming {
 		v.reasons = append(v.reasons, "state is "+v.st.State)
 	}
-	if v.snap.At.IsZero() {
+	switch {
+	case v.snap.At.IsZero():
 		v.reasons = append(v.reasons, "the slot has not been read yet")
-	} else if v.snap.Err != "" {
+	case !fresh:
+		v.reasons = append(v.reasons, "the slot has not been read since the state became "+v.st.State)
+	case v.snap.Err != "":
 		v.reasons = append(v.reasons, "cannot read the slot: "+v.snap.Err)
 	}
 	if v.snap.Brokers > 0 && v.snap.BrokersReachable == 0 && !v.snap.At.IsZero() {
-		v.reasons = append(v.reasons, "no Kafka broker is reachable")
+		v.reasons = append(v.reasons, "no Kafka broker answers")
 	}
 	if v.st.Tracker.Err != nil {
 		v.reasons = append(v.reasons, "kafka delivery failed: "+v.st.Tracker.Err.Error())
@@ -151,13 +159,14 @@ func (s *Server) view(now time.Time) view {
 
 	// Wedged: streaming, yet no standby status went out for longer than
 	// the server waits before dropping a silent client.
-	if (v.st.State == "streaming" || v.st.State == "stopping") && v.st.WALSenderTimeout > 0 &&
+	if (v.st.State == replication.StateStreaming || v.st.State == replication.StateStopping) && v.st.WALSenderTimeout > 0 &&
 		!v.st.LastStatusSent.IsZero() && now.Sub(v.st.LastStatusSent) > v.st.WALSenderTimeout {
 		v.wedged = fmt.Sprintf("no standby status sent for %s (wal_sender_timeout %s)", now.Sub(v.st.LastStatusSent).Round(time.Second), v.st.WALSenderTimeout)
 	}
-	if v.st.State == "stopped" {
+	if v.st.State == replication.StateStopped {
 		v.wedged = "stopped: " + v.st.LastError
 	}
+	v.fresh = fresh
 	return v
 }
 
@@ -168,8 +177,9 @@ var problemKeys = []string{"slot", "publication", "wal_status", "lag", "retained
 // it clears. Pass it to Monitor.Run.
 func (s *Server) Watch(Snapshot) {
 	v := s.view(time.Now())
-	if v.st.State == "starting" {
-		// The slot and the publication may not be created yet.
+	if v.st.State == replication.StateStarting || !v.fresh {
+		// The slot and the publication may not be created yet, or the
+		// poll predates the state it would be judged against.
 		return
 	}
 	s.mu.Lock()
@@ -256,7 +266,7 @@ func (s *Server) status(w http.ResponseWriter, _ *http.Request) {
 		Slot: v.snap.Slot, SlotError: v.snap.Err, SlotReadAt: v.snap.At, ServerWALLSN: v.snap.ServerWALLSN,
 		RetainedWALBytes: v.snap.RetainedBytes, UnconfirmedBytes: v.snap.UnconfirmedBytes,
 		LagSeconds:   v.lag.Seconds(),
-		ConfirmedLSN: v.st.Tracker.Confirmed.String(),
+		ConfirmedLSN: v.st.Confirmed.String(),
 		InFlight:     InFlight{Events: v.st.Tracker.Events, Bytes: v.st.Tracker.Bytes, Transactions: v.st.Tracker.Open},
 		Counters:     Counters{Events: v.st.Events, Transactions: v.st.Txns, Bytes: v.st.Bytes, DeadLettered: v.st.DeadLettered},
 		Topics:       s.met.Topics(),
@@ -291,7 +301,7 @@ var (
 	descInFlightB   = prometheus.NewDesc("outboxd_in_flight_bytes", "Bytes of the records in flight.", nil, nil)
 	descTxns        = prometheus.NewDesc("outboxd_transactions_total", "Transactions received from the slot (replays included).", nil, nil)
 	descDead        = prometheus.NewDesc("outboxd_dead_lettered_total", "Rows written to a dead-letter topic because they could not become records (replays included).", nil, nil)
-	descBrokers     = prometheus.NewDesc("outboxd_kafka_brokers_reachable", "Configured brokers that accepted a TCP connection at the last poll.", nil, nil)
+	descBrokers     = prometheus.NewDesc("outboxd_kafka_brokers_reachable", "Configured brokers that answered a Kafka API versions request at the last poll.", nil, nil)
 	descConfirmed   = prometheus.NewDesc("outboxd_confirmed_lsn", "Flush position outboxd has confirmed, as a number.", nil, nil)
 )
 
@@ -304,7 +314,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	v := c.s.view(time.Now())
-	for _, st := range []string{"starting", "streaming", "backoff", "standby", "stopping", "stopped"} {
+	for _, st := range replication.States {
 		val := 0.0
 		if v.st.State == st {
 			val = 1
@@ -326,7 +336,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descTxns, prometheus.CounterValue, float64(v.st.Txns))
 	ch <- prometheus.MustNewConstMetric(descDead, prometheus.CounterValue, float64(v.st.DeadLettered))
 	ch <- prometheus.MustNewConstMetric(descBrokers, prometheus.GaugeValue, float64(v.snap.BrokersReachable))
-	ch <- prometheus.MustNewConstMetric(descConfirmed, prometheus.GaugeValue, float64(v.st.Tracker.Confirmed))
+	ch <- prometheus.MustNewConstMetric(descConfirmed, prometheus.GaugeValue, float64(v.st.Confirmed))
 }
 
 func b2f(b bool) float64 {

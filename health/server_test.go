@@ -127,3 +127,32 @@ func TestStatusLagAndNoSecrets(t *testing.T) {
 		t.Fatalf("/status mentions credentials: %s", body)
 	}
 }
+
+// TestNoVerdictFromAPollOlderThanTheState: a poll that began before the
+// stream created the slot and the publication saw neither; next to the
+// streaming state it must not say "does not exist" (readiness probes and
+// alerts would see a false alarm), only that the slot has not been read
+// since. A poll from after the state began is judged normally.
+func TestNoVerdictFromAPollOlderThanTheState(t *testing.T) {
+	since := time.Now()
+	st := replication.Status{State: replication.StateStreaming, Since: since, LastStatusSent: since, WALSenderTimeout: time.Minute}
+	stale := Snapshot{At: since.Add(-time.Second), Brokers: 1, BrokersReachable: 1,
+		Publication: `publication p does not exist: CREATE PUBLICATION "p" FOR TABLE "public"."outbox"`}
+	var logged strings.Builder
+	s := server(t, st, stale, Limits{})
+	s.log = hclog.New(&hclog.LoggerOptions{Output: &logged})
+	code, body := get(t, s, "/readyz")
+	if code != 503 || strings.Contains(body, "does not exist") || !strings.Contains(body, "has not been read since the state became streaming") {
+		t.Fatalf("stale poll: %d %s", code, body)
+	}
+	s.Watch(stale)
+	if logged.Len() != 0 {
+		t.Fatalf("a stale poll was logged as a problem: %s", logged.String())
+	}
+	fresh := stale
+	fresh.At = since.Add(time.Millisecond)
+	s.mon.last = fresh
+	if code, body := get(t, s, "/readyz"); code != 503 || !strings.Contains(body, "the replication slot does not exist") || !strings.Contains(body, "publication p does not exist") {
+		t.Fatalf("fresh poll: %d %s", code, body)
+	}
+}

@@ -97,7 +97,7 @@ func evalWalLevel(level string) Result {
 
 type capacity struct {
 	maxSlots, usedSlots     int
-	slotExists              bool
+	slotExists, slotActive  bool // our slot; active: its walsender is among the used ones
 	maxSenders, usedSenders int
 }
 
@@ -106,9 +106,10 @@ func checkCapacity(ctx context.Context, conn *pgx.Conn, cfg config.Config) []Res
 	err := conn.QueryRow(ctx, `SELECT current_setting('max_replication_slots')::int,
 		(SELECT count(*) FROM pg_catalog.pg_replication_slots)::int,
 		EXISTS (SELECT 1 FROM pg_catalog.pg_replication_slots WHERE slot_name = $1),
+		EXISTS (SELECT 1 FROM pg_catalog.pg_replication_slots WHERE slot_name = $1 AND active),
 		current_setting('max_wal_senders')::int,
 		(SELECT count(*) FROM pg_catalog.pg_stat_replication)::int`, cfg.Postgres.Slot).
-		Scan(&c.maxSlots, &c.usedSlots, &c.slotExists, &c.maxSenders, &c.usedSenders)
+		Scan(&c.maxSlots, &c.usedSlots, &c.slotExists, &c.slotActive, &c.maxSenders, &c.usedSenders)
 	if err != nil {
 		return queryFailed("max_replication_slots", err)
 	}
@@ -126,9 +127,12 @@ func evalCapacity(c capacity) []Result {
 		out = append(out, fail("max_replication_slots", fmt.Sprintf("all %d slots are in use and ours does not exist", c.maxSlots),
 			"raise max_replication_slots (restart needed) or drop an unused slot (SELECT slot_name, active FROM pg_replication_slots)"))
 	}
-	if c.usedSenders < c.maxSenders {
+	switch {
+	case c.slotActive:
+		out = append(out, pass("max_wal_senders", "%d of %d walsenders active, ours among them", c.usedSenders, c.maxSenders))
+	case c.usedSenders < c.maxSenders:
 		out = append(out, pass("max_wal_senders", "%d of %d walsenders active", c.usedSenders, c.maxSenders))
-	} else {
+	default:
 		out = append(out, fail("max_wal_senders", fmt.Sprintf("all %d walsenders are active (pg_stat_replication)", c.maxSenders),
 			"raise max_wal_senders (restart needed) or stop an unused replication client"))
 	}

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/outboxd/outboxd/catalog"
 	"github.com/outboxd/outboxd/config"
 )
 
@@ -88,7 +89,11 @@ func TestEvalPublication(t *testing.T) {
 	cfg.Routes = []config.Route{route()}
 	noCreate := cfg
 	noCreate.Postgres.CreatePublication = false
-	covered := map[string]pubTable{"public.outbox": {}}
+	outbox := catalog.Table{Schema: "public", Name: "outbox"}
+	covered := map[catalog.Table]catalog.PublishedTable{outbox: {}}
+	exists := func(inserts, all bool, tables map[catalog.Table]catalog.PublishedTable) publication {
+		return publication{Publication: catalog.Publication{Name: "pub", Exists: true, Inserts: inserts, AllTables: all, Tables: tables}}
+	}
 	tests := []struct {
 		name   string
 		cfg    config.Config
@@ -101,14 +106,14 @@ func TestEvalPublication(t *testing.T) {
 		{"absent, not owner", cfg, publication{mayCreateInDB: true, notOwned: []string{"public.outbox"}}, Fail, []string{"does not own public.outbox", "sql/002_publication.sql"}},
 		{"absent, no CREATE on the database", cfg, publication{}, Fail, []string{"lacks CREATE"}},
 		{"absent, may not create", noCreate, publication{super: true}, Fail, []string{"create_publication is false", "sql/002_publication.sql", `CREATE PUBLICATION "pub" FOR TABLE "public"."outbox"`}},
-		{"good", cfg, publication{exists: true, inserts: true, tables: covered}, Pass, []string{"publishes inserts of public.outbox"}},
-		{"no inserts", cfg, publication{exists: true, tables: covered}, Fail, []string{"does not publish inserts", "publish = 'insert'"}},
-		{"all tables", cfg, publication{exists: true, inserts: true, allTables: true}, Fail, []string{"FOR ALL TABLES"}},
-		{"table not covered", cfg, publication{exists: true, inserts: true, tables: map[string]pubTable{}}, Fail, []string{"does not cover public.outbox", "ADD TABLE"}},
-		{"unrouted table", cfg, publication{exists: true, inserts: true, tables: map[string]pubTable{"public.outbox": {}, "public.comandes": {}}}, Fail, []string{"public.comandes, which has no route"}},
-		{"column list without creat_en", cfg, publication{exists: true, inserts: true, tables: map[string]pubTable{"public.outbox": {columns: []string{"id", "agregat_id", "tipus", "versio", "carrega"}}}}, Fail, []string{"leaves out creat_en"}},
-		{"column list with every mapped column", cfg, publication{exists: true, inserts: true, tables: map[string]pubTable{"public.outbox": {columns: []string{"id", "agregat_id", "tipus", "versio", "carrega", "creat_en"}}}}, Pass, nil},
-		{"row filter", cfg, publication{exists: true, inserts: true, tables: map[string]pubTable{"public.outbox": {rowFilter: "(tipus <> 'x')"}}}, Fail, []string{"never delivered"}},
+		{"good", cfg, exists(true, false, covered), Pass, []string{"publishes inserts of public.outbox"}},
+		{"no inserts", cfg, exists(false, false, covered), Fail, []string{"does not publish inserts", "publish = 'insert'"}},
+		{"all tables", cfg, exists(true, true, nil), Fail, []string{"FOR ALL TABLES"}},
+		{"table not covered", cfg, exists(true, false, map[catalog.Table]catalog.PublishedTable{}), Fail, []string{"does not cover public.outbox", "ADD TABLE"}},
+		{"unrouted table", cfg, exists(true, false, map[catalog.Table]catalog.PublishedTable{outbox: {}, {Schema: "public", Name: "comandes"}: {}}), Fail, []string{"public.comandes, which has no route"}},
+		{"column list without creat_en", cfg, exists(true, false, map[catalog.Table]catalog.PublishedTable{outbox: {Columns: []string{"id", "agregat_id", "tipus", "versio", "carrega"}}}), Fail, []string{"leaves out creat_en"}},
+		{"column list with every mapped column", cfg, exists(true, false, map[catalog.Table]catalog.PublishedTable{outbox: {Columns: []string{"id", "agregat_id", "tipus", "versio", "carrega", "creat_en"}}}), Pass, nil},
+		{"row filter", cfg, exists(true, false, map[catalog.Table]catalog.PublishedTable{outbox: {RowFilter: "(tipus <> 'x')"}}), Fail, []string{"never delivered"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { check(t, evalPublication(tc.cfg, tc.p), tc.status, tc.want...) })
@@ -120,25 +125,31 @@ func TestEvalSlot(t *testing.T) {
 	pg.Slot = "s"
 	fixed := pg
 	fixed.CreateSlot = false
-	good := Slot{Name: "s", Plugin: "pgoutput", Type: "logical", Database: "db", SameDatabase: true, ConfirmedFlushLSN: "0/16B3748", WALStatus: "reserved", BytesAfterConfirmed: 120}
-	with := func(f func(*Slot)) *Slot { s := good; f(&s); return &s }
+	good := catalog.Slot{Name: "s", Plugin: "pgoutput", Type: "logical", Database: "db", SameDatabase: true, ConfirmedFlush: 0x16B3748, CurrentWAL: 0x16B3748 + 120, WALStatus: "reserved"}
+	with := func(f func(*catalog.Slot)) *catalog.Slot { s := good; f(&s); return &s }
 	tests := []struct {
 		name   string
 		pg     config.Postgres
-		s      *Slot
+		s      *catalog.Slot
 		status string
 		want   []string
 	}{
 		{"absent, create", pg, nil, Pass, []string{"will be created"}},
 		{"absent, no create", fixed, nil, Fail, []string{"does not exist", "create_slot"}},
-		{"good", pg, &good, Pass, []string{"0/16B3748", "reserved"}},
-		{"extended", pg, with(func(s *Slot) { s.WALStatus = "extended" }), Pass, nil},
-		{"wrong plugin", pg, with(func(s *Slot) { s.Plugin = "wal2json" }), Fail, []string{"wal2json"}},
-		{"physical", pg, with(func(s *Slot) { s.Type, s.Plugin = "physical", "" }), Fail, []string{"physical"}},
-		{"other database", pg, with(func(s *Slot) { s.SameDatabase, s.Database = false, "other" }), Fail, []string{"belongs to database other"}},
-		{"lost", pg, with(func(s *Slot) { s.WALStatus = "lost" }), Fail, []string{"wal_status lost"}},
-		{"unreserved", pg, with(func(s *Slot) { s.WALStatus = "unreserved" }), Fail, []string{"unreserved", "warning", "max_slot_wal_keep_size"}},
-		{"active", pg, with(func(s *Slot) { s.Active, s.ActivePID = true, 4242 }), Fail, []string{"active for PID 4242 (another outboxd?)"}},
+		{"good", pg, &good, Pass, []string{"0/16B3748", "reserved", "120 bytes"}},
+		{"extended", pg, with(func(s *catalog.Slot) { s.WALStatus = "extended" }), Pass, nil},
+		{"wrong plugin", pg, with(func(s *catalog.Slot) { s.Plugin = "wal2json" }), Fail, []string{"wal2json"}},
+		{"physical", pg, with(func(s *catalog.Slot) { s.Type, s.Plugin = "physical", "" }), Fail, []string{"physical"}},
+		{"other database", pg, with(func(s *catalog.Slot) { s.SameDatabase, s.Database = false, "other" }), Fail, []string{"belongs to database other"}},
+		{"lost", pg, with(func(s *catalog.Slot) { s.WALStatus = "lost" }), Fail, []string{"wal_status lost"}},
+		{"unreserved", pg, with(func(s *catalog.Slot) { s.WALStatus = "unreserved" }), Fail, []string{"unreserved", "warning", "max_slot_wal_keep_size"}},
+		// A running outboxd holds its slot: the normal state, a pass that names the holder.
+		{"active, held by outboxd", pg, with(func(s *catalog.Slot) {
+			s.Active, s.ActivePID, s.Holder, s.HolderAddr = true, 4242, "outboxd", "10.0.0.7"
+		}), Pass,
+			[]string{"streaming to PID 4242 (outboxd from 10.0.0.7)"}},
+		{"active, holder not visible", pg, with(func(s *catalog.Slot) { s.Active, s.ActivePID = true, 4242 }), Pass, []string{"PID 4242 (another outboxd, or a client this role cannot see)"}},
+		{"active, held by another client", pg, with(func(s *catalog.Slot) { s.Active, s.ActivePID, s.Holder = true, 4242, "pg_recvlogical" }), Fail, []string{`PID 4242, a client named "pg_recvlogical"`}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { check(t, evalSlot(tc.pg, tc.s), tc.status, tc.want...) })
@@ -161,6 +172,7 @@ func TestEvalServer(t *testing.T) {
 		{capacity{maxSlots: 3, usedSlots: 3, slotExists: true, maxSenders: 10}, Pass, Pass},
 		{capacity{maxSlots: 3, usedSlots: 3, maxSenders: 10}, Fail, Pass},
 		{capacity{maxSlots: 10, maxSenders: 2, usedSenders: 2}, Pass, Fail},
+		{capacity{maxSlots: 10, slotExists: true, slotActive: true, maxSenders: 2, usedSenders: 2}, Pass, Pass}, // ours is one of them
 		{capacity{maxSlots: 0, maxSenders: 0}, Fail, Fail},
 	}
 	for _, tc := range tests {

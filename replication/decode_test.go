@@ -24,14 +24,12 @@ type fakeProducer struct {
 
 // Produce copies, as the real one does: the records reference the
 // message buffer and the stream's scratch memory, both reused.
-func (p *fakeProducer) Produce(_ context.Context, recs []outboxd.Record) error {
-	for _, r := range recs {
-		c := outboxd.Record{Topic: r.Topic, Key: bytes.Clone(r.Key), Value: bytes.Clone(r.Value), Ack: r.Ack}
-		for _, h := range r.Headers {
-			c.Headers = append(c.Headers, outboxd.Header{Key: h.Key, Value: bytes.Clone(h.Value)})
-		}
-		p.recs = append(p.recs, c)
+func (p *fakeProducer) Produce(r *outboxd.Record) error {
+	c := outboxd.Record{Topic: r.Topic, Key: bytes.Clone(r.Key), Value: bytes.Clone(r.Value), Ack: r.Ack, Refusable: r.Refusable}
+	for _, h := range r.Headers {
+		c.Headers = append(c.Headers, outboxd.Header{Key: h.Key, Value: bytes.Clone(h.Value)})
 	}
+	p.recs = append(p.recs, c)
 	return nil
 }
 
@@ -66,7 +64,7 @@ func readFixture(t testing.TB, name string) [][]byte {
 
 func TestDecodeRecordedPgoutput(t *testing.T) {
 	router := envelope.NewRouter("comandes", []envelope.Route{{Schema: "public", Table: "outbox", Topic: "comandes.esdeveniments",
-		Columns: envelope.Columns{ID: "id", AgregatID: "agregat_id", Tipus: "tipus", Versio: "versio", Carrega: "carrega", CreatEn: "creat_en"}}})
+		Columns: envelope.Columns{ID: "id", AgregatID: "agregat_id", Tipus: "tipus", Versio: "versio", Carrega: "carrega", CreatEn: "creat_en"}}}, 0)
 	const start = pglogrepl.LSN(0x100)
 	tracker := NewTracker(start, 100, 1<<20)
 	prod := &fakeProducer{}
@@ -78,7 +76,7 @@ func TestDecodeRecordedPgoutput(t *testing.T) {
 	buf := make([]byte, 0, 1<<16)
 	for _, m := range readFixture(t, "testdata/outbox.pgoutput") {
 		buf = append(buf[:0], m...)
-		if err := s.handleMessage(context.Background(), buf); err != nil {
+		if err := s.handleMessage(buf); err != nil {
 			t.Fatalf("message %q: %v", m[:1], err)
 		}
 		if m[0] == 'C' {

@@ -1,50 +1,51 @@
 // Package replication streams outbox inserts from a PostgreSQL logical
 // replication slot (pgoutput) to a Producer, and confirms WAL positions to
 // the server only once the Producer reports them acknowledged.
+//
+// A Runner owns the sessions of one slot and its state machine (runner.go);
+// a session connects, prepares the slot and the publication and starts
+// streaming (session.go, setup.go); its stream turns messages into records
+// and confirms what the Tracker says is acknowledged (stream.go,
+// tracker.go); standby status and the end of a stream are in status.go.
 package replication
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/outboxd/outboxd"
+	"github.com/outboxd/outboxd/catalog"
 	"github.com/outboxd/outboxd/envelope"
 )
 
-// readBufferSize is the replication connection's read buffer.
-const readBufferSize = 256 << 10
-
 // Config is what the stream needs; durations are positive.
 type Config struct {
-	DSN                string
+	// Conn is the parsed connection (postgres.dsn and password); the
+	// runner copies it and makes it a replication connection.
+	Conn               *pgconn.Config
 	Slot               string
 	Publication        string
 	CreateSlot         bool
 	CreatePublication  bool
-	Tables             []Table
+	Routes             []catalog.Route // what the publication must publish
 	StatusInterval     time.Duration
 	IdleStatusInterval time.Duration
-	ConnectTimeout     time.Duration
 	MaxInFlightEvents  int
 	MaxInFlightBytes   int64
 	ShutdownTimeout    time.Duration
 	BackoffMin         time.Duration
 	BackoffMax         time.Duration
 	StandbyRetry       time.Duration // retry interval while another instance holds the slot
-	// MaxRecordBytes is the largest record the producer takes (its batch
-	// limit); a larger one is bad input. 0: no limit.
-	MaxRecordBytes int64
 	// ReceiveTimeout: nothing from the server for this long while reading
 	// means a dead connection. DeliveryTimeout: no acknowledgement from
 	// Kafka for this long with records in flight means an unreachable
@@ -55,12 +56,18 @@ type Config struct {
 	// transaction that carried records. It must be cheap and safe for
 	// concurrent use.
 	OnConfirm func(commitTime time.Time)
+	// OnStreaming, when set, is called when a stream begins: the slot and
+	// the publication exist from then on (the health monitor reads them
+	// again at once).
+	OnStreaming func()
 }
 
 // Producer publishes records asynchronously: every accepted record's Acker
 // is told its outcome later. A Producer serves one session.
 type Producer interface {
-	Produce(ctx context.Context, recs []outboxd.Record) error
+	// Produce copies the record and hands it on; an error means the
+	// producer takes nothing more (the record's Acker has been told).
+	Produce(r *outboxd.Record) error
 	Close(ctx context.Context) error
 }
 
@@ -79,7 +86,22 @@ func IsFatal(err error) bool {
 	return errors.As(err, &f)
 }
 
-// Runner owns the replication sessions of one slot.
+// The runner's states.
+const (
+	StateStarting  = "starting"
+	StateStreaming = "streaming"
+	StateBackoff   = "backoff"
+	StateStandby   = "standby"
+	StateStopping  = "stopping"
+	StateStopped   = "stopped"
+)
+
+// States lists every state, in the order of the life of a runner.
+var States = []string{StateStarting, StateStreaming, StateBackoff, StateStandby, StateStopping, StateStopped}
+
+// Runner owns the replication sessions of one slot and its state: Run's
+// loop and the events its streams report (streaming, stopping) are the only
+// places the state changes.
 type Runner struct {
 	cfg         Config
 	conn        *pgconn.Config
@@ -87,20 +109,32 @@ type Runner struct {
 	newProducer func() (Producer, error)
 	log         hclog.Logger
 
-	mu      sync.Mutex
-	status  Status
-	tracker *Tracker // the current session's, for live figures
-	// baseEvents and baseBytes count what earlier sessions acknowledged.
+	mu          sync.Mutex
+	state       string
+	since       time.Time
+	lastError   string
+	walSender   time.Duration // the server's wal_sender_timeout
+	resumedFrom pglogrepl.LSN // the slot's position when the current stream began
+	tracker     *Tracker      // the current stream's, for live figures
+	// baseEvents and baseBytes count what earlier streams acknowledged.
 	baseEvents uint64
 	baseBytes  int64
+
+	// Counters a stream adds to as it goes.
+	txns         atomic.Uint64
+	deadLettered atomic.Uint64
+	statusSentAt atomic.Int64 // unix nanoseconds of the last standby status
 }
 
 // Status is what the runner reports about itself.
 type Status struct {
-	State     string    // starting, streaming, backoff, standby, stopping, stopped
+	State     string    // one of States
 	Since     time.Time // when State was entered
 	LastError string
 	Tracker   State
+	// Confirmed is the position outboxd last confirmed, or the slot's
+	// position when the stream began until it moves.
+	Confirmed pglogrepl.LSN
 	Events    uint64 // records acknowledged since start (replays included)
 	Bytes     int64  // their bytes
 	Txns      uint64 // transactions received since start (replays included)
@@ -112,63 +146,87 @@ type Status struct {
 	WALSenderTimeout time.Duration
 }
 
-// NewRunner checks the connection string; it does not connect.
-func NewRunner(cfg Config, router *envelope.Router, newProducer func() (Producer, error), log hclog.Logger) (*Runner, error) {
-	pc, err := pgconn.ParseConfig(cfg.DSN)
-	if err != nil {
-		// The parse error can quote the DSN; do not pass it on.
-		return nil, Fatal(errors.New("postgres.dsn is not a valid connection string"))
+// NewRunner prepares a runner; it does not connect.
+func NewRunner(cfg Config, router *envelope.Router, newProducer func() (Producer, error), log hclog.Logger) *Runner {
+	pc := cfg.Conn.Copy()
+	if pc.RuntimeParams == nil {
+		pc.RuntimeParams = map[string]string{}
 	}
 	pc.RuntimeParams["replication"] = "database"
-	pc.RuntimeParams["application_name"] = "outboxd"
+	if _, set := pc.RuntimeParams["application_name"]; !set {
+		pc.RuntimeParams["application_name"] = "outboxd"
+	}
 	// Text output of timestamptz in a fixed, parseable form.
 	pc.RuntimeParams["datestyle"] = "ISO, YMD"
 	pc.RuntimeParams["timezone"] = "UTC"
-	pc.ConnectTimeout = cfg.ConnectTimeout
-	// pgproto3 reads the socket in 8 KiB chunks: a drain then costs a
-	// read(2) (and often a wake-up) per ~20 rows. A larger buffer under it
-	// takes whatever the walsender has written in one call.
-	pc.BuildFrontend = func(r io.Reader, w io.Writer) *pgproto3.Frontend {
-		return pgproto3.NewFrontend(bufio.NewReaderSize(r, readBufferSize), w)
-	}
-	return &Runner{cfg: cfg, conn: pc, router: router, newProducer: newProducer, log: log, status: Status{State: "starting"}}, nil
+	useLargeReadBuffer(pc)
+	return &Runner{cfg: cfg, conn: pc, router: router, newProducer: newProducer, log: log, state: StateStarting, since: time.Now()}
 }
 
 // Status returns a snapshot for health reporting.
 func (r *Runner) Status() Status {
 	r.mu.Lock()
-	st, tr, base, baseBytes := r.status, r.tracker, r.baseEvents, r.baseBytes
+	st := Status{State: r.state, Since: r.since, LastError: r.lastError, WALSenderTimeout: r.walSender,
+		Confirmed: r.resumedFrom, Events: r.baseEvents, Bytes: r.baseBytes}
+	tr := r.tracker
 	r.mu.Unlock()
-	st.Events, st.Bytes = base, baseBytes
 	if tr != nil {
 		st.Tracker = tr.State()
 		st.Events += st.Tracker.Acked
 		st.Bytes += st.Tracker.AckedBytes
+		if st.Tracker.Moved {
+			st.Confirmed = st.Tracker.Confirmed
+		}
+	}
+	st.Txns, st.DeadLettered = r.txns.Load(), r.deadLettered.Load()
+	if ns := r.statusSentAt.Load(); ns != 0 {
+		st.LastStatusSent = time.Unix(0, ns)
 	}
 	return st
 }
 
-// useTracker makes tr the source of live figures; earlier sessions'
-// acknowledgements stay counted.
-func (r *Runner) useTracker(tr *Tracker) {
+// enter moves the state machine; it reports whether the state changed
+// (Since moves only then). err, when set, becomes LastError.
+func (r *Runner) enter(state string, err error) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err != nil {
+		r.lastError = err.Error()
+	}
+	if r.state == state {
+		return false
+	}
+	r.state, r.since = state, time.Now()
+	return true
+}
+
+// The events a stream reports to its runner.
+
+// streaming: the stream has started from the slot's position from.
+func (r *Runner) streaming(tr *Tracker, from pglogrepl.LSN) {
 	r.mu.Lock()
 	if r.tracker != nil {
 		st := r.tracker.State()
 		r.baseEvents += st.Acked
 		r.baseBytes += st.AckedBytes
 	}
-	r.tracker = tr
+	r.tracker, r.resumedFrom = tr, from
 	r.mu.Unlock()
+	r.statusSent(time.Now()) // the wedge clock starts with the stream
+	r.enter(StateStreaming, nil)
+	if r.cfg.OnStreaming != nil {
+		r.cfg.OnStreaming()
+	}
 }
 
-func (r *Runner) setState(state string, err error) {
+// stopping: a stop was requested; the stream finishes and drains.
+func (r *Runner) stopping() { r.enter(StateStopping, nil) }
+
+func (r *Runner) statusSent(at time.Time) { r.statusSentAt.Store(at.UnixNano()) }
+
+func (r *Runner) serverSettings(s catalog.Server) {
 	r.mu.Lock()
-	if r.status.State != state {
-		r.status.State, r.status.Since = state, time.Now()
-	}
-	if err != nil {
-		r.status.LastError = err.Error()
-	}
+	r.walSender = s.WALSenderTimeout
 	r.mu.Unlock()
 }
 
@@ -192,8 +250,12 @@ func (r *Runner) Run(ctx context.Context) error {
 		if progressed {
 			first = false
 		}
+		if IsFatal(err) {
+			r.enter(StateStopped, err)
+			return err
+		}
 		if ctx.Err() != nil {
-			r.setState("stopped", nil)
+			r.enter(StateStopped, nil)
 			if err != nil && !errors.Is(err, context.Canceled) {
 				return err
 			}
@@ -202,25 +264,18 @@ func (r *Runner) Run(ctx context.Context) error {
 		if err == nil {
 			err = errors.New("replication stream ended")
 		}
-		if IsFatal(err) {
-			r.setState("stopped", err)
-			return err
-		}
 		var standby *standbyError
 		if errors.As(err, &standby) {
 			// Not a failure: wait on a fixed interval and take over as
 			// soon as the other instance lets go of the slot.
-			if r.Status().State != "standby" {
+			if r.enter(StateStandby, err) {
 				r.log.Info("standing by: another instance holds the slot", "slot", r.cfg.Slot, "detail", err, "retry", r.cfg.StandbyRetry)
 				lastErr = ""
 			}
-			r.setState("standby", err)
 			attempt = 0
-			select {
-			case <-ctx.Done():
-				r.setState("stopped", nil)
+			if !sleep(ctx, r.cfg.StandbyRetry) {
+				r.enter(StateStopped, nil)
 				return nil
-			case <-time.After(r.cfg.StandbyRetry):
 			}
 			continue
 		}
@@ -231,7 +286,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		}
 		delay := backoff(attempt, r.cfg.BackoffMin, r.cfg.BackoffMax)
 		attempt++
-		r.setState("backoff", err)
+		r.enter(StateBackoff, err)
 		// Log once per change of error, not on every retry.
 		if msg := err.Error(); msg != lastErr {
 			r.log.Warn("replication interrupted; retrying with backoff", "error", err, "delay", delay.Round(time.Millisecond))
@@ -239,12 +294,22 @@ func (r *Runner) Run(ctx context.Context) error {
 		} else {
 			r.log.Debug("retrying", "error", err, "delay", delay.Round(time.Millisecond))
 		}
-		select {
-		case <-ctx.Done():
-			r.setState("stopped", nil)
+		if !sleep(ctx, delay) {
+			r.enter(StateStopped, nil)
 			return nil
-		case <-time.After(delay):
 		}
+	}
+}
+
+// sleep waits d; false when ctx ended first.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
 }
 
@@ -266,7 +331,7 @@ func classify(err error) error {
 	if errors.As(err, &pgErr) {
 		switch {
 		case strings.HasPrefix(pgErr.Code, "28"): // invalid authorization
-			return Fatal(fmt.Errorf("connect to PostgreSQL: %w: check postgres.dsn's user and password", err))
+			return Fatal(fmt.Errorf("connect to PostgreSQL: %w: check postgres.dsn's user and postgres.password", err))
 		case pgErr.Code == "3D000": // database does not exist
 			return Fatal(fmt.Errorf("connect to PostgreSQL: %w", err))
 		case pgErr.Code == "42501":

@@ -1,12 +1,14 @@
 package replication
 
 import (
+	"errors"
 	"sync"
 	"time"
 
 	"github.com/jackc/pglogrepl"
 
 	"github.com/outboxd/outboxd"
+	"github.com/outboxd/outboxd/envelope"
 )
 
 // Tracker is the ack path's bookkeeping. Transactions enter in commit order
@@ -16,14 +18,23 @@ import (
 // record freezes the confirmed position below its transaction for good: the
 // stream must then reconnect and replay from the slot.
 //
+// A Refusable record that the broker refuses for its own content is not a
+// failure: its transaction waits until the stream has put a dead-letter
+// record in its place (Refusals, Replace) and Kafka acknowledged that.
+//
 // Tracker also bounds what is in flight, in records and in bytes.
 type Tracker struct {
 	maxEvents int
 	maxBytes  int64
 
-	mu         sync.Mutex
-	queue      []*Txn // unconfirmed transactions, oldest first
-	confirmed  pglogrepl.LSN
+	mu        sync.Mutex
+	queue     []*Txn // unconfirmed transactions, oldest first
+	confirmed pglogrepl.LSN
+	// moved: confirmed came from this stream (a commit or a keepalive), not
+	// from the position the tracker started at, which was read before the
+	// stream began and may be older than the server's.
+	moved      bool
+	refusals   []Refusal
 	lastTime   time.Time // commit time of the newest confirmed transaction
 	err        error     // first delivery error
 	events     int
@@ -43,6 +54,7 @@ type Txn struct {
 	pending    int
 	committed  bool
 	failed     bool
+	final      pglogrepl.LSN // the commit LSN Begin announced, for messages
 	end        pglogrepl.LSN
 	commitTime time.Time
 	// pendingSeen: the transaction carried records (a latency sample).
@@ -53,7 +65,20 @@ type Txn struct {
 type ticket struct {
 	x    *Txn
 	size int64
+	// route, for a Refusable record: whose dead-letter topic takes it
+	// when the broker refuses it.
+	route *envelope.Binding
 }
+
+// Refusal is a Refusable record the broker refused for its own content.
+type Refusal struct {
+	Txn   *Txn
+	Route *envelope.Binding
+	Err   *outboxd.RefusedError
+}
+
+// CommitLSN is the transaction's commit LSN as its Begin announced it.
+func (x *Txn) CommitLSN() pglogrepl.LSN { return x.final }
 
 func (k *ticket) Ack(err error) { k.x.t.ack(k, err) }
 
@@ -67,8 +92,9 @@ func NewTracker(start pglogrepl.LSN, maxEvents int, maxBytes int64) *Tracker {
 func (t *Tracker) OnConfirm(f func(commitTime time.Time)) { t.onConfirm = f }
 
 // Begin opens a transaction; transactions must begin in commit order.
-func (t *Tracker) Begin(commitTime time.Time) *Txn {
-	x := &Txn{t: t, commitTime: commitTime}
+// final is the commit LSN the Begin message announces.
+func (t *Tracker) Begin(commitTime time.Time, final pglogrepl.LSN) *Txn {
+	x := &Txn{t: t, commitTime: commitTime, final: final}
 	t.mu.Lock()
 	t.queue = append(t.queue, x)
 	t.mu.Unlock()
@@ -76,8 +102,18 @@ func (t *Tracker) Begin(commitTime time.Time) *Txn {
 }
 
 // Track registers one record of x as in flight and returns its Acker.
-func (t *Tracker) Track(x *Txn, size int64) outboxd.Acker {
+// route is set for a Refusable record: a refusal of it then comes back
+// through Refusals instead of failing the transaction.
+func (t *Tracker) Track(x *Txn, size int64, route *envelope.Binding) outboxd.Acker {
 	t.mu.Lock()
+	k := t.track(x, size)
+	t.mu.Unlock()
+	k.route = route
+	return k
+}
+
+// track counts one more record of x in flight. Called with mu held.
+func (t *Tracker) track(x *Txn, size int64) *ticket {
 	x.pending++
 	x.pendingSeen = true
 	t.events++
@@ -87,8 +123,27 @@ func (t *Tracker) Track(x *Txn, size int64) outboxd.Acker {
 	}
 	k := &t.slab[0]
 	t.slab = t.slab[1:]
-	t.mu.Unlock()
 	k.x, k.size = x, size
+	return k
+}
+
+// Refusals hands over the refused records not yet replaced.
+func (t *Tracker) Refusals() []Refusal {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := t.refusals
+	t.refusals = nil
+	return out
+}
+
+// Replace tracks the record that takes a refused one's place in its
+// transaction (its dead-letter record) and releases the refused one, in one
+// step, so the transaction never looks complete in between.
+func (t *Tracker) Replace(rf Refusal, size int64) outboxd.Acker {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	k := t.track(rf.Txn, size)
+	rf.Txn.pending--
 	return k
 }
 
@@ -107,7 +162,7 @@ func (t *Tracker) Commit(x *Txn, end pglogrepl.LSN) {
 func (t *Tracker) Keepalive(walEnd pglogrepl.LSN) {
 	t.mu.Lock()
 	if len(t.queue) == 0 && t.err == nil && walEnd > t.confirmed {
-		t.confirmed = walEnd
+		t.confirmed, t.moved = walEnd, true
 		t.lastTime = time.Time{}
 	}
 	t.mu.Unlock()
@@ -115,15 +170,22 @@ func (t *Tracker) Keepalive(walEnd pglogrepl.LSN) {
 
 func (t *Tracker) ack(k *ticket, err error) {
 	t.mu.Lock()
-	k.x.pending--
 	t.events--
 	t.bytes -= k.size
-	if err != nil {
+	var refused *outboxd.RefusedError
+	switch {
+	case err != nil && k.route != nil && errors.As(err, &refused):
+		// Not a failure: the record stays pending in its transaction
+		// until the stream has replaced it.
+		t.refusals = append(t.refusals, Refusal{Txn: k.x, Route: k.route, Err: refused})
+	case err != nil:
+		k.x.pending--
 		k.x.failed = true
 		if t.err == nil {
 			t.err = err
 		}
-	} else {
+	default:
+		k.x.pending--
 		t.acked++
 		t.ackedBytes += k.size
 	}
@@ -143,7 +205,7 @@ func (t *Tracker) advance() {
 			break
 		}
 		if x.end > t.confirmed {
-			t.confirmed = x.end
+			t.confirmed, t.moved = x.end, true
 			t.lastTime = x.commitTime
 		}
 		if t.onConfirm != nil && x.pendingSeen {
@@ -160,6 +222,9 @@ func (t *Tracker) advance() {
 // State is a snapshot of the tracker.
 type State struct {
 	Confirmed pglogrepl.LSN
+	// Moved: Confirmed came from this stream, a position the server has
+	// sent; until then it is the start, which may be stale.
+	Moved bool
 	// LastCommit is the commit time of the newest confirmed transaction,
 	// zero when the position came from a keepalive.
 	LastCommit time.Time
@@ -172,15 +237,23 @@ type State struct {
 	OldestOpen time.Time
 	Acked      uint64 // records acknowledged
 	AckedBytes int64  // their bytes
+	// Settled: no acknowledgement still to come can move Confirmed: nothing
+	// waits, or the oldest waiting transaction is still open or failed.
+	Settled bool
+	// Refused counts refused records waiting to be replaced.
+	Refused int
 }
 
 // State returns a consistent snapshot.
 func (t *Tracker) State() State {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	st := State{Confirmed: t.confirmed, LastCommit: t.lastTime, Err: t.err, Events: t.events, Bytes: t.bytes, Open: len(t.queue), Acked: t.acked, AckedBytes: t.ackedBytes}
+	st := State{Confirmed: t.confirmed, Moved: t.moved, LastCommit: t.lastTime, Err: t.err, Events: t.events, Bytes: t.bytes,
+		Open: len(t.queue), Acked: t.acked, AckedBytes: t.ackedBytes, Settled: true, Refused: len(t.refusals)}
 	if len(t.queue) > 0 {
-		st.OldestOpen = t.queue[0].commitTime
+		head := t.queue[0]
+		st.OldestOpen = head.commitTime
+		st.Settled = !head.committed || head.failed
 	}
 	return st
 }

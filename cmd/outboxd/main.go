@@ -14,13 +14,16 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
+
+	"github.com/hashicorp/go-hclog"
 )
 
 const usage = `usage: outboxd <command> [flags]
 
 commands:
-  run        -c FILE                          stream outbox inserts to Kafka until SIGTERM/SIGINT
+  run        -c FILE                          stream outbox inserts to Kafka until SIGTERM, SIGINT or SIGHUP (a second one: exit at once)
   check      -c FILE                          preflight checklist of PostgreSQL and Kafka (exit 0 only if all pass)
   status     [-c FILE | --url URL] [--json]   print the /status of a running instance
   slot drop  -c FILE --yes                    drop the replication slot (undelivered events are lost with it)
@@ -68,13 +71,14 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "outboxd %s: unexpected argument %q\n", cmd, fs.Arg(0))
 		return 2
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	proc := &process{stderr: stderr}
+	ctx, stop := proc.notify(syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	defer stop()
 
 	var err error
 	switch cmd {
 	case "run":
-		err = run(ctx, *path, stderr)
+		err = run(ctx, *path, proc)
 	case "check":
 		err = check(ctx, *path, stdout)
 	case "status":
@@ -85,7 +89,7 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 	if err == nil {
 		return 0
 	}
-	fmt.Fprintln(stderr, "outboxd:", err)
+	proc.fatal(err.Error())
 	if errors.As(err, new(usageError)) {
 		return 2
 	}
@@ -94,3 +98,68 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 
 // usageError is a configuration or command-line problem (exit status 2).
 type usageError struct{ error }
+
+// process is what every command shares: its signals, and how its last line
+// is printed (through the daemon's logger once it has one, so that under
+// log.format: json even the fatal line is JSON).
+type process struct {
+	stderr io.Writer
+	exit   func(code int) // os.Exit; replaced in tests
+
+	mu  sync.Mutex
+	log hclog.Logger
+}
+
+// useLogger makes the fatal lines go through log.
+func (p *process) useLogger(log hclog.Logger) {
+	p.mu.Lock()
+	p.log = log
+	p.mu.Unlock()
+}
+
+// fatal prints the line a command ends with on an error.
+func (p *process) fatal(msg string) {
+	p.mu.Lock()
+	log := p.log
+	p.mu.Unlock()
+	if log != nil {
+		log.Error(msg)
+		return
+	}
+	fmt.Fprintln(p.stderr, "outboxd: "+msg)
+}
+
+// notify returns a context cancelled by the first of sigs: a clean stop
+// (SIGHUP included: outboxd has nothing to reload, and a terminal hanging
+// up must not kill it uncleanly). A second signal during the clean stop
+// exits at once with status 1, saying so: the events after the last
+// confirmed position will be produced again on restart.
+func (p *process) notify(sigs ...os.Signal) (context.Context, func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := make(chan os.Signal, 2)
+	signal.Notify(ch, sigs...)
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-ch:
+			cancel()
+		case <-done:
+			return
+		}
+		select {
+		case sig := <-ch:
+			p.fatal(fmt.Sprintf("second signal (%s) during the clean stop: exiting at once, without waiting for acknowledgements; events after the last confirmed position will be produced again on restart", sig))
+			exit := p.exit
+			if exit == nil {
+				exit = os.Exit
+			}
+			exit(1)
+		case <-done:
+		}
+	}()
+	return ctx, func() {
+		signal.Stop(ch)
+		close(done)
+		cancel()
+	}
+}

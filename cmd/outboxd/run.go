@@ -2,14 +2,18 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"io"
+	"net"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/outboxd/outboxd"
+	"github.com/outboxd/outboxd/catalog"
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/envelope"
 	"github.com/outboxd/outboxd/health"
@@ -17,7 +21,7 @@ import (
 	"github.com/outboxd/outboxd/sink"
 )
 
-func run(ctx context.Context, path string, stderr io.Writer) error {
+func run(ctx context.Context, path string, proc *process) error {
 	cfg, err := config.Load(path)
 	if err != nil {
 		return usageError{err}
@@ -26,21 +30,24 @@ func run(ctx context.Context, path string, stderr io.Writer) error {
 		Name:       "outboxd",
 		Level:      hclog.LevelFromString(cfg.Log.Level),
 		JSONFormat: cfg.Log.Format == "json",
-		Output:     stderr,
+		Output:     proc.stderr,
 	})
-	metrics := health.NewMetrics()
-	runner, err := buildRunner(cfg, metrics, log)
+	proc.useLogger(log)
+	conn, err := connConfig(cfg.Postgres)
 	if err != nil {
-		return err
+		return usageError{err}
 	}
-	var srv *health.Server
+	metrics := health.NewMetrics()
 	var mon *health.Monitor
+	var srv *health.Server
+	rc := replicationConfig(cfg, conn, metrics)
 	if cfg.Health.Listen != "" {
-		tables := make([]string, len(cfg.Routes))
-		for i, r := range cfg.Routes {
-			tables[i] = r.Table
-		}
-		mon = health.NewMonitor(cfg.Postgres.DSN, cfg.Postgres.Slot, cfg.Postgres.Publication, tables, cfg.Kafka.Brokers, cfg.Health.PollInterval, log.Named("health"))
+		mon = health.NewMonitor(health.MonitorConfig{Conn: conn, Slot: cfg.Postgres.Slot, Publication: cfg.Postgres.Publication,
+			Routes: rc.Routes, Brokers: cfg.Kafka.Brokers, Probe: probeBroker, Interval: cfg.Health.PollInterval}, log.Named("health"))
+		rc.OnStreaming = mon.PollNow
+	}
+	runner := buildRunner(cfg, rc, metrics, log)
+	if mon != nil {
 		// Bound now, so a port clash fails at start.
 		srv, err = health.Listen(cfg.Health.Listen, runner, mon, metrics,
 			health.Limits{MaxLag: cfg.Health.MaxLag, MaxRetainedWALBytes: cfg.Health.MaxRetainedWALBytes, Pprof: cfg.Health.Pprof}, log.Named("health"))
@@ -75,23 +82,67 @@ func run(ctx context.Context, path string, stderr io.Writer) error {
 	return runErr
 }
 
-// buildRunner turns the configuration into a replication runner with a
-// Kafka producer per session.
-func buildRunner(cfg config.Config, metrics *health.Metrics, log hclog.Logger) (*replication.Runner, error) {
-	routes := make([]envelope.Route, len(cfg.Routes))
-	tables := make([]replication.Table, len(cfg.Routes))
+// connConfig is the parsed postgres.dsn. TEMPORARY: config will own it.
+func connConfig(pg config.Postgres) (*pgconn.Config, error) {
+	pc, err := pgconn.ParseConfig(pg.DSN)
+	if err != nil {
+		// The parse error can quote the DSN; do not pass it on.
+		return nil, errors.New("postgres.dsn is not a valid connection string")
+	}
+	pc.ConnectTimeout = pg.ConnectTimeout
+	return pc, nil
+}
+
+// probeBroker: TEMPORARY, a TCP dial until the sink's Kafka probe lands.
+func probeBroker(ctx context.Context, addr string) error {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", addr)
+	if err == nil {
+		c.Close()
+	}
+	return err
+}
+
+// routes turns the configured routes into the envelope's and the catalog's.
+func routes(cfg config.Config) ([]envelope.Route, []catalog.Route) {
+	er := make([]envelope.Route, len(cfg.Routes))
+	cr := make([]catalog.Route, len(cfg.Routes))
 	for i, r := range cfg.Routes {
 		cols := envelope.Columns{ID: r.Columns.ID, AgregatID: r.Columns.AgregatID, Tipus: r.Columns.Tipus,
 			Versio: r.Columns.Versio, Carrega: r.Columns.Carrega, CreatEn: r.Columns.CreatEn}
 		if cols.Versio == config.NoColumn {
 			cols.Versio = ""
 		}
-		routes[i] = envelope.Route{Schema: r.Schema, Table: r.Name, Topic: r.Topic, Columns: cols}
+		er[i] = envelope.Route{Schema: r.Schema, Table: r.Name, Topic: r.Topic, Columns: cols}
 		if r.OnError == config.OnErrorDeadLetter {
-			routes[i].DeadLetterTopic = r.DeadLetterTopic
+			er[i].DeadLetterTopic = r.DeadLetterTopic
 		}
-		tables[i] = replication.Table{Schema: r.Schema, Name: r.Name}
+		mapped := []string{cols.ID, cols.AgregatID, cols.Tipus, cols.Carrega, cols.CreatEn}
+		if cols.Versio != "" {
+			mapped = append(mapped, cols.Versio)
+		}
+		cr[i] = catalog.Route{Table: catalog.Table{Schema: r.Schema, Name: r.Name}, Columns: mapped}
 	}
+	return er, cr
+}
+
+func replicationConfig(cfg config.Config, conn *pgconn.Config, metrics *health.Metrics) replication.Config {
+	_, cr := routes(cfg)
+	p, pl := cfg.Postgres, cfg.Pipeline
+	return replication.Config{
+		Conn: conn, Slot: p.Slot, Publication: p.Publication, CreateSlot: p.CreateSlot, CreatePublication: p.CreatePublication,
+		Routes: cr, StatusInterval: p.StatusInterval, IdleStatusInterval: p.IdleStatusInterval,
+		MaxInFlightEvents: pl.MaxInFlightEvents, MaxInFlightBytes: pl.MaxInFlightBytes, ShutdownTimeout: pl.ShutdownTimeout,
+		BackoffMin: pl.BackoffMin, BackoffMax: pl.BackoffMax, StandbyRetry: p.StandbyRetry,
+		ReceiveTimeout: p.ReceiveTimeout, DeliveryTimeout: cfg.Kafka.DeliveryTimeout,
+		OnConfirm: metrics.ObserveConfirm,
+	}
+}
+
+// buildRunner makes the replication runner, with a Kafka producer per
+// session.
+func buildRunner(cfg config.Config, rc replication.Config, metrics *health.Metrics, log hclog.Logger) *replication.Runner {
+	er, _ := routes(cfg)
 	sc := sink.Config{
 		Brokers: cfg.Kafka.Brokers, Partitioner: cfg.Kafka.Partitioner, Compression: cfg.Kafka.Compression,
 		Linger: cfg.Kafka.Linger, BatchSize: cfg.Kafka.BatchSize, BatchBytes: cfg.Kafka.BatchBytes,
@@ -99,15 +150,19 @@ func buildRunner(cfg config.Config, metrics *health.Metrics, log hclog.Logger) (
 		Observe: metrics.ObserveProduce,
 	}
 	sinkLog := log.Named("sink")
-	newProducer := func() (replication.Producer, error) { return sink.New(sc, sinkLog) }
-	p, pl := cfg.Postgres, cfg.Pipeline
-	rc := replication.Config{
-		DSN: p.DSN, Slot: p.Slot, Publication: p.Publication, CreateSlot: p.CreateSlot, CreatePublication: p.CreatePublication,
-		Tables: tables, StatusInterval: p.StatusInterval, IdleStatusInterval: p.IdleStatusInterval, ConnectTimeout: p.ConnectTimeout,
-		MaxInFlightEvents: pl.MaxInFlightEvents, MaxInFlightBytes: pl.MaxInFlightBytes, ShutdownTimeout: pl.ShutdownTimeout,
-		BackoffMin: pl.BackoffMin, BackoffMax: pl.BackoffMax, StandbyRetry: p.StandbyRetry,
-		MaxRecordBytes: cfg.Kafka.BatchBytes, ReceiveTimeout: p.ReceiveTimeout, DeliveryTimeout: cfg.Kafka.DeliveryTimeout,
-		OnConfirm: metrics.ObserveConfirm,
+	newProducer := func() (replication.Producer, error) {
+		p, err := sink.New(sc, sinkLog)
+		if err != nil {
+			return nil, err
+		}
+		return sinkAdapter{p}, nil
 	}
-	return replication.NewRunner(rc, envelope.NewRouter(cfg.Origen, routes), newProducer, log.Named("replication"))
+	return replication.NewRunner(rc, envelope.NewRouter(cfg.Origen, er, int(cfg.Kafka.BatchBytes)), newProducer, log.Named("replication"))
+}
+
+// sinkAdapter: TEMPORARY until the sink's Produce takes one record.
+type sinkAdapter struct{ *sink.Producer }
+
+func (a sinkAdapter) Produce(r *outboxd.Record) error {
+	return a.Producer.Produce(context.Background(), []outboxd.Record{*r})
 }

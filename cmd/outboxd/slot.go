@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/outboxd/outboxd/catalog"
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/preflight"
 )
@@ -25,10 +26,10 @@ func slotDrop(ctx context.Context, path string, yes bool, stdout io.Writer) erro
 		return fmt.Errorf("connect to %s: %w", cfg.Postgres.RedactedDSN(), err)
 	}
 	defer conn.Close(context.Background())
-	s, err := preflight.ReadSlot(ctx, conn, name)
+	s, err := catalog.ReadSlot(ctx, conn.PgConn(), name)
 	switch {
 	case err != nil:
-		return err
+		return fmt.Errorf("read replication slot %q: %w", name, err)
 	case s == nil:
 		return fmt.Errorf("replication slot %q does not exist: nothing to drop", name)
 	case !s.SameDatabase:
@@ -36,11 +37,12 @@ func slotDrop(ctx context.Context, path string, yes bool, stdout io.Writer) erro
 	case s.Active:
 		return fmt.Errorf("replication slot %q is active for PID %d: stop outboxd first", name, s.ActivePID)
 	}
+	after := s.UnconfirmedBytes()
 	fmt.Fprintf(stdout, "replication slot %s: confirmed_flush_lsn %s, %d bytes (%s) of WAL written after it, wal_status %s\n",
-		name, s.ConfirmedFlushLSN, s.BytesAfterConfirmed, humanBytes(s.BytesAfterConfirmed), s.WALStatus)
+		name, s.ConfirmedFlush, after, humanBytes(after), s.WALStatus)
 	if !yes {
 		fmt.Fprintf(stdout, "WARNING: dropping the slot loses every event committed after %s that outboxd has not delivered: "+
-			"a new slot starts at the current WAL position. Reconcile those events first (they are still in the outbox table).\n", s.ConfirmedFlushLSN)
+			"a new slot starts at the current WAL position. Reconcile those events first (they are still in the outbox table).\n", s.ConfirmedFlush)
 		return usageError{errors.New("refusing to drop the slot without --yes")}
 	}
 	if _, err := conn.Exec(ctx, "SELECT pg_drop_replication_slot($1)", name); err != nil {

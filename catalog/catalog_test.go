@@ -1,0 +1,95 @@
+package catalog_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/outboxd/outboxd/catalog"
+)
+
+func TestTableNames(t *testing.T) {
+	for _, tc := range []struct {
+		t           catalog.Table
+		str, quoted string
+	}{
+		{catalog.Table{Schema: "public", Name: "outbox"}, "public.outbox", `"public"."outbox"`},
+		{catalog.Table{Schema: "Vendes", Name: "OutboxEvent"}, `"Vendes"."OutboxEvent"`, `"Vendes"."OutboxEvent"`},
+		{catalog.Table{Schema: "app.v2", Name: `we"ird`}, `"app.v2"."we""ird"`, `"app.v2"."we""ird"`},
+		{catalog.Table{Schema: "s", Name: "_t$1"}, "s._t$1", `"s"."_t$1"`},
+		{catalog.Table{Schema: "s", Name: "1t"}, `s."1t"`, `"s"."1t"`},
+	} {
+		if got := tc.t.String(); got != tc.str {
+			t.Errorf("String() = %s, want %s", got, tc.str)
+		}
+		if got := tc.t.Quoted(); got != tc.quoted {
+			t.Errorf("Quoted() = %s, want %s", got, tc.quoted)
+		}
+	}
+	if got := catalog.QuoteLiteral("it's"); got != `'it''s'` {
+		t.Errorf("QuoteLiteral: %s", got)
+	}
+}
+
+// TestPublicationCheck is the one policy on a publication, with fix hints
+// that are valid SQL for mixed-case names.
+func TestPublicationCheck(t *testing.T) {
+	outbox := catalog.Table{Schema: "public", Name: "outbox"}
+	mixed := catalog.Table{Schema: "Vendes", Name: "OutboxEvent"}
+	routes := []catalog.Route{
+		{Table: outbox, Columns: []string{"id", "agregat_id", "tipus", "carrega", "creat_en"}},
+		{Table: mixed, Columns: []string{"id", "aggregateid", "type", "payload", "timestamp"}},
+	}
+	all := map[catalog.Table]catalog.PublishedTable{outbox: {}, mixed: {}}
+	pub := func(f func(*catalog.Publication)) catalog.Publication {
+		p := catalog.Publication{Name: "Pub", Exists: true, Inserts: true, Tables: map[catalog.Table]catalog.PublishedTable{}}
+		for k, v := range all {
+			p.Tables[k] = v
+		}
+		if f != nil {
+			f(&p)
+		}
+		return p
+	}
+	tests := []struct {
+		name  string
+		p     catalog.Publication
+		kinds []string
+		want  []string
+	}{
+		{"good", pub(nil), nil, nil},
+		{"absent", catalog.Publication{Name: "Pub"}, []string{catalog.Unpublished},
+			[]string{`CREATE PUBLICATION "Pub" FOR TABLE "public"."outbox", "Vendes"."OutboxEvent" WITH (publish = 'insert')`}},
+		{"no inserts", pub(func(p *catalog.Publication) { p.Inserts = false }), []string{catalog.Unpublished}, []string{`ALTER PUBLICATION "Pub" SET (publish = 'insert')`}},
+		{"mixed-case table not covered", pub(func(p *catalog.Publication) { delete(p.Tables, mixed) }), []string{catalog.Unpublished},
+			[]string{`does not cover "Vendes"."OutboxEvent"`, `ALTER PUBLICATION "Pub" ADD TABLE "Vendes"."OutboxEvent"`}},
+		{"column list leaves out a mapped column", pub(func(p *catalog.Publication) {
+			p.Tables[mixed] = catalog.PublishedTable{Columns: []string{"id", "aggregateid", "type", "payload"}}
+		}), []string{catalog.Unpublished}, []string{"leaves out timestamp", `SET TABLE "public"."outbox", "Vendes"."OutboxEvent"`}},
+		{"row filter", pub(func(p *catalog.Publication) { p.Tables[outbox] = catalog.PublishedTable{RowFilter: "(tipus <> 'x')"} }),
+			[]string{catalog.Unpublished}, []string{"never delivered"}},
+		{"unrouted table", pub(func(p *catalog.Publication) {
+			p.Tables[catalog.Table{Schema: "public", Name: "Comandes"}] = catalog.PublishedTable{}
+		}),
+			[]string{catalog.Unrouted}, []string{`covers public."Comandes", which has no route`, `DROP TABLE "public"."Comandes"`}},
+		{"all tables", pub(func(p *catalog.Publication) { p.AllTables = true }), []string{catalog.Unrouted}, []string{"FOR ALL TABLES"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := tc.p.Check(routes)
+			var kinds []string
+			var text strings.Builder
+			for _, pr := range got {
+				kinds = append(kinds, pr.Kind)
+				text.WriteString(pr.String() + "\n")
+			}
+			if strings.Join(kinds, ",") != strings.Join(tc.kinds, ",") {
+				t.Fatalf("kinds %v, want %v:\n%s", kinds, tc.kinds, text.String())
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(text.String(), w) {
+					t.Errorf("%q lacks %q", text.String(), w)
+				}
+			}
+		})
+	}
+}
