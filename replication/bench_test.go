@@ -68,7 +68,7 @@ func BenchmarkStream(b *testing.B) {
 			}
 			router := envelope.NewRouter("comandes", []envelope.Route{{Schema: "public", Table: "outbox", Topic: "comandes.esdeveniments",
 				Columns: envelope.Columns{ID: "id", AgregatID: "agregat_id", Tipus: "tipus", Versio: "versio", Carrega: "carrega", CreatEn: "creat_en"}}})
-			prod, err := sink.NewWithTransport(sink.Config{Brokers: []string{"null:9092"}, Compression: comp, Linger: 5 * time.Millisecond,
+			prod, err := sink.NewWithTransport(sink.Config{Brokers: []string{"null:9092"}, Partitioner: "murmur2", Compression: comp, Linger: 5 * time.Millisecond,
 				BatchSize: 1000, BatchBytes: 1 << 20, MaxAttempts: 1, WriteTimeout: time.Second}, hclog.NewNullLogger(), nullBroker{partitions: 6})
 			if err != nil {
 				b.Fatal(err)

@@ -24,14 +24,12 @@ type fakeProducer struct {
 
 // Produce copies, as the real one does: the records reference the
 // message buffer and the stream's scratch memory, both reused.
-func (p *fakeProducer) Produce(_ context.Context, recs []outboxd.Record) error {
-	for _, r := range recs {
-		c := outboxd.Record{Topic: r.Topic, Key: bytes.Clone(r.Key), Value: bytes.Clone(r.Value), Ack: r.Ack}
-		for _, h := range r.Headers {
-			c.Headers = append(c.Headers, outboxd.Header{Key: h.Key, Value: bytes.Clone(h.Value)})
-		}
-		p.recs = append(p.recs, c)
+func (p *fakeProducer) Produce(r *outboxd.Record) error {
+	c := outboxd.Record{Topic: r.Topic, Key: bytes.Clone(r.Key), Value: bytes.Clone(r.Value), Ack: r.Ack}
+	for _, h := range r.Headers {
+		c.Headers = append(c.Headers, outboxd.Header{Key: h.Key, Value: bytes.Clone(h.Value)})
 	}
+	p.recs = append(p.recs, c)
 	return nil
 }
 

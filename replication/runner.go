@@ -57,10 +57,10 @@ type Config struct {
 	OnConfirm func(commitTime time.Time)
 }
 
-// Producer publishes records asynchronously: every accepted record's Acker
-// is told its outcome later. A Producer serves one session.
+// Producer publishes records asynchronously: every record's Acker is told
+// its outcome later. A Producer serves one session.
 type Producer interface {
-	Produce(ctx context.Context, recs []outboxd.Record) error
+	Produce(r *outboxd.Record) error
 	Close(ctx context.Context) error
 }
 

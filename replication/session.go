@@ -102,10 +102,11 @@ type stream struct {
 	received pglogrepl.LSN // newest WAL position received
 
 	// Reused from row to row: the decoded columns (they reference the
-	// message buffer), the envelope's memory, the producer's argument.
+	// message buffer), the envelope's memory, and the record handed to the
+	// producer (a local would escape to the heap: one allocation per row).
 	row     []envelope.Column
 	scratch envelope.Scratch
-	one     [1]outboxd.Record
+	rec     outboxd.Record
 
 	sentFlush pglogrepl.LSN // flush position last sent
 	sentAt    time.Time
@@ -329,9 +330,9 @@ func (s *stream) handleInsert(ctx context.Context, wal []byte) error {
 		s.r.mu.Unlock()
 	}
 	rec.Ack = s.tracker.Track(s.txn, rec.Size())
-	s.one[0] = rec
-	err = s.prod.Produce(ctx, s.one[:])
-	s.one[0] = outboxd.Record{}
+	s.rec = rec
+	err = s.prod.Produce(&s.rec)
+	s.rec = outboxd.Record{}
 	if err != nil {
 		if isRecordError(err) {
 			return Fatal(fmt.Errorf("transaction committed at %s: %w", s.txnLSN, err))

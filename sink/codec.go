@@ -12,7 +12,7 @@ import (
 // codec returns the codec for a kafka.compression name, nil for none.
 func codec(name string) (compress.Codec, error) {
 	switch name {
-	case "", "none":
+	case "none":
 		return nil, nil
 	case "gzip":
 		return compress.Gzip.Codec(), nil

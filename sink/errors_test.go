@@ -1,14 +1,11 @@
 package sink
 
 import (
-	"context"
 	"errors"
 	"testing"
 	"time"
 
 	"github.com/segmentio/kafka-go"
-
-	"github.com/outboxd/outboxd"
 )
 
 // TestBrokerErrorClasses: errors no replay can fix (a missing authorization,
@@ -73,7 +70,7 @@ func TestFenceCarriesTheCause(t *testing.T) {
 	produceOne(t, p, rec(r, "K", "first"))
 	r.wait(t)
 	r2 := newAckRecorder(1)
-	err := p.Produce(context.Background(), []outboxd.Record{rec(r2, "K", "second")})
+	err := p.Produce(rec(r2, "K", "second"))
 	var re *RecordError
 	if !errors.Is(err, ErrFenced) || !errors.As(err, &re) || !errors.Is(err, kafka.MessageSizeTooLarge) {
 		t.Fatalf("Produce after a permanent failure: want ErrFenced carrying the RecordError, got %v", err)

@@ -217,8 +217,19 @@ func (a ack) Ack(err error) {
 	}
 }
 
+// testProducer builds a producer over b. The fields a test leaves zero get
+// the values below (config.Default fills them in production).
 func testProducer(t *testing.T, b *fakeBroker, cfg Config) *Producer {
 	t.Helper()
+	if cfg.Partitioner == "" {
+		cfg.Partitioner = "murmur2"
+	}
+	if cfg.Compression == "" {
+		cfg.Compression = "none"
+	}
+	if cfg.BatchSize == 0 {
+		cfg.BatchSize = 1000
+	}
 	if cfg.BatchBytes == 0 {
 		cfg.BatchBytes = 1 << 20
 	}
@@ -226,7 +237,7 @@ func testProducer(t *testing.T, b *fakeBroker, cfg Config) *Producer {
 		cfg.WriteTimeout = time.Second
 	}
 	cfg.Brokers = []string{"fake:9092"}
-	p, err := newProducer(cfg, hclog.NewNullLogger(), b)
+	p, err := NewWithTransport(cfg, hclog.NewNullLogger(), b)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -238,16 +249,16 @@ func testProducer(t *testing.T, b *fakeBroker, cfg Config) *Producer {
 	return p
 }
 
-func rec(r *ackRecorder, key, value string) outboxd.Record {
-	return outboxd.Record{Topic: "t", Key: []byte(key), Value: []byte(value), Ack: ack{r, value},
+func rec(r *ackRecorder, key, value string) *outboxd.Record {
+	return &outboxd.Record{Topic: "t", Key: []byte(key), Value: []byte(value), Ack: ack{r, value},
 		Headers: []outboxd.Header{{Key: "tipus", Value: []byte("comanda.creada")}, {Key: "id_esdeveniment", Value: []byte("id-" + value)}}}
 }
 
 // produceOne hands records one call at a time, as the replication stream does.
-func produceOne(t *testing.T, p *Producer, recs ...outboxd.Record) {
+func produceOne(t *testing.T, p *Producer, recs ...*outboxd.Record) {
 	t.Helper()
 	for i := range recs {
-		if err := p.Produce(context.Background(), recs[i:i+1]); err != nil {
+		if err := p.Produce(recs[i]); err != nil {
 			t.Fatalf("produce %s: %v", recs[i].Value, err)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -155,15 +156,7 @@ func (p *Producer) applyTopic(mt *meta.ResponseTopic, now time.Time) {
 		}
 		pt.leader = pm.LeaderID
 	}
-	sortInts(t.ids)
-}
-
-func sortInts(a []int) {
-	for i := 1; i < len(a); i++ {
-		for j := i; j > 0 && a[j] < a[j-1]; j-- {
-			a[j], a[j-1] = a[j-1], a[j]
-		}
-	}
+	slices.Sort(t.ids)
 }
 
 // refreshLeaders rereads the leaders of the batches' topics (from the

@@ -30,8 +30,7 @@ func TestProduceDoesNotWaitForMetadata(t *testing.T) {
 	for i := 0; i < 20; i++ {
 		key := []byte("P-1")
 		val := []byte(fmt.Sprintf("v%02d", i))
-		recs := []outboxd.Record{{Topic: "t", Key: key, Value: val, Ack: ack{r, string(val)}}}
-		if err := p.Produce(context.Background(), recs); err != nil {
+		if err := p.Produce(&outboxd.Record{Topic: "t", Key: key, Value: val, Ack: ack{r, string(val)}}); err != nil {
 			t.Fatal(err)
 		}
 		// The caller reuses its buffers at once: the producer copied them.
@@ -74,7 +73,7 @@ func TestMissingTopicFailsAsRecordError(t *testing.T) {
 	if r.get("b") == nil {
 		t.Error("b reported delivered")
 	}
-	if err := p.Produce(context.Background(), []outboxd.Record{rec(newAckRecorder(1), "P-3", "c")}); !errors.Is(err, ErrFenced) {
+	if err := p.Produce(rec(newAckRecorder(1), "P-3", "c")); !errors.Is(err, ErrFenced) {
 		t.Errorf("after a missing topic: %v", err)
 	}
 	if n := len(b.values()); n != 0 {

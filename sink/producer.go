@@ -88,10 +88,10 @@ type partition struct {
 	queued []*batch // full batches, oldest first
 }
 
-// Balancer returns the kafka-go balancer for a partitioner name.
-func Balancer(name string) (kafka.Balancer, error) {
+// balancer returns the kafka-go balancer for a partitioner name.
+func balancer(name string) (kafka.Balancer, error) {
 	switch name {
-	case "", "murmur2":
+	case "murmur2":
 		// The Java client's default partitioner for keyed records.
 		return &kafka.Murmur2Balancer{Consistent: true}, nil
 	case "crc32":
@@ -101,39 +101,23 @@ func Balancer(name string) (kafka.Balancer, error) {
 	return nil, fmt.Errorf("unknown partitioner %q (want murmur2 or crc32)", name)
 }
 
-// New builds a producer. It does not connect until the first record.
+// New builds a producer for cfg.Brokers. It does not connect until the
+// first record.
 func New(cfg Config, log hclog.Logger) (*Producer, error) {
-	return newProducer(cfg, log, nil)
+	return NewWithTransport(cfg, log, nil)
 }
 
-// NewWithTransport builds a producer that sends through rt (a
-// *kafka.Transport, or a fake broker in tests and benchmarks).
+// NewWithTransport builds a producer that sends through rt: a fake broker
+// in tests and benchmarks, or, when nil, a kafka-go Transport for
+// cfg.Brokers. cfg is taken as given: config.Default fills every field.
 func NewWithTransport(cfg Config, log hclog.Logger, rt kafka.RoundTripper) (*Producer, error) {
-	return newProducer(cfg, log, rt)
-}
-
-// newProducer builds a producer over rt, or over a kafka-go Transport for
-// the configured brokers when it is nil.
-func newProducer(cfg Config, log hclog.Logger, rt kafka.RoundTripper) (*Producer, error) {
-	bal, err := Balancer(cfg.Partitioner)
+	bal, err := balancer(cfg.Partitioner)
 	if err != nil {
 		return nil, err
 	}
 	cd, err := codec(cfg.Compression)
 	if err != nil {
 		return nil, err
-	}
-	if cfg.BatchSize <= 0 {
-		cfg.BatchSize = 1000
-	}
-	if cfg.BatchBytes <= 0 {
-		cfg.BatchBytes = 1 << 20
-	}
-	if cfg.MaxAttempts <= 0 {
-		cfg.MaxAttempts = 10
-	}
-	if cfg.WriteTimeout <= 0 {
-		cfg.WriteTimeout = 10 * time.Second
 	}
 	p := &Producer{cfg: cfg, rt: rt, addr: kafka.TCP(cfg.Brokers...), bal: bal, codec: cd, log: log,
 		kick: make(chan struct{}, 1), done: make(chan struct{}), topics: map[string]*topic{}, topicWait: topicWait}
@@ -151,21 +135,17 @@ func newProducer(cfg Config, log hclog.Logger, rt kafka.RoundTripper) (*Producer
 	return p, nil
 }
 
-// Produce encodes the records into their partitions' batches and returns
-// without waiting for the network; each record's Acker learns its outcome
-// later. The records' bytes are copied: the caller may reuse them as soon
-// as Produce returns. On an error the records not taken are failed through
-// their Ackers and the caller must stop and replace the producer.
-func (p *Producer) Produce(_ context.Context, recs []outboxd.Record) error {
+// Produce encodes r into its partition's batch and returns without waiting
+// for the network; r's Acker learns its outcome later. r's bytes are
+// copied: the caller may reuse them as soon as Produce returns. On an error
+// r is failed through its Acker too, and the caller must stop and replace
+// the producer.
+func (p *Producer) Produce(r *outboxd.Record) error {
 	now := time.Now()
-	ts := now.UnixMilli() // the record's CreateTime, as the Java client sets it
-	for i := range recs {
-		if err := p.add(&recs[i], now, ts); err != nil {
-			for j := i; j < len(recs); j++ {
-				recs[j].Ack.Ack(err)
-			}
-			return err
-		}
+	// The record's CreateTime, as the Java client sets it.
+	if err := p.add(r, now, now.UnixMilli()); err != nil {
+		r.Ack.Ack(err)
+		return err
 	}
 	return nil
 }

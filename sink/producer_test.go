@@ -9,8 +9,6 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
-
-	"github.com/outboxd/outboxd"
 )
 
 // TestCloseGivesUp: Close waits for acknowledgements only until its context
@@ -71,7 +69,7 @@ func TestBatchLimits(t *testing.T) {
 		t.Errorf("batches of %v records, want [3 3 1]", sizes)
 	}
 	big := newAckRecorder(1)
-	err := p.Produce(context.Background(), []outboxd.Record{rec(big, "P-1", strings.Repeat("x", 400))})
+	err := p.Produce(rec(big, "P-1", strings.Repeat("x", 400)))
 	var re *RecordError
 	if !errors.As(err, &re) || !errors.Is(err, kafka.MessageSizeTooLarge) {
 		t.Fatalf("oversize record: %v", err)

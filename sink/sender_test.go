@@ -1,7 +1,6 @@
 package sink
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -40,7 +39,7 @@ func TestFailedBatchFencesLaterBatches(t *testing.T) {
 		}
 	}
 	r2 := newAckRecorder(1)
-	if err := p.Produce(context.Background(), []outboxd.Record{rec(r2, "P-1", "fourth")}); !errors.Is(err, ErrFenced) {
+	if err := p.Produce(rec(r2, "P-1", "fourth")); !errors.Is(err, ErrFenced) {
 		t.Errorf("a fenced producer accepted a record: %v", err)
 	}
 	if !errors.Is(r2.get("fourth"), ErrFenced) {
@@ -83,7 +82,7 @@ func TestRoundCarriesEveryPartition(t *testing.T) {
 	b := &fakeBroker{partitions: 6}
 	p := testProducer(t, b, Config{Linger: 50 * time.Millisecond, MaxAttempts: 1})
 	r := newAckRecorder(60)
-	var recs []outboxd.Record
+	var recs []*outboxd.Record
 	for i := 0; i < 60; i++ {
 		recs = append(recs, rec(r, fmt.Sprintf("P-%d", i), fmt.Sprintf("v%02d", i)))
 	}
@@ -150,7 +149,7 @@ func TestPartialFailure(t *testing.T) {
 		t.Errorf("bad: want a RecordError wrapping MessageSizeTooLarge, got %v", err)
 	}
 	r2 := newAckRecorder(1)
-	if err := p.Produce(context.Background(), []outboxd.Record{rec(r2, goodKey, "later")}); !errors.Is(err, ErrFenced) {
+	if err := p.Produce(rec(r2, goodKey, "later")); !errors.Is(err, ErrFenced) {
 		t.Errorf("a record after a permanent failure was accepted: %v", err)
 	}
 	if n := len(b.values()); n != 1 {
