@@ -263,3 +263,25 @@ func produceOne(t *testing.T, p *Producer, recs ...*outboxd.Record) {
 		}
 	}
 }
+
+// observer counts the records Config.Observe is told about.
+type observer struct {
+	mu         sync.Mutex
+	ok, failed int
+}
+
+func (o *observer) observe(_ string, records int, _ int64, _ time.Duration, err error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if err != nil {
+		o.failed += records
+	} else {
+		o.ok += records
+	}
+}
+
+func (o *observer) counts() (ok, failed int) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.ok, o.failed
+}

@@ -9,8 +9,6 @@ import (
 
 	"github.com/segmentio/kafka-go"
 	meta "github.com/segmentio/kafka-go/protocol/metadata"
-
-	"github.com/outboxd/outboxd"
 )
 
 // How long records wait for a topic being auto-created to appear, and how
@@ -47,7 +45,7 @@ func (p *Producer) resolveTopics(now time.Time) time.Duration {
 	retry := time.Duration(0)
 	for _, name := range names {
 		mt, err := p.metadata(p.ctx, name)
-		var failed []outboxd.Record
+		var failed []waitingRecord
 		var failure error
 		p.mu.Lock()
 		t := p.topics[name]
@@ -56,11 +54,11 @@ func (p *Producer) resolveTopics(now time.Time) time.Duration {
 			p.applyTopic(mt, time.Now())
 			for _, w := range t.waiting {
 				if p.fenced != nil {
-					failed, failure = append(failed, w.rec), p.fenced
+					failed, failure = append(failed, w), p.fenced
 					continue
 				}
 				if err := p.encode(t, &w.rec, w.now, w.ts); err != nil {
-					failed, failure = append(failed, w.rec), err
+					failed, failure = append(failed, w), err
 					p.fenced = fenceError(err)
 				}
 			}
@@ -79,10 +77,7 @@ func (p *Producer) resolveTopics(now time.Time) time.Duration {
 				if errors.Is(err, kafka.UnknownTopicOrPartition) {
 					failure = &RecordError{Topic: name, Err: err, Reason: "the topic does not exist and the broker does not create topics (auto.create.topics.enable=false): create it"}
 				}
-				for _, w := range t.waiting {
-					failed = append(failed, w.rec)
-				}
-				t.waiting = nil
+				failed, t.waiting = t.waiting, nil
 				if p.fenced == nil {
 					p.fenced = fenceError(failure)
 				}
@@ -98,7 +93,7 @@ func (p *Producer) resolveTopics(now time.Time) time.Duration {
 			p.log.Error("records refused before delivery; no further records will be sent by this producer", "topic", name, "records", len(failed), "error", failure)
 		}
 		for i := range failed {
-			failed[i].Ack.Ack(failure)
+			p.failRecord(&failed[i].rec, failed[i].now, failure)
 		}
 	}
 	return retry

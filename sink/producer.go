@@ -39,9 +39,10 @@ type Config struct {
 	MaxAttempts  int
 	WriteTimeout time.Duration
 	ClientID     string
-	// Observe, when set, is told the outcome of every partition batch: its
-	// topic, records, key and value bytes, the time since its first record
-	// was handed over, and the error.
+	// Observe, when set, is told the outcome of every partition batch, and
+	// of every record failed before it reached a batch: its topic, records,
+	// key and value bytes, the time since its first record was handed over,
+	// and the error. Every record is observed once, before its Ack.
 	Observe func(topic string, records int, bytes int64, latency time.Duration, err error)
 }
 
@@ -144,10 +145,24 @@ func (p *Producer) Produce(r *outboxd.Record) error {
 	now := time.Now()
 	// The record's CreateTime, as the Java client sets it.
 	if err := p.add(r, now, now.UnixMilli()); err != nil {
-		r.Ack.Ack(err)
+		p.failRecord(r, now, err)
 		return err
 	}
 	return nil
+}
+
+// failRecord tells a record that never reached a batch its failure, after
+// observing it, as complete does for a batch: the produce error counts
+// cover every failed record, wherever it failed.
+func (p *Producer) failRecord(r *outboxd.Record, since time.Time, err error) {
+	p.observe(r.Topic, 1, int64(len(r.Key)+len(r.Value)), since, err)
+	r.Ack.Ack(err)
+}
+
+func (p *Producer) observe(topic string, records int, kvBytes int64, since time.Time, err error) {
+	if p.cfg.Observe != nil {
+		p.cfg.Observe(topic, records, kvBytes, time.Since(since), err)
+	}
 }
 
 func (p *Producer) add(r *outboxd.Record, now time.Time, ts int64) error {

@@ -78,3 +78,61 @@ func TestBatchLimits(t *testing.T) {
 		t.Error("the oversize record's Acker was not told")
 	}
 }
+
+// TestEveryFailureIsObserved: every record the producer fails reaches
+// Config.Observe once with its error (outboxd_produce_errors_total counts
+// them), wherever it failed: in a batch, while waiting for its topic's
+// metadata, or refused by Produce after the producer stopped.
+func TestEveryFailureIsObserved(t *testing.T) {
+	unreachable := func(int) (int16, error) { return 0, errors.New("dial tcp: connection refused") }
+	closeSoon := func(t *testing.T, p *Producer) {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		defer cancel()
+		if err := p.Close(ctx); err == nil {
+			t.Error("Close reported success with records unacknowledged")
+		}
+	}
+	for _, tc := range []struct {
+		name   string
+		broker *fakeBroker
+		cfg    Config
+		then   func(t *testing.T, p *Producer) // after the records were handed over
+	}{
+		{"closed while waiting for metadata", &fakeBroker{meta: unreachable},
+			Config{Linger: time.Millisecond, MaxAttempts: 1}, closeSoon},
+		{"closed with the request in flight", &fakeBroker{block: make(chan struct{})},
+			Config{Linger: time.Millisecond, MaxAttempts: 1, WriteTimeout: time.Minute}, closeSoon},
+		{"missing topic", &fakeBroker{meta: func(int) (int16, error) { return int16(kafka.UnknownTopicOrPartition), nil }},
+			Config{Linger: time.Millisecond, MaxAttempts: 1}, nil},
+		{"fenced after a failed batch", &fakeBroker{fail: func(int, int32) int16 { return int16(kafka.NotLeaderForPartition) }},
+			Config{BatchSize: 1, Linger: time.Millisecond, MaxAttempts: 1}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.broker.block != nil {
+				defer close(tc.broker.block)
+			}
+			var obs observer
+			tc.cfg.Observe = obs.observe
+			p := testProducer(t, tc.broker, tc.cfg)
+			p.topicWait = 100 * time.Millisecond
+			r := newAckRecorder(3)
+			produceOne(t, p, rec(r, "P-1", "a"), rec(r, "P-1", "b"), rec(r, "P-1", "c"))
+			if tc.then != nil {
+				tc.then(t, p)
+			}
+			r.wait(t)
+			for _, k := range []string{"a", "b", "c"} {
+				if r.get(k) == nil {
+					t.Fatalf("%s reported delivered", k)
+				}
+			}
+			late := newAckRecorder(1)
+			if err := p.Produce(rec(late, "P-1", "late")); err == nil {
+				t.Fatal("a stopped producer accepted a record")
+			}
+			if ok, failed := obs.counts(); ok != 0 || failed != 4 {
+				t.Errorf("observed %d delivered and %d failed records, want 0 and 4", ok, failed)
+			}
+		})
+	}
+}

@@ -12,8 +12,6 @@ import (
 	"github.com/segmentio/kafka-go/protocol"
 	"github.com/segmentio/kafka-go/protocol/produce"
 	"github.com/segmentio/kafka-go/protocol/rawproduce"
-
-	"github.com/outboxd/outboxd"
 )
 
 // maxRoundBytes bounds one round's batches (the broker's
@@ -37,7 +35,7 @@ func (p *Producer) run() {
 				p.complete(b, drop.err)
 			}
 			for i := range drop.records {
-				drop.records[i].Ack.Ack(drop.err)
+				p.failRecord(&drop.records[i].rec, drop.records[i].now, drop.err)
 			}
 		}
 		if exit {
@@ -65,7 +63,7 @@ func (p *Producer) run() {
 // dropped is what a fenced producer fails without sending.
 type dropped struct {
 	batches []*batch
-	records []outboxd.Record
+	records []waitingRecord
 	err     error
 }
 
@@ -84,9 +82,7 @@ func (p *Producer) takeRound(now time.Time) (round []*batch, wait time.Duration,
 			}
 		}
 		for _, t := range p.topics {
-			for _, w := range t.waiting {
-				drop.records = append(drop.records, w.rec)
-			}
+			drop.records = append(drop.records, t.waiting...)
 			t.waiting = nil
 		}
 		return nil, 0, drop, p.closing
@@ -338,11 +334,9 @@ func partitionResult(res *produce.Response, pt *partition) error {
 	return fmt.Errorf("the produce response has no result for %s/%d", pt.topic, pt.id)
 }
 
-// complete tells every record of b its outcome.
+// complete tells every record of b its outcome, after observing it.
 func (p *Producer) complete(b *batch, err error) {
-	if p.cfg.Observe != nil {
-		p.cfg.Observe(b.part.topic, int(b.count), b.kvBytes, time.Since(b.created), err)
-	}
+	p.observe(b.part.topic, int(b.count), b.kvBytes, b.created, err)
 	for _, a := range b.acks {
 		a.ack.Ack(err)
 	}
