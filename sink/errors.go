@@ -77,7 +77,7 @@ func permanent(err error) string {
 	case kafka.InvalidRecord, kafka.InvalidMessage:
 		return "the broker refused the record as invalid"
 	case kafka.TopicAuthorizationFailed, kafka.ClusterAuthorizationFailed:
-		return "not authorized to write to the topic: grant outboxd's principal WRITE on it"
+		return "not authorized for the topic: grant outboxd's principal DESCRIBE and WRITE on it"
 	case kafka.InvalidTopic:
 		return "the topic name is invalid"
 	}
@@ -85,7 +85,7 @@ func permanent(err error) string {
 		// As the Java producer: an error the broker does not call retriable
 		// fails the send (INVALID_TIMESTAMP, POLICY_VIOLATION, codes kafka-go
 		// does not know, ...). Replaying would fail the same way for ever.
-		return fmt.Sprintf("the broker refused the batch with a non-retriable error (%v)", err)
+		return fmt.Sprintf("the broker refused with a non-retriable error (%v)", err)
 	}
 	return ""
 }

@@ -1,6 +1,7 @@
 package sink
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -28,13 +29,18 @@ const metadataTTL = 2 * time.Second
 // resolveTopics asks the cluster for the partitions and leaders of the
 // topics not known yet, and of the known ones every metadataTTL (served
 // from the Transport's cache). A topic being auto-created (the request asks
-// for it, as the Java producer does) is waited for up to
-// topicWait before its records fail as a RecordError;
-// an unreachable cluster is retried until the stream's delivery timeout
-// gives up on the session. It returns how soon to try again (0: nothing
-// pending).
+// for it, as the Java producer does) is waited for up to topicWait; an
+// unreachable cluster is retried until the stream's delivery timeout gives
+// up on the session; an answer no retry can change fails the topic's
+// records at once (topicFailure). It returns how soon to try again (0:
+// nothing pending).
 func (p *Producer) resolveTopics(now time.Time) time.Duration {
 	p.mu.Lock()
+	if p.fenced != nil {
+		// Nothing more will be sent: takeRound fails what waits.
+		p.mu.Unlock()
+		return 0
+	}
 	var names []string
 	for name, t := range p.topics {
 		if t.fetched.IsZero() || now.Sub(t.fetched) > metadataTTL {
@@ -71,21 +77,13 @@ func (p *Producer) resolveTopics(now time.Time) time.Duration {
 			if t.since.IsZero() {
 				t.since = now
 			}
-			creating := errors.Is(err, kafka.UnknownTopicOrPartition) || errors.Is(err, kafka.LeaderNotAvailable)
-			if creating && time.Since(t.since) > p.topicWait {
-				failure = fmt.Errorf("kafka metadata for topic %q: %w", name, err)
-				if errors.Is(err, kafka.UnknownTopicOrPartition) {
-					failure = &RecordError{Topic: name, Err: err, Reason: "the topic does not exist and the broker does not create topics (auto.create.topics.enable=false): create it"}
-				}
-				failed, t.waiting = t.waiting, nil
-				if p.fenced == nil {
-					p.fenced = fenceError(failure)
-				}
-			} else {
-				if !creating {
-					p.log.Debug("kafka metadata unavailable; retrying", "topic", name, "error", err)
-				}
+			if failure = p.topicFailure(t, err); failure == nil {
 				retry = topicWaitStep
+				break
+			}
+			failed, t.waiting = t.waiting, nil
+			if p.fenced == nil {
+				p.fenced = fenceError(failure)
 			}
 		}
 		p.mu.Unlock()
@@ -93,10 +91,42 @@ func (p *Producer) resolveTopics(now time.Time) time.Duration {
 			p.log.Error("records refused before delivery; no further records will be sent by this producer", "topic", name, "records", len(failed), "error", failure)
 		}
 		for i := range failed {
-			p.failRecord(&failed[i].rec, failed[i].now, failure)
+			// The first record carries the refusal, the later ones are
+			// fenced behind it.
+			err := failure
+			if i > 0 {
+				err = fenceError(failure)
+			}
+			p.failRecord(&failed[i].rec, failed[i].now, err)
 		}
 	}
 	return retry
+}
+
+// topicFailure is the error that the records waiting for topic t get when
+// its metadata answered err, or nil to ask again: at once for an answer no
+// retry can change (an authorization refused, an invalid name: a
+// RecordError, as the same refusal of a produce), after topicWait for a
+// topic that does not appear. Called with mu held.
+func (p *Producer) topicFailure(t *topic, err error) error {
+	var key []byte
+	if len(t.waiting) > 0 {
+		key = bytes.Clone(t.waiting[0].rec.Key)
+	}
+	creating := errors.Is(err, kafka.UnknownTopicOrPartition) || errors.Is(err, kafka.LeaderNotAvailable)
+	switch {
+	case creating && time.Since(t.since) <= p.topicWait:
+		return nil
+	case errors.Is(err, kafka.UnknownTopicOrPartition):
+		return &RecordError{Topic: t.name, Key: key, Err: err, Reason: "the topic does not exist and the broker does not create topics (auto.create.topics.enable=false): create it"}
+	case creating:
+		return fmt.Errorf("kafka metadata for topic %q: %w", t.name, err)
+	}
+	if reason := permanent(err); reason != "" {
+		return &RecordError{Topic: t.name, Key: key, Err: err, Reason: reason}
+	}
+	p.log.Debug("kafka metadata unavailable; retrying", "topic", t.name, "error", err)
+	return nil
 }
 
 // metadata asks for one topic (auto-creating it when the broker allows).

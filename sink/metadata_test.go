@@ -98,3 +98,66 @@ func TestCloseFailsRecordsWaitingForMetadata(t *testing.T) {
 		t.Fatal("a reported delivered")
 	}
 }
+
+// TestMetadataRefusalStops: a metadata answer no retry can change (an
+// authorization refused, an invalid topic name, any error the broker does
+// not call retriable) fails the topic's records at once as a RecordError
+// naming the topic, the first record's key and the broker's reason, after
+// one request: outboxd stops with the reason instead of asking every 250 ms
+// until the delivery timeout and replaying for ever. A retriable answer is
+// asked again and the records go out.
+func TestMetadataRefusalStops(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		code   int16
+		reason string // "": retriable, the records are delivered
+	}{
+		{"topic authorization failed", int16(kafka.TopicAuthorizationFailed), "grant outboxd's principal DESCRIBE and WRITE"},
+		{"invalid topic", int16(kafka.InvalidTopic), "the topic name is invalid"},
+		{"unknown code", 9999, "non-retriable"},
+		{"request timed out", int16(kafka.RequestTimedOut), ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := &fakeBroker{meta: func(n int) (int16, error) {
+				if n == 0 {
+					return tc.code, nil
+				}
+				return 0, nil
+			}}
+			p := testProducer(t, b, Config{Linger: time.Millisecond, MaxAttempts: 1})
+			// A refusal taken for a topic being created would only fail
+			// after this, beyond the recorder's patience.
+			p.topicWait = time.Hour
+			r := newAckRecorder(2)
+			produceOne(t, p, rec(r, "P-1", "a"), rec(r, "P-2", "b"))
+			r.wait(t)
+			b.mu.Lock()
+			metaRequests := b.metaN
+			b.mu.Unlock()
+			if tc.reason == "" {
+				if r.get("a") != nil || r.get("b") != nil {
+					t.Fatalf("after a retriable metadata error: a: %v, b: %v", r.get("a"), r.get("b"))
+				}
+				if metaRequests != 2 {
+					t.Errorf("%d metadata requests, want 2 (the error and the retry)", metaRequests)
+				}
+				return
+			}
+			var re *RecordError
+			err := r.get("a")
+			if !errors.As(err, &re) || !errors.Is(err, kafka.Error(tc.code)) || re.Topic != "t" || string(re.Key) != "P-1" ||
+				!strings.Contains(err.Error(), tc.reason) {
+				t.Fatalf("a: want a RecordError for topic t, key P-1, wrapping code %d, saying %q; got %v", tc.code, tc.reason, err)
+			}
+			if err := r.get("b"); !errors.Is(err, ErrFenced) || !errors.As(err, &re) {
+				t.Errorf("b: want ErrFenced carrying the RecordError, got %v", err)
+			}
+			if metaRequests != 1 {
+				t.Errorf("%d metadata requests, want 1", metaRequests)
+			}
+			if n := len(b.values()); n != 0 {
+				t.Errorf("%d produce requests for a refused topic", n)
+			}
+		})
+	}
+}
