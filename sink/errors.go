@@ -27,17 +27,20 @@ func fenceError(cause error) error {
 // errClosed is the error of records still waiting when Close gave up.
 var errClosed = errors.New("producer closed before the records were acknowledged")
 
-// RecordError is a record the broker cannot take whatever the retries
-// (larger than the batch limit, a topic that does not exist). It is bad
-// input, not an outage.
+// RecordError is a record the broker cannot take whatever the retries (too
+// large for the topic even alone in its batch, a topic that does not exist
+// or may not be written). It is bad input, not an outage.
 type RecordError struct {
 	Topic  string
-	Key    []byte
+	Key    []byte // nil when the refusal is not one record's (a batch's)
 	Reason string
 	Err    error
 }
 
 func (e *RecordError) Error() string {
+	if e.Key == nil {
+		return fmt.Sprintf("records for topic %q: %s", e.Topic, e.Reason)
+	}
 	return fmt.Sprintf("record for topic %q with key %q: %s", e.Topic, e.Key, e.Reason)
 }
 
@@ -72,8 +75,6 @@ func permanent(err error) string {
 		return ""
 	}
 	switch kerr {
-	case kafka.MessageSizeTooLarge, kafka.RecordListTooLarge:
-		return "the broker refused the batch as too large: lower kafka.batch_bytes below the topic's max.message.bytes, or raise that"
 	case kafka.InvalidRecord, kafka.InvalidMessage:
 		return "the broker refused the record as invalid"
 	case kafka.TopicAuthorizationFailed, kafka.ClusterAuthorizationFailed:

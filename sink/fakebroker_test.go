@@ -39,6 +39,10 @@ type fakeBroker struct {
 	// meta, when set, answers the n-th metadata request (from 0) with a
 	// topic error code or a transport error instead of the layout.
 	meta func(n int) (int16, error)
+	// maxBatchBytes, when set, refuses a record batch larger than it (as
+	// sent: compressed, without the record set's size prefix) as
+	// MESSAGE_TOO_LARGE, as a broker does over max.message.bytes.
+	maxBatchBytes int
 
 	metaN int
 
@@ -48,10 +52,21 @@ type fakeBroker struct {
 
 type fakeRequest struct {
 	parts map[int32][]kafka.Message // records per partition, decoded
+	codes map[int32]int16           // the error code answered per partition
 }
 
 // values lists the values the broker received, request by request.
 func (b *fakeBroker) values() [][]string {
+	return b.received(false)
+}
+
+// accepted lists the values the broker answered with error code 0 (the ones
+// on the topic), request by request.
+func (b *fakeBroker) accepted() [][]string {
+	return b.received(true)
+}
+
+func (b *fakeBroker) received(acceptedOnly bool) [][]string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	var out [][]string
@@ -63,11 +78,16 @@ func (b *fakeBroker) values() [][]string {
 		}
 		sort.Ints(ids)
 		for _, id := range ids {
+			if acceptedOnly && r.codes[int32(id)] != 0 {
+				continue
+			}
 			for _, m := range r.parts[int32(id)] {
 				vs = append(vs, string(m.Value))
 			}
 		}
-		out = append(out, vs)
+		if len(vs) > 0 || !acceptedOnly {
+			out = append(out, vs)
+		}
 	}
 	return out
 }
@@ -103,14 +123,18 @@ func (b *fakeBroker) RoundTrip(ctx context.Context, _ net.Addr, req protocol.Mes
 				return nil, ctx.Err()
 			}
 		}
-		fr := fakeRequest{parts: map[int32][]kafka.Message{}}
+		fr := fakeRequest{parts: map[int32][]kafka.Message{}, codes: map[int32]int16{}}
 		res := &produce.Response{}
 		b.mu.Lock()
 		n := len(b.requests)
 		for _, t := range r.Topics {
 			rt := produce.ResponseTopic{Topic: t.Topic}
 			for _, p := range t.Partitions {
-				msgs, err := decodeRaw(p.RecordSet)
+				raw, err := io.ReadAll(p.RecordSet.Reader)
+				var msgs []kafka.Message
+				if err == nil {
+					msgs, err = decodeRaw(raw)
+				}
 				if err != nil {
 					b.mu.Unlock()
 					return nil, fmt.Errorf("fake broker: bad record batch: %w", err)
@@ -120,6 +144,10 @@ func (b *fakeBroker) RoundTrip(ctx context.Context, _ net.Addr, req protocol.Mes
 				if b.fail != nil {
 					code = b.fail(n, p.Partition)
 				}
+				if code == 0 && b.maxBatchBytes > 0 && len(raw)-4 > b.maxBatchBytes {
+					code = int16(kafka.MessageSizeTooLarge)
+				}
+				fr.codes[p.Partition] = code
 				rt.Partitions = append(rt.Partitions, produce.ResponsePartition{Partition: p.Partition, ErrorCode: code})
 			}
 			res.Topics = append(res.Topics, rt)
@@ -132,11 +160,7 @@ func (b *fakeBroker) RoundTrip(ctx context.Context, _ net.Addr, req protocol.Mes
 }
 
 // decodeRaw reads a raw record set with kafka-go's decoder.
-func decodeRaw(rs protocol.RawRecordSet) ([]kafka.Message, error) {
-	raw, err := io.ReadAll(rs.Reader)
-	if err != nil {
-		return nil, err
-	}
+func decodeRaw(raw []byte) ([]kafka.Message, error) {
 	if len(raw) < 4 || int(binary.BigEndian.Uint32(raw)) != len(raw)-4 {
 		return nil, fmt.Errorf("the record set's size prefix does not match its %d bytes", len(raw))
 	}

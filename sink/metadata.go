@@ -58,15 +58,9 @@ func (p *Producer) resolveTopics(now time.Time) time.Duration {
 		switch {
 		case err == nil:
 			p.applyTopic(mt, time.Now())
-			for _, w := range t.waiting {
-				if p.fenced != nil {
-					failed, failure = append(failed, w), p.fenced
-					continue
-				}
-				if err := p.encode(t, &w.rec, w.now, w.ts); err != nil {
-					failed, failure = append(failed, w), err
-					p.fenced = fenceError(err)
-				}
+			for i := range t.waiting {
+				w := &t.waiting[i]
+				p.encode(t, &w.rec, w.now, w.ts)
 			}
 			t.waiting = nil
 		case !t.fetched.IsZero():

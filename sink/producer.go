@@ -9,12 +9,16 @@
 // one request per leader broker that carries a batch for every partition
 // with records waiting, like the Java producer. Only one round is in flight
 // at a time, so a partition's batches reach the broker strictly in order,
-// and a failed batch is retried before anything later is sent; once it
-// fails for good the producer is fenced and sends nothing more.
+// and a failed batch is retried (or, refused as too large, split and sent
+// again) before anything later is sent; once it fails for good the producer
+// is fenced and sends nothing more.
+//
+// The files follow the path of a record: producer.go (Produce, batching),
+// metadata.go (topic layout), sender.go (rounds, outcomes), batch.go (the
+// v2 record batch), codec.go, errors.go (what fails for good).
 package sink
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -187,11 +191,15 @@ func (p *Producer) add(r *outboxd.Record, now time.Time, ts int64) error {
 		p.poke()
 		return nil
 	}
-	return p.encode(t, r, now, ts)
+	p.encode(t, r, now, ts)
+	return nil
 }
 
-// encode adds r to its partition's batch. Called with mu held.
-func (p *Producer) encode(t *topic, r *outboxd.Record, now time.Time, ts int64) error {
+// encode adds r to its partition's batch. A record larger than BatchBytes
+// goes alone in its own batch: whether a record may be produced was decided
+// before, and the broker has the last word (sender.go, tooLarge). Called
+// with mu held.
+func (p *Producer) encode(t *topic, r *outboxd.Record, now time.Time, ts int64) {
 	part := t.parts[p.bal.Balance(kafka.Message{Key: r.Key}, t.ids...)]
 	b := part.open
 	kick := false
@@ -200,10 +208,6 @@ func (p *Producer) encode(t *topic, r *outboxd.Record, now time.Time, ts int64) 
 		b, kick = nil, true
 	}
 	if b == nil {
-		if n := int64(batchHeaderLen + emptyBatchLen(r)); n > p.cfg.BatchBytes {
-			return &RecordError{Topic: r.Topic, Key: bytes.Clone(r.Key), Err: kafka.MessageSizeTooLarge,
-				Reason: fmt.Sprintf("%d bytes is larger than kafka.batch_bytes (%d); raise it together with the broker's and the topic's max.message.bytes", n, p.cfg.BatchBytes)}
-		}
 		b, kick = newBatch(part, now), true
 		part.open = b
 	}
@@ -215,7 +219,6 @@ func (p *Producer) encode(t *topic, r *outboxd.Record, now time.Time, ts int64) 
 	if kick {
 		p.poke()
 	}
-	return nil
 }
 
 // poke wakes the sender.
@@ -252,7 +255,8 @@ func cloneRecord(r *outboxd.Record) outboxd.Record {
 		buf = append(buf, b...)
 		return buf[len(buf)-len(b) : len(buf) : len(buf)]
 	}
-	c := outboxd.Record{Topic: r.Topic, Key: take(r.Key), Value: take(r.Value), Ack: r.Ack}
+	c := *r
+	c.Key, c.Value, c.Headers = take(r.Key), take(r.Value), nil
 	if len(r.Headers) > 0 {
 		c.Headers = make([]outboxd.Header, len(r.Headers))
 		for i, h := range r.Headers {

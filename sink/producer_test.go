@@ -52,7 +52,9 @@ func TestCloseFlushes(t *testing.T) {
 }
 
 // TestBatchLimits: batches are cut at batch_size records and at batch_bytes;
-// a record that cannot fit an empty batch is refused as a RecordError.
+// a record larger than batch_bytes is not refused by the producer (the
+// envelope stage decided it may be produced, the broker has the last word):
+// it goes alone in its own batch, between the batches before and after it.
 func TestBatchLimits(t *testing.T) {
 	b := &fakeBroker{}
 	p := testProducer(t, b, Config{Linger: 20 * time.Millisecond, BatchSize: 3, BatchBytes: 400, MaxAttempts: 1})
@@ -68,14 +70,17 @@ func TestBatchLimits(t *testing.T) {
 	if fmt.Sprint(sizes) != "[3 3 1]" {
 		t.Errorf("batches of %v records, want [3 3 1]", sizes)
 	}
-	big := newAckRecorder(1)
-	err := p.Produce(rec(big, "P-1", strings.Repeat("x", 400)))
-	var re *RecordError
-	if !errors.As(err, &re) || !errors.Is(err, kafka.MessageSizeTooLarge) {
-		t.Fatalf("oversize record: %v", err)
+	big := strings.Repeat("x", 400)
+	r2 := newAckRecorder(3)
+	produceOne(t, p, rec(r2, "P-1", "before"), rec(r2, "P-1", big), rec(r2, "P-1", "after"))
+	r2.wait(t)
+	for _, k := range []string{"before", big, "after"} {
+		if err := r2.get(k); err != nil {
+			t.Errorf("%.10s: %v", k, err)
+		}
 	}
-	if big.get(strings.Repeat("x", 400)) == nil {
-		t.Error("the oversize record's Acker was not told")
+	if got := fmt.Sprint(b.values()[3:]); got != fmt.Sprintf("[[before] [%s] [after]]", big) {
+		t.Errorf("the broker received %.60s..., want [before], the large record alone, [after]", got)
 	}
 }
 

@@ -12,6 +12,8 @@ import (
 	"github.com/segmentio/kafka-go/protocol"
 	"github.com/segmentio/kafka-go/protocol/produce"
 	"github.com/segmentio/kafka-go/protocol/rawproduce"
+
+	"github.com/outboxd/outboxd"
 )
 
 // maxRoundBytes bounds one round's batches (the broker's
@@ -151,8 +153,8 @@ func (p *Producer) takeRound(now time.Time) (round []*batch, wait time.Duration,
 }
 
 // send delivers one round: every batch is acknowledged, or retried (alone,
-// before anything later) until MaxAttempts, or failed, which fences the
-// producer.
+// before anything later) until MaxAttempts, or split when too large, or
+// failed, which fences the producer.
 func (p *Producer) send(round []*batch) {
 	todo := round
 	for attempt := 1; ; attempt++ {
@@ -167,15 +169,14 @@ func (p *Producer) send(round []*batch) {
 			case p.ctx.Err() != nil:
 				fatal = errClosed
 				retry, retryErr = append(retry, b), append(retryErr, errClosed)
+			case errors.Is(err, kafka.MessageSizeTooLarge) || errors.Is(err, kafka.RecordListTooLarge):
+				if err := p.tooLarge(b, err); err != nil {
+					fatal = err
+				}
 			case retriable(err):
 				retry, retryErr = append(retry, b), append(retryErr, err)
 			default:
-				if reason := permanent(err); reason != "" {
-					err = &RecordError{Topic: b.part.topic, Reason: reason, Err: err}
-				}
-				fatal = err
-				p.fence(b, err)
-				p.complete(b, err)
+				fatal = p.fail(b, err)
 			}
 		}
 		if len(retry) == 0 {
@@ -199,6 +200,65 @@ func (p *Producer) send(round []*batch) {
 		}
 		return
 	}
+}
+
+// tooLarge handles b refused as too large for the topic (max.message.bytes,
+// which the batch can exceed once compressed, as incompressible payloads
+// do). As the Java producer, it splits b in two and puts both halves at the
+// head of the partition's queue, before anything later, down to a record
+// alone in its batch: a Refusable one is refused with an
+// *outboxd.RefusedError and the records after it go on; any other fails
+// for good. It returns the error that fenced the producer, if it did.
+func (p *Producer) tooLarge(b *batch, err error) error {
+	if b.count > 1 {
+		n := b.count
+		first, rest, serr := b.split()
+		if serr != nil {
+			return p.fail(b, serr)
+		}
+		p.log.Debug("the broker refused a batch as too large; sending it again in two",
+			"topic", first.part.topic, "partition", first.part.id, "records", n, "error", err)
+		p.mu.Lock()
+		first.part.queued = append([]*batch{first, rest}, first.part.queued...)
+		p.mu.Unlock()
+		return nil
+	}
+	recs, _, derr := b.records()
+	if derr != nil {
+		return p.fail(b, derr)
+	}
+	r := &recs[0]
+	if r.Refusable {
+		p.complete(b, &outboxd.RefusedError{Topic: r.Topic, Key: bytes.Clone(r.Key), Headers: cloneHeaders(r.Headers),
+			Size: r.WireSize(), Err: err})
+		return nil
+	}
+	return p.fail(b, &RecordError{Topic: r.Topic, Key: bytes.Clone(r.Key), Err: err,
+		Reason: fmt.Sprintf("the broker refused the record (%d bytes) as too large, alone in its batch: raise the topic's max.message.bytes (and the broker's message.max.bytes), or dead-letter such rows (on_error: dead_letter)", r.WireSize())})
+}
+
+func cloneHeaders(hs []outboxd.Header) []outboxd.Header {
+	if hs == nil {
+		return nil
+	}
+	out := make([]outboxd.Header, len(hs))
+	for i, h := range hs {
+		out[i] = outboxd.Header{Key: h.Key, Value: bytes.Clone(h.Value)}
+	}
+	return out
+}
+
+// fail fails b for good and fences the producer: no later batch may reach
+// the broker. An error no replay can fix becomes a RecordError. It returns
+// the error b's records got.
+func (p *Producer) fail(b *batch, err error) error {
+	var re *RecordError
+	if reason := permanent(err); reason != "" && !errors.As(err, &re) {
+		err = &RecordError{Topic: b.part.topic, Reason: reason, Err: err}
+	}
+	p.fence(b, err)
+	p.complete(b, err)
+	return err
 }
 
 // fence stops the producer after b failed for good.
