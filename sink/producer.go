@@ -15,7 +15,8 @@
 //
 // The files follow the path of a record: producer.go (Produce, batching),
 // metadata.go (topic layout), sender.go (rounds, outcomes), batch.go (the
-// v2 record batch), codec.go, errors.go (what fails for good).
+// v2 record batch), codec.go, errors.go (what fails for good), dial.go
+// (every connection to Kafka).
 package sink
 
 import (
@@ -127,12 +128,7 @@ func NewWithTransport(cfg Config, log hclog.Logger, rt kafka.RoundTripper) (*Pro
 	p := &Producer{cfg: cfg, rt: rt, addr: kafka.TCP(cfg.Brokers...), bal: bal, codec: cd, log: log,
 		kick: make(chan struct{}, 1), done: make(chan struct{}), topics: map[string]*topic{}, topicWait: topicWait}
 	if rt == nil {
-		p.transport = &kafka.Transport{
-			ClientID:    cfg.ClientID,
-			Dial:        (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 10 * time.Second}).DialContext,
-			IdleTimeout: 30 * time.Second,
-			MetadataTTL: metadataTTL,
-		}
+		p.transport = newTransport(cfg)
 		p.rt = p.transport
 	}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
