@@ -12,26 +12,10 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/sink"
 )
 
 const kafkaTimeout = 5 * time.Second
-
-// dialKafka connects to one broker and asks for its API versions, so that a
-// port that accepts TCP but does not speak Kafka is not counted.
-func dialKafka(ctx context.Context, clientID, addr string) (*kafka.Conn, error) {
-	ctx, cancel := context.WithTimeout(ctx, kafkaTimeout)
-	defer cancel()
-	conn, err := (&kafka.Dialer{Timeout: kafkaTimeout, ClientID: clientID}).DialContext(ctx, "tcp", addr)
-	if err != nil {
-		return nil, err
-	}
-	_ = conn.SetDeadline(time.Now().Add(kafkaTimeout))
-	if _, err := conn.ApiVersions(); err != nil {
-		conn.Close()
-		return nil, fmt.Errorf("%s accepts TCP but does not answer as a Kafka broker: %w", addr, err)
-	}
-	return conn, nil
-}
 
 // brokerDial is the outcome of dialling one address.
 type brokerDial struct {
@@ -40,10 +24,13 @@ type brokerDial struct {
 }
 
 func checkKafka(ctx context.Context, cfg config.Config) []Result {
+	// Dialled as outboxd dials, so that a port that accepts TCP but does not
+	// speak Kafka is not counted.
+	sc := sink.Config{ClientID: cfg.Kafka.ClientID}
 	var dials []brokerDial
 	var conn *kafka.Conn
 	for _, addr := range cfg.Kafka.Brokers {
-		c, err := dialKafka(ctx, cfg.Kafka.ClientID, addr)
+		c, err := sink.Dial(ctx, sc, addr)
 		dials = append(dials, brokerDial{addr, err})
 		if err == nil {
 			if conn == nil {
@@ -73,7 +60,7 @@ func checkKafka(ctx context.Context, cfg config.Config) []Result {
 	}
 	for _, b := range brokers {
 		addr := net.JoinHostPort(b.Host, strconv.Itoa(b.Port))
-		c, err := dialKafka(ctx, cfg.Kafka.ClientID, addr)
+		c, err := sink.Dial(ctx, sc, addr)
 		if err == nil {
 			c.Close()
 		}
@@ -145,8 +132,8 @@ func evalKafka(bootstrap, advertised []brokerDial) Result {
 }
 
 // producerCreatesTopics says whether outboxd's producer asks the broker to
-// create a missing topic. sink's kafka.Writer sets AllowAutoTopicCreation and
-// waits for a topic being created (TestMissingTopicAutoCreated), so the
+// create a missing topic. sink's metadata requests set AllowAutoTopicCreation
+// and wait for a topic being created (TestMissingTopicAutoCreated), so the
 // broker's auto.create.topics.enable decides.
 const producerCreatesTopics = true
 

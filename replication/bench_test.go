@@ -14,7 +14,6 @@ import (
 	"github.com/segmentio/kafka-go/protocol/produce"
 	"github.com/segmentio/kafka-go/protocol/rawproduce"
 
-	"github.com/outboxd/outboxd"
 	"github.com/outboxd/outboxd/envelope"
 	"github.com/outboxd/outboxd/sink"
 )
@@ -69,14 +68,14 @@ func BenchmarkStream(b *testing.B) {
 			}
 			router := envelope.NewRouter("comandes", []envelope.Route{{Schema: "public", Table: "outbox", Topic: "comandes.esdeveniments",
 				Columns: envelope.Columns{ID: "id", AgregatID: "agregat_id", Tipus: "tipus", Versio: "versio", Carrega: "carrega", CreatEn: "creat_en"}}}, 0)
-			prod, err := sink.NewWithTransport(sink.Config{Brokers: []string{"null:9092"}, Compression: comp, Linger: 5 * time.Millisecond,
+			prod, err := sink.NewWithTransport(sink.Config{Brokers: []string{"null:9092"}, Partitioner: "murmur2", Compression: comp, Linger: 5 * time.Millisecond,
 				BatchSize: 1000, BatchBytes: 1 << 20, MaxAttempts: 1, WriteTimeout: time.Second}, hclog.NewNullLogger(), nullBroker{partitions: 6})
 			if err != nil {
 				b.Fatal(err)
 			}
 			defer prod.Close(context.Background())
 			tracker := NewTracker(pglogrepl.LSN(1), 10000, 64<<20)
-			s := &stream{r: &Runner{router: router, log: hclog.NewNullLogger()}, prod: sinkAdapter{prod}, tracker: tracker, relations: map[uint32]*envelope.Binding{}}
+			s := &stream{r: &Runner{router: router, log: hclog.NewNullLogger()}, prod: prod, tracker: tracker, relations: map[uint32]*envelope.Binding{}}
 			buf := make([]byte, 0, 4096)
 			feed := func(m []byte) {
 				buf = append(buf[:0], m...)
@@ -106,11 +105,4 @@ func BenchmarkStream(b *testing.B) {
 			}
 		})
 	}
-}
-
-// sinkAdapter: TEMPORARY until the sink's Produce takes one record.
-type sinkAdapter struct{ *sink.Producer }
-
-func (a sinkAdapter) Produce(r *outboxd.Record) error {
-	return a.Producer.Produce(context.Background(), []outboxd.Record{*r})
 }

@@ -28,9 +28,11 @@ type stream struct {
 	received pglogrepl.LSN // newest WAL position received
 
 	// Reused from row to row: the decoded columns (they reference the
-	// message buffer) and the envelope's memory.
+	// message buffer), the envelope's memory and the record handed to the
+	// producer (a local would escape to the heap through the interface).
 	row     []envelope.Column
 	scratch envelope.Scratch
+	rec     outboxd.Record
 
 	sentFlush pglogrepl.LSN // flush position last sent
 	sentAt    time.Time
@@ -229,14 +231,15 @@ func (s *stream) handleInsert(wal []byte) error {
 		return fmt.Errorf("pgoutput: Insert for relation %d before its Relation message", relID)
 	}
 	lsn := s.txn.CommitLSN()
-	rec, err := s.r.router.Build(b, row, &s.scratch)
+	rec := &s.rec
+	*rec, err = s.r.router.Build(b, row, &s.scratch)
 	if err != nil {
 		if b.Route == nil || b.Route.DeadLetterTopic == "" {
 			return Fatal(badRowError(b, lsn, err))
 		}
 		// Dead-lettered in the same transaction: the slot passes the row
 		// only once Kafka acknowledged its dead-letter record.
-		rec = s.r.router.DeadLetter(b, row, err, lsn.String(), time.Now())
+		*rec = s.r.router.DeadLetter(b, row, err, lsn.String(), time.Now())
 		s.r.log.Warn("row dead-lettered", "table", b.Name, "topic", rec.Topic, "lsn", lsn.String(), "reason", err.Error())
 		s.r.deadLettered.Add(1)
 	}
@@ -245,7 +248,7 @@ func (s *stream) handleInsert(wal []byte) error {
 		route = b
 	}
 	rec.Ack = s.tracker.Track(s.txn, rec.Size(), route)
-	return s.produce(&rec)
+	return s.produce(rec)
 }
 
 // badRowError is the stop of a row that cannot become a record on a route
@@ -262,19 +265,23 @@ func badRowError(b *envelope.Binding, lsn pglogrepl.LSN, err error) error {
 func (s *stream) replaceRefused() error {
 	for _, rf := range s.tracker.Refusals() {
 		lsn := rf.Txn.CommitLSN().String()
-		rec := s.r.router.DeadLetterRefused(rf.Route, rf.Err, lsn, time.Now())
+		rec := &s.rec
+		*rec = s.r.router.DeadLetterRefused(rf.Route, rf.Err, lsn, time.Now())
 		s.r.log.Warn("record refused by the broker dead-lettered", "table", rf.Route.Name, "topic", rec.Topic, "lsn", lsn, "reason", rf.Err.Error())
 		s.r.deadLettered.Add(1)
 		rec.Ack = s.tracker.Replace(rf, rec.Size())
-		if err := s.produce(&rec); err != nil {
+		if err := s.produce(rec); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
+// produce hands rec to the producer, which copies it; rec is cleared, so
+// that nothing keeps the message buffer alive.
 func (s *stream) produce(rec *outboxd.Record) error {
 	err := s.prod.Produce(rec)
+	*rec = outboxd.Record{}
 	if err == nil {
 		return nil
 	}

@@ -173,8 +173,11 @@ func (t *Tracker) ack(k *ticket, err error) {
 	t.events--
 	t.bytes -= k.size
 	var refused *outboxd.RefusedError
+	if err != nil && k.route != nil {
+		refused = asRefused(err)
+	}
 	switch {
-	case err != nil && k.route != nil && errors.As(err, &refused):
+	case refused != nil:
 		// Not a failure: the record stays pending in its transaction
 		// until the stream has replaced it.
 		t.refusals = append(t.refusals, Refusal{Txn: k.x, Route: k.route, Err: refused})
@@ -272,3 +275,15 @@ func (t *Tracker) Full(size int64) bool {
 
 // Wake is signalled after acknowledgements.
 func (t *Tracker) Wake() <-chan struct{} { return t.wake }
+
+// asRefused is err's RefusedError, if any. Kept apart from ack so that the
+// pointer errors.As needs escapes only on this path, not for every record.
+//
+//go:noinline
+func asRefused(err error) *outboxd.RefusedError {
+	var refused *outboxd.RefusedError
+	if errors.As(err, &refused) {
+		return refused
+	}
+	return nil
+}

@@ -3,8 +3,10 @@ package sink
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"hash/crc32"
+	"io"
 	"sync"
 	"time"
 
@@ -61,7 +63,8 @@ type batch struct {
 
 // pending is a record waiting for its outcome.
 type pending struct {
-	ack outboxd.Acker
+	ack       outboxd.Acker
+	refusable bool // outboxd.Record.Refusable
 }
 
 var bufPool = sync.Pool{New: func() any { return new([]byte) }}
@@ -106,12 +109,6 @@ func (b *batch) encodedLen(r *outboxd.Record, ts int64) int {
 	return varintLen(int64(n)) + n
 }
 
-// emptyBatchLen is what r takes as the first record of a batch.
-func emptyBatchLen(r *outboxd.Record) int {
-	n := recordLen(r, 0, 0)
-	return varintLen(int64(n)) + n
-}
-
 // add encodes r at timestamp ts (ms since the epoch).
 func (b *batch) add(r *outboxd.Record, ts int64) {
 	if b.count == 0 {
@@ -138,7 +135,107 @@ func (b *batch) add(r *outboxd.Record, ts int64) {
 	b.buf = buf
 	b.count++
 	b.kvBytes += int64(len(r.Key) + len(r.Value))
-	b.acks = append(b.acks, pending{ack: r.Ack})
+	b.acks = append(b.acks, pending{ack: r.Ack, refusable: r.Refusable})
+}
+
+// split re-encodes b's records into two batches, the first half and the
+// rest, each with its own offset and timestamp deltas, for a batch the
+// broker refused as too large. b is released.
+func (b *batch) split() (*batch, *batch, error) {
+	recs, stamps, err := b.records()
+	if err != nil {
+		return nil, nil, err
+	}
+	first, rest := newBatch(b.part, b.created), newBatch(b.part, b.created)
+	for i := range recs {
+		dst := first
+		if i >= len(recs)/2 {
+			dst = rest
+		}
+		dst.add(&recs[i], stamps[i])
+	}
+	b.release()
+	return first, rest, nil
+}
+
+// records decodes b's records, with their timestamps. Their bytes
+// reference b.buf; their Ack and Refusable are the ones b was given.
+func (b *batch) records() ([]outboxd.Record, []int64, error) {
+	recs := make([]outboxd.Record, 0, b.count)
+	stamps := make([]int64, 0, b.count)
+	d := decoder{buf: b.buf[batchHeaderLen:]}
+	for len(d.buf) > 0 && d.err == nil && len(recs) < len(b.acks) {
+		n := d.varint()
+		end := len(d.buf) - int(n)
+		_ = d.byte() // attributes
+		ts := b.baseTime + d.varint()
+		_ = d.varint() // offset delta
+		r := outboxd.Record{Topic: b.part.topic, Key: d.bytes(), Value: d.bytes(),
+			Ack: b.acks[len(recs)].ack, Refusable: b.acks[len(recs)].refusable}
+		if nh := d.varint(); nh > 0 && nh <= int64(len(d.buf)) {
+			r.Headers = make([]outboxd.Header, nh)
+			for i := range r.Headers {
+				r.Headers[i] = outboxd.Header{Key: string(d.bytes()), Value: d.bytes()}
+			}
+		}
+		if d.err == nil && len(d.buf) != end {
+			d.err = fmt.Errorf("record %d: length %d does not match its fields", len(recs), n)
+		}
+		recs, stamps = append(recs, r), append(stamps, ts)
+	}
+	if d.err == nil && (len(d.buf) > 0 || len(recs) != len(b.acks)) {
+		d.err = fmt.Errorf("%d records decoded, %d encoded", len(recs), len(b.acks))
+	}
+	if d.err != nil {
+		return nil, nil, fmt.Errorf("%w: decode the records again: %w", errEncode, d.err)
+	}
+	return recs, stamps, nil
+}
+
+// decoder reads the fields of encoded records; the first error sticks and
+// every later read returns zero.
+type decoder struct {
+	buf []byte
+	err error
+}
+
+func (d *decoder) varint() int64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Varint(d.buf)
+	if n <= 0 {
+		d.err = errors.New("bad varint")
+		return 0
+	}
+	d.buf = d.buf[n:]
+	return v
+}
+
+func (d *decoder) byte() byte {
+	if d.err == nil && len(d.buf) == 0 {
+		d.err = io.ErrUnexpectedEOF
+	}
+	if d.err != nil {
+		return 0
+	}
+	c := d.buf[0]
+	d.buf = d.buf[1:]
+	return c
+}
+
+// bytes reads a length-prefixed field: nil for a length of -1.
+func (d *decoder) bytes() []byte {
+	n := d.varint()
+	if d.err == nil && (n < -1 || n > int64(len(d.buf))) {
+		d.err = fmt.Errorf("field length %d with %d bytes left", n, len(d.buf))
+	}
+	if d.err != nil || n == -1 {
+		return nil
+	}
+	v := d.buf[:n:n]
+	d.buf = d.buf[n:]
+	return v
 }
 
 // encode returns the finished batch, compressed with codec when not nil,

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"strings"
 	"sync"
 	"time"
@@ -12,7 +11,6 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/outboxd/outboxd"
 	"github.com/outboxd/outboxd/catalog"
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/envelope"
@@ -41,12 +39,21 @@ func run(ctx context.Context, path string, proc *process) error {
 	var mon *health.Monitor
 	var srv *health.Server
 	rc := replicationConfig(cfg, conn, metrics)
+	sc := sinkConfig(cfg, metrics)
 	if cfg.Health.Listen != "" {
+		// The same question check asks: does the broker answer as Kafka?
+		probe := func(ctx context.Context, addr string) error {
+			c, err := sink.Dial(ctx, sc, addr)
+			if err == nil {
+				c.Close()
+			}
+			return err
+		}
 		mon = health.NewMonitor(health.MonitorConfig{Conn: conn, Slot: cfg.Postgres.Slot, Publication: cfg.Postgres.Publication,
-			Routes: rc.Routes, Brokers: cfg.Kafka.Brokers, Probe: probeBroker, Interval: cfg.Health.PollInterval}, log.Named("health"))
+			Routes: rc.Routes, Brokers: cfg.Kafka.Brokers, Probe: probe, Interval: cfg.Health.PollInterval}, log.Named("health"))
 		rc.OnStreaming = mon.PollNow
 	}
-	runner := buildRunner(cfg, rc, metrics, log)
+	runner := buildRunner(cfg, rc, sc, log)
 	if mon != nil {
 		// Bound now, so a port clash fails at start.
 		srv, err = health.Listen(cfg.Health.Listen, runner, mon, metrics,
@@ -93,15 +100,7 @@ func connConfig(pg config.Postgres) (*pgconn.Config, error) {
 	return pc, nil
 }
 
-// probeBroker: TEMPORARY, a TCP dial until the sink's Kafka probe lands.
-func probeBroker(ctx context.Context, addr string) error {
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "tcp", addr)
-	if err == nil {
-		c.Close()
-	}
-	return err
-}
+
 
 // routes turns the configured routes into the envelope's and the catalog's.
 func routes(cfg config.Config) ([]envelope.Route, []catalog.Route) {
@@ -139,30 +138,20 @@ func replicationConfig(cfg config.Config, conn *pgconn.Config, metrics *health.M
 	}
 }
 
-// buildRunner makes the replication runner, with a Kafka producer per
-// session.
-func buildRunner(cfg config.Config, rc replication.Config, metrics *health.Metrics, log hclog.Logger) *replication.Runner {
-	er, _ := routes(cfg)
-	sc := sink.Config{
+func sinkConfig(cfg config.Config, metrics *health.Metrics) sink.Config {
+	return sink.Config{
 		Brokers: cfg.Kafka.Brokers, Partitioner: cfg.Kafka.Partitioner, Compression: cfg.Kafka.Compression,
 		Linger: cfg.Kafka.Linger, BatchSize: cfg.Kafka.BatchSize, BatchBytes: cfg.Kafka.BatchBytes,
 		MaxAttempts: cfg.Kafka.MaxAttempts, WriteTimeout: cfg.Kafka.WriteTimeout, ClientID: cfg.Kafka.ClientID,
 		Observe: metrics.ObserveProduce,
 	}
-	sinkLog := log.Named("sink")
-	newProducer := func() (replication.Producer, error) {
-		p, err := sink.New(sc, sinkLog)
-		if err != nil {
-			return nil, err
-		}
-		return sinkAdapter{p}, nil
-	}
-	return replication.NewRunner(rc, envelope.NewRouter(cfg.Origen, er, int(cfg.Kafka.BatchBytes)), newProducer, log.Named("replication"))
 }
 
-// sinkAdapter: TEMPORARY until the sink's Produce takes one record.
-type sinkAdapter struct{ *sink.Producer }
-
-func (a sinkAdapter) Produce(r *outboxd.Record) error {
-	return a.Producer.Produce(context.Background(), []outboxd.Record{*r})
+// buildRunner makes the replication runner, with a Kafka producer per
+// session.
+func buildRunner(cfg config.Config, rc replication.Config, sc sink.Config, log hclog.Logger) *replication.Runner {
+	er, _ := routes(cfg)
+	sinkLog := log.Named("sink")
+	newProducer := func() (replication.Producer, error) { return sink.New(sc, sinkLog) }
+	return replication.NewRunner(rc, envelope.NewRouter(cfg.Origen, er, int(cfg.Kafka.BatchBytes)), newProducer, log.Named("replication"))
 }

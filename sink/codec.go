@@ -1,12 +1,30 @@
 package sink
 
 import (
+	"fmt"
 	"io"
 	"sync"
 
 	"github.com/pierrec/lz4/v4"
 	"github.com/segmentio/kafka-go/compress"
 )
+
+// codec returns the codec for a kafka.compression name, nil for none.
+func codec(name string) (compress.Codec, error) {
+	switch name {
+	case "none":
+		return nil, nil
+	case "gzip":
+		return compress.Gzip.Codec(), nil
+	case "snappy":
+		return compress.Snappy.Codec(), nil
+	case "lz4":
+		return lz4Codec{}, nil
+	case "zstd":
+		return compress.Zstd.Codec(), nil
+	}
+	return nil, fmt.Errorf("unknown compression %q", name)
+}
 
 // lz4Codec is kafka-go's lz4 codec with 64 KiB frame blocks instead of the
 // pierrec/lz4 default of 4 MiB, which is the Java client's block size too.

@@ -1,0 +1,92 @@
+package sink
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/segmentio/kafka-go"
+)
+
+// ErrFenced is the error of every record produced after an earlier record of
+// the same producer failed: once one batch failed, no later batch may reach
+// the broker, or a later event could be delivered before an earlier one of
+// the same aggregate.
+var ErrFenced = errors.New("produce fenced after an earlier delivery failure")
+
+// fenceError is the error of the records after the one that failed with
+// cause: ErrFenced, still carrying the cause, so that a record the broker
+// can never take (a RecordError) stops the stream whichever record's
+// outcome it hears first, instead of being taken for an outage and replayed.
+func fenceError(cause error) error {
+	if errors.Is(cause, ErrFenced) || errors.Is(cause, errClosed) {
+		return cause
+	}
+	return fmt.Errorf("%w: %w", ErrFenced, cause)
+}
+
+// errClosed is the error of records still waiting when Close gave up.
+var errClosed = errors.New("producer closed before the records were acknowledged")
+
+// RecordError is a record the broker cannot take whatever the retries (too
+// large for the topic even alone in its batch, a topic that does not exist
+// or may not be written). It is bad input, not an outage.
+type RecordError struct {
+	Topic  string
+	Key    []byte // nil when the refusal is not one record's (a batch's)
+	Reason string
+	Err    error
+}
+
+func (e *RecordError) Error() string {
+	if e.Key == nil {
+		return fmt.Sprintf("records for topic %q: %s", e.Topic, e.Reason)
+	}
+	return fmt.Sprintf("record for topic %q with key %q: %s", e.Topic, e.Key, e.Reason)
+}
+
+func (e *RecordError) Unwrap() error { return e.Err }
+
+// RecordProblem marks the error as bad input for the replication stream.
+func (e *RecordError) RecordProblem() string { return e.Reason }
+
+// retriable reports whether a produce error may go away on its own.
+func retriable(err error) bool {
+	var kerr kafka.Error
+	if errors.As(err, &kerr) {
+		// REPLICA_NOT_AVAILABLE is stale metadata, retriable for the Java
+		// client, though kafka-go does not list it.
+		return kerr.Temporary() || kerr == kafka.ReplicaNotAvailable
+	}
+	// Transport errors (a refused or reset connection, a timeout): the
+	// outcome is unknown, a retry may duplicate but never reorders.
+	return !errors.Is(err, errEncode)
+}
+
+var errEncode = errors.New("encode record batch")
+
+// permanent names the broker errors that no retry or replay can fix: the
+// same records would fail the same way for ever.
+func permanent(err error) string {
+	if errors.Is(err, errEncode) {
+		return "the record batch could not be encoded"
+	}
+	var kerr kafka.Error
+	if !errors.As(err, &kerr) {
+		return ""
+	}
+	switch kerr {
+	case kafka.InvalidRecord, kafka.InvalidMessage:
+		return "the broker refused the record as invalid"
+	case kafka.TopicAuthorizationFailed, kafka.ClusterAuthorizationFailed:
+		return "not authorized for the topic: grant outboxd's principal DESCRIBE and WRITE on it"
+	case kafka.InvalidTopic:
+		return "the topic name is invalid"
+	}
+	if !retriable(err) {
+		// As the Java producer: an error the broker does not call retriable
+		// fails the send (INVALID_TIMESTAMP, POLICY_VIOLATION, codes kafka-go
+		// does not know, ...). Replaying would fail the same way for ever.
+		return fmt.Sprintf("the broker refused with a non-retriable error (%v)", err)
+	}
+	return ""
+}

@@ -1,0 +1,311 @@
+package sink
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/protocol"
+	"github.com/segmentio/kafka-go/protocol/metadata"
+	"github.com/segmentio/kafka-go/protocol/produce"
+	"github.com/segmentio/kafka-go/protocol/rawproduce"
+
+	"github.com/outboxd/outboxd"
+)
+
+// fakeBroker answers the producer's requests in memory. It exists for the
+// faults a real broker cannot be made to produce on demand: failing exactly
+// one partition of one produce request, blocking, several leaders. It
+// decodes every record batch with kafka-go's own decoder (which checks the
+// CRC), so the encoding is checked independently of the encoder. The
+// integration tests use a real broker for everything else.
+type fakeBroker struct {
+	partitions int
+	leaders    func(partition int) int32 // nil: broker 1 leads all
+	// fail says which error code the n-th produce request (from 0) gets for
+	// a partition; block, when set, makes requests wait for it.
+	fail  func(n int, partition int32) int16
+	block chan struct{}
+	// meta, when set, answers the n-th metadata request (from 0) with a
+	// topic error code or a transport error instead of the layout.
+	meta func(n int) (int16, error)
+	// maxBatchBytes, when set, refuses a record batch larger than it (as
+	// sent: compressed, without the record set's size prefix) as
+	// MESSAGE_TOO_LARGE, as a broker does over max.message.bytes.
+	maxBatchBytes int
+
+	metaN int
+
+	mu       sync.Mutex
+	requests []fakeRequest
+}
+
+type fakeRequest struct {
+	parts map[int32][]kafka.Message // records per partition, decoded
+	codes map[int32]int16           // the error code answered per partition
+}
+
+// values lists the values the broker received, request by request.
+func (b *fakeBroker) values() [][]string {
+	return b.received(false)
+}
+
+// accepted lists the values the broker answered with error code 0 (the ones
+// on the topic), request by request.
+func (b *fakeBroker) accepted() [][]string {
+	return b.received(true)
+}
+
+func (b *fakeBroker) received(acceptedOnly bool) [][]string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out [][]string
+	for _, r := range b.requests {
+		var vs []string
+		ids := make([]int, 0, len(r.parts))
+		for id := range r.parts {
+			ids = append(ids, int(id))
+		}
+		sort.Ints(ids)
+		for _, id := range ids {
+			if acceptedOnly && r.codes[int32(id)] != 0 {
+				continue
+			}
+			for _, m := range r.parts[int32(id)] {
+				vs = append(vs, string(m.Value))
+			}
+		}
+		if len(vs) > 0 || !acceptedOnly {
+			out = append(out, vs)
+		}
+	}
+	return out
+}
+
+func (b *fakeBroker) RoundTrip(ctx context.Context, _ net.Addr, req protocol.Message) (protocol.Message, error) {
+	switch r := req.(type) {
+	case *metadata.Request:
+		if b.meta != nil {
+			b.mu.Lock()
+			k := b.metaN
+			b.metaN++
+			b.mu.Unlock()
+			if code, err := b.meta(k); err != nil {
+				return nil, err
+			} else if code != 0 {
+				return &metadata.Response{Topics: []metadata.ResponseTopic{{Name: r.TopicNames[0], ErrorCode: code}}}, nil
+			}
+		}
+		n := max(b.partitions, 1)
+		ps := make([]metadata.ResponsePartition, n)
+		for i := range ps {
+			ps[i] = metadata.ResponsePartition{PartitionIndex: int32(i), LeaderID: 1}
+			if b.leaders != nil {
+				ps[i].LeaderID = b.leaders(i)
+			}
+		}
+		return &metadata.Response{Topics: []metadata.ResponseTopic{{Name: r.TopicNames[0], Partitions: ps}}}, nil
+	case *rawproduce.Request:
+		if b.block != nil {
+			select {
+			case <-b.block:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		fr := fakeRequest{parts: map[int32][]kafka.Message{}, codes: map[int32]int16{}}
+		res := &produce.Response{}
+		b.mu.Lock()
+		n := len(b.requests)
+		for _, t := range r.Topics {
+			rt := produce.ResponseTopic{Topic: t.Topic}
+			for _, p := range t.Partitions {
+				raw, err := io.ReadAll(p.RecordSet.Reader)
+				var msgs []kafka.Message
+				if err == nil {
+					msgs, err = decodeRaw(raw)
+				}
+				if err != nil {
+					b.mu.Unlock()
+					return nil, fmt.Errorf("fake broker: bad record batch: %w", err)
+				}
+				fr.parts[p.Partition] = msgs
+				code := int16(0)
+				if b.fail != nil {
+					code = b.fail(n, p.Partition)
+				}
+				if code == 0 && b.maxBatchBytes > 0 && len(raw)-4 > b.maxBatchBytes {
+					code = int16(kafka.MessageSizeTooLarge)
+				}
+				fr.codes[p.Partition] = code
+				rt.Partitions = append(rt.Partitions, produce.ResponsePartition{Partition: p.Partition, ErrorCode: code})
+			}
+			res.Topics = append(res.Topics, rt)
+		}
+		b.requests = append(b.requests, fr)
+		b.mu.Unlock()
+		return res, nil
+	}
+	return nil, fmt.Errorf("fake broker: unexpected request %T", req)
+}
+
+// decodeRaw reads a raw record set with kafka-go's decoder.
+func decodeRaw(raw []byte) ([]kafka.Message, error) {
+	if len(raw) < 4 || int(binary.BigEndian.Uint32(raw)) != len(raw)-4 {
+		return nil, fmt.Errorf("the record set's size prefix does not match its %d bytes", len(raw))
+	}
+	var set protocol.RecordSet
+	if _, err := set.ReadFrom(bytes.NewReader(raw)); err != nil {
+		return nil, err
+	}
+	var out []kafka.Message
+	for {
+		rec, err := set.Records.ReadRecord()
+		if errors.Is(err, io.EOF) {
+			return out, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		m := kafka.Message{Offset: rec.Offset, Time: rec.Time}
+		if rec.Key != nil {
+			m.Key, _ = io.ReadAll(rec.Key)
+			if m.Key == nil {
+				m.Key = []byte{}
+			}
+		}
+		if rec.Value != nil {
+			m.Value, _ = io.ReadAll(rec.Value)
+		}
+		for _, h := range rec.Headers {
+			m.Headers = append(m.Headers, kafka.Header{Key: h.Key, Value: h.Value})
+		}
+		out = append(out, m)
+	}
+}
+
+type ackRecorder struct {
+	mu    sync.Mutex
+	errs  map[string]error
+	order []string
+	done  chan struct{}
+	want  int
+}
+
+func newAckRecorder(want int) *ackRecorder {
+	return &ackRecorder{errs: map[string]error{}, done: make(chan struct{}), want: want}
+}
+
+func (r *ackRecorder) wait(t *testing.T) {
+	t.Helper()
+	select {
+	case <-r.done:
+	case <-time.After(10 * time.Second):
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		t.Fatalf("only %d of %d records were acknowledged or failed", len(r.errs), r.want)
+	}
+}
+
+func (r *ackRecorder) get(k string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.errs[k]
+}
+
+type ack struct {
+	r   *ackRecorder
+	key string
+}
+
+func (a ack) Ack(err error) {
+	a.r.mu.Lock()
+	defer a.r.mu.Unlock()
+	if _, dup := a.r.errs[a.key]; dup {
+		panic("record " + a.key + " acknowledged twice")
+	}
+	a.r.errs[a.key] = err
+	a.r.order = append(a.r.order, a.key)
+	if len(a.r.errs) == a.r.want {
+		close(a.r.done)
+	}
+}
+
+// testProducer builds a producer over b. The fields a test leaves zero get
+// the values below (config.Default fills them in production).
+func testProducer(t *testing.T, b *fakeBroker, cfg Config) *Producer {
+	t.Helper()
+	if cfg.Partitioner == "" {
+		cfg.Partitioner = "murmur2"
+	}
+	if cfg.Compression == "" {
+		cfg.Compression = "none"
+	}
+	if cfg.BatchSize == 0 {
+		cfg.BatchSize = 1000
+	}
+	if cfg.BatchBytes == 0 {
+		cfg.BatchBytes = 1 << 20
+	}
+	if cfg.WriteTimeout == 0 {
+		cfg.WriteTimeout = time.Second
+	}
+	cfg.Brokers = []string{"fake:9092"}
+	p, err := NewWithTransport(cfg, hclog.NewNullLogger(), b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = p.Close(ctx)
+	})
+	return p
+}
+
+func rec(r *ackRecorder, key, value string) *outboxd.Record {
+	return &outboxd.Record{Topic: "t", Key: []byte(key), Value: []byte(value), Ack: ack{r, value},
+		Headers: []outboxd.Header{{Key: "tipus", Value: []byte("comanda.creada")}, {Key: "id_esdeveniment", Value: []byte("id-" + value)}}}
+}
+
+// produceOne hands records one call at a time, as the replication stream does.
+func produceOne(t *testing.T, p *Producer, recs ...*outboxd.Record) {
+	t.Helper()
+	for i := range recs {
+		if err := p.Produce(recs[i]); err != nil {
+			t.Fatalf("produce %s: %v", recs[i].Value, err)
+		}
+	}
+}
+
+// observer counts the records Config.Observe is told about.
+type observer struct {
+	mu         sync.Mutex
+	ok, failed int
+}
+
+func (o *observer) observe(_ string, records int, _ int64, _ time.Duration, err error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if err != nil {
+		o.failed += records
+	} else {
+		o.ok += records
+	}
+}
+
+func (o *observer) counts() (ok, failed int) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.ok, o.failed
+}

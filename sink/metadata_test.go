@@ -1,0 +1,163 @@
+package sink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/outboxd/outboxd"
+)
+
+// TestProduceDoesNotWaitForMetadata: while the cluster cannot say where a
+// topic's partitions are, Produce returns at once (the stream keeps
+// reading and sending status); the records go out, in order, once it can.
+func TestProduceDoesNotWaitForMetadata(t *testing.T) {
+	unreachable := errors.New("dial tcp: connection refused")
+	b := &fakeBroker{meta: func(n int) (int16, error) {
+		if n < 3 {
+			return 0, unreachable
+		}
+		return 0, nil
+	}}
+	p := testProducer(t, b, Config{Linger: time.Millisecond, MaxAttempts: 1})
+	r := newAckRecorder(20)
+	start := time.Now()
+	for i := 0; i < 20; i++ {
+		key := []byte("P-1")
+		val := []byte(fmt.Sprintf("v%02d", i))
+		if err := p.Produce(&outboxd.Record{Topic: "t", Key: key, Value: val, Ack: ack{r, string(val)}}); err != nil {
+			t.Fatal(err)
+		}
+		// The caller reuses its buffers at once: the producer copied them.
+		copy(val, "xx")
+	}
+	if d := time.Since(start); d > 100*time.Millisecond {
+		t.Errorf("Produce took %s without metadata", d)
+	}
+	r.wait(t)
+	var got []string
+	for _, vs := range b.values() {
+		got = append(got, vs...)
+	}
+	want := make([]string, 20)
+	for i := range want {
+		want[i] = fmt.Sprintf("v%02d", i)
+		if err := r.get(want[i]); err != nil {
+			t.Errorf("%s: %v", want[i], err)
+		}
+	}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("the broker received %q", got)
+	}
+}
+
+// TestMissingTopicFailsAsRecordError: a topic the cluster keeps calling
+// unknown (no auto-creation) fails its records as a RecordError that says
+// to create it, and fences the producer.
+func TestMissingTopicFailsAsRecordError(t *testing.T) {
+	b := &fakeBroker{meta: func(int) (int16, error) { return int16(kafka.UnknownTopicOrPartition), nil }}
+	p := testProducer(t, b, Config{Linger: time.Millisecond, MaxAttempts: 1})
+	p.topicWait = 300 * time.Millisecond
+	r := newAckRecorder(2)
+	produceOne(t, p, rec(r, "P-1", "a"), rec(r, "P-2", "b"))
+	r.wait(t)
+	var re *RecordError
+	if err := r.get("a"); !errors.As(err, &re) || !strings.Contains(err.Error(), "create it") {
+		t.Fatalf("a: %v", err)
+	}
+	if r.get("b") == nil {
+		t.Error("b reported delivered")
+	}
+	if err := p.Produce(rec(newAckRecorder(1), "P-3", "c")); !errors.Is(err, ErrFenced) {
+		t.Errorf("after a missing topic: %v", err)
+	}
+	if n := len(b.values()); n != 0 {
+		t.Errorf("%d produce requests for a missing topic", n)
+	}
+}
+
+// TestCloseFailsRecordsWaitingForMetadata: records still waiting for their
+// topic when Close gives up are failed, not forgotten.
+func TestCloseFailsRecordsWaitingForMetadata(t *testing.T) {
+	b := &fakeBroker{meta: func(int) (int16, error) { return 0, errors.New("unreachable") }}
+	p := testProducer(t, b, Config{Linger: time.Millisecond, MaxAttempts: 1})
+	r := newAckRecorder(1)
+	produceOne(t, p, rec(r, "P-1", "a"))
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if err := p.Close(ctx); err == nil {
+		t.Fatal("Close reported success")
+	}
+	r.wait(t)
+	if r.get("a") == nil {
+		t.Fatal("a reported delivered")
+	}
+}
+
+// TestMetadataRefusalStops: a metadata answer no retry can change (an
+// authorization refused, an invalid topic name, any error the broker does
+// not call retriable) fails the topic's records at once as a RecordError
+// naming the topic, the first record's key and the broker's reason, after
+// one request: outboxd stops with the reason instead of asking every 250 ms
+// until the delivery timeout and replaying for ever. A retriable answer is
+// asked again and the records go out.
+func TestMetadataRefusalStops(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		code   int16
+		reason string // "": retriable, the records are delivered
+	}{
+		{"topic authorization failed", int16(kafka.TopicAuthorizationFailed), "grant outboxd's principal DESCRIBE and WRITE"},
+		{"invalid topic", int16(kafka.InvalidTopic), "the topic name is invalid"},
+		{"unknown code", 9999, "non-retriable"},
+		{"request timed out", int16(kafka.RequestTimedOut), ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := &fakeBroker{meta: func(n int) (int16, error) {
+				if n == 0 {
+					return tc.code, nil
+				}
+				return 0, nil
+			}}
+			p := testProducer(t, b, Config{Linger: time.Millisecond, MaxAttempts: 1})
+			// A refusal taken for a topic being created would only fail
+			// after this, beyond the recorder's patience.
+			p.topicWait = time.Hour
+			r := newAckRecorder(2)
+			produceOne(t, p, rec(r, "P-1", "a"), rec(r, "P-2", "b"))
+			r.wait(t)
+			b.mu.Lock()
+			metaRequests := b.metaN
+			b.mu.Unlock()
+			if tc.reason == "" {
+				if r.get("a") != nil || r.get("b") != nil {
+					t.Fatalf("after a retriable metadata error: a: %v, b: %v", r.get("a"), r.get("b"))
+				}
+				if metaRequests != 2 {
+					t.Errorf("%d metadata requests, want 2 (the error and the retry)", metaRequests)
+				}
+				return
+			}
+			var re *RecordError
+			err := r.get("a")
+			if !errors.As(err, &re) || !errors.Is(err, kafka.Error(tc.code)) || re.Topic != "t" || string(re.Key) != "P-1" ||
+				!strings.Contains(err.Error(), tc.reason) {
+				t.Fatalf("a: want a RecordError for topic t, key P-1, wrapping code %d, saying %q; got %v", tc.code, tc.reason, err)
+			}
+			if err := r.get("b"); !errors.Is(err, ErrFenced) || !errors.As(err, &re) {
+				t.Errorf("b: want ErrFenced carrying the RecordError, got %v", err)
+			}
+			if metaRequests != 1 {
+				t.Errorf("%d metadata requests, want 1", metaRequests)
+			}
+			if n := len(b.values()); n != 0 {
+				t.Errorf("%d produce requests for a refused topic", n)
+			}
+		})
+	}
+}

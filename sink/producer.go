@@ -1,0 +1,296 @@
+// Package sink produces records to Kafka: acks=all, a key partitioner
+// compatible with the Java client (murmur2) or with librdkafka (crc32), and
+// one completion per record.
+//
+// It encodes record batches itself and sends them through kafka-go's
+// Transport (connections, metadata, API versions). kafka-go's Writer sends
+// one produce request per partition batch, so small transactions spread
+// over many partitions cost a request each; this producer sends, in rounds,
+// one request per leader broker that carries a batch for every partition
+// with records waiting, like the Java producer. Only one round is in flight
+// at a time, so a partition's batches reach the broker strictly in order,
+// and a failed batch is retried (or, refused as too large, split and sent
+// again) before anything later is sent; once it fails for good the producer
+// is fenced and sends nothing more.
+//
+// The files follow the path of a record: producer.go (Produce, batching),
+// metadata.go (topic layout), sender.go (rounds, outcomes), batch.go (the
+// v2 record batch), codec.go, errors.go (what fails for good), dial.go
+// (every connection to Kafka).
+package sink
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/compress"
+
+	"github.com/outboxd/outboxd"
+)
+
+// Config is the producer's configuration.
+type Config struct {
+	Brokers      []string
+	Partitioner  string // murmur2 | crc32
+	Compression  string // none | gzip | snappy | lz4 | zstd
+	Linger       time.Duration
+	BatchSize    int   // records per partition batch
+	BatchBytes   int64 // bytes per partition batch, as encoded (before compression)
+	MaxAttempts  int
+	WriteTimeout time.Duration
+	ClientID     string
+	// Observe, when set, is told the outcome of every partition batch, and
+	// of every record failed before it reached a batch: its topic, records,
+	// key and value bytes, the time since its first record was handed over,
+	// and the error. Every record is observed once, before its Ack.
+	Observe func(topic string, records int, bytes int64, latency time.Duration, err error)
+}
+
+// Producer sends records asynchronously; each record's Acker learns its
+// outcome. A Producer is used for one replication session: after a failure
+// it is fenced and must be closed and replaced.
+type Producer struct {
+	cfg       Config
+	rt        kafka.RoundTripper
+	transport *kafka.Transport // nil when rt was given (tests)
+	addr      net.Addr
+	bal       kafka.Balancer
+	codec     compress.Codec // nil: no compression
+	log       hclog.Logger
+	topicWait time.Duration
+
+	ctx    context.Context // cancelled when Close gives up
+	cancel context.CancelFunc
+	kick   chan struct{}
+	done   chan struct{} // closed when the sender goroutine has returned
+
+	mu      sync.Mutex
+	topics  map[string]*topic
+	parts   []*partition // every known partition, in a stable order
+	next    int          // where the next round starts in parts
+	fenced  error        // the error every later record gets
+	closing bool
+}
+
+type topic struct {
+	name    string
+	ids     []int // partition ids, for the balancer
+	parts   map[int]*partition
+	fetched time.Time       // when its layout was last read; zero: not known yet
+	since   time.Time       // first attempt to read it, while not known
+	waiting []waitingRecord // records that came before its layout was known
+}
+
+type partition struct {
+	topic  string
+	id     int32
+	leader int32 // broker id, -1 when unknown
+	open   *batch
+	queued []*batch // full batches, oldest first
+}
+
+// balancer returns the kafka-go balancer for a partitioner name.
+func balancer(name string) (kafka.Balancer, error) {
+	switch name {
+	case "murmur2":
+		// The Java client's default partitioner for keyed records.
+		return &kafka.Murmur2Balancer{Consistent: true}, nil
+	case "crc32":
+		// librdkafka's "consistent_random" for keyed records.
+		return &kafka.CRC32Balancer{Consistent: true}, nil
+	}
+	return nil, fmt.Errorf("unknown partitioner %q (want murmur2 or crc32)", name)
+}
+
+// New builds a producer for cfg.Brokers. It does not connect until the
+// first record.
+func New(cfg Config, log hclog.Logger) (*Producer, error) {
+	return NewWithTransport(cfg, log, nil)
+}
+
+// NewWithTransport builds a producer that sends through rt: a fake broker
+// in tests and benchmarks, or, when nil, a kafka-go Transport for
+// cfg.Brokers. cfg is taken as given: config.Default fills every field.
+func NewWithTransport(cfg Config, log hclog.Logger, rt kafka.RoundTripper) (*Producer, error) {
+	bal, err := balancer(cfg.Partitioner)
+	if err != nil {
+		return nil, err
+	}
+	cd, err := codec(cfg.Compression)
+	if err != nil {
+		return nil, err
+	}
+	p := &Producer{cfg: cfg, rt: rt, addr: kafka.TCP(cfg.Brokers...), bal: bal, codec: cd, log: log,
+		kick: make(chan struct{}, 1), done: make(chan struct{}), topics: map[string]*topic{}, topicWait: topicWait}
+	if rt == nil {
+		p.transport = newTransport(cfg)
+		p.rt = p.transport
+	}
+	p.ctx, p.cancel = context.WithCancel(context.Background())
+	go p.run()
+	return p, nil
+}
+
+// Produce encodes r into its partition's batch and returns without waiting
+// for the network; r's Acker learns its outcome later. r's bytes are
+// copied: the caller may reuse them as soon as Produce returns. On an error
+// r is failed through its Acker too, and the caller must stop and replace
+// the producer.
+func (p *Producer) Produce(r *outboxd.Record) error {
+	now := time.Now()
+	// The record's CreateTime, as the Java client sets it.
+	if err := p.add(r, now, now.UnixMilli()); err != nil {
+		p.failRecord(r, now, err)
+		return err
+	}
+	return nil
+}
+
+// failRecord tells a record that never reached a batch its failure, after
+// observing it, as complete does for a batch: the produce error counts
+// cover every failed record, wherever it failed.
+func (p *Producer) failRecord(r *outboxd.Record, since time.Time, err error) {
+	p.observe(r.Topic, 1, int64(len(r.Key)+len(r.Value)), since, err)
+	r.Ack.Ack(err)
+}
+
+func (p *Producer) observe(topic string, records int, kvBytes int64, since time.Time, err error) {
+	if p.cfg.Observe != nil {
+		p.cfg.Observe(topic, records, kvBytes, time.Since(since), err)
+	}
+}
+
+func (p *Producer) add(r *outboxd.Record, now time.Time, ts int64) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.fenced != nil {
+		return p.fenced
+	}
+	if p.closing {
+		return errClosed
+	}
+	t := p.topics[r.Topic]
+	if t == nil {
+		t = &topic{name: r.Topic, parts: map[int]*partition{}}
+		p.topics[r.Topic] = t
+	}
+	if t.fetched.IsZero() {
+		// Its partitions are not known yet: the sender asks the cluster.
+		// The record waits as a copy, in order, so Produce never blocks on
+		// the network (the stream goes on sending standby status).
+		t.waiting = append(t.waiting, waitingRecord{rec: cloneRecord(r), now: now, ts: ts})
+		p.poke()
+		return nil
+	}
+	p.encode(t, r, now, ts)
+	return nil
+}
+
+// encode adds r to its partition's batch. A record larger than BatchBytes
+// goes alone in its own batch: whether a record may be produced was decided
+// before, and the broker has the last word (sender.go, tooLarge). Called
+// with mu held.
+func (p *Producer) encode(t *topic, r *outboxd.Record, now time.Time, ts int64) {
+	part := t.parts[p.bal.Balance(kafka.Message{Key: r.Key}, t.ids...)]
+	b := part.open
+	kick := false
+	if b != nil && int64(len(b.buf)+b.encodedLen(r, ts)) > p.cfg.BatchBytes {
+		part.seal()
+		b, kick = nil, true
+	}
+	if b == nil {
+		b, kick = newBatch(part, now), true
+		part.open = b
+	}
+	b.add(r, ts)
+	if int(b.count) >= p.cfg.BatchSize || int64(len(b.buf)) >= p.cfg.BatchBytes {
+		part.seal()
+		kick = true
+	}
+	if kick {
+		p.poke()
+	}
+}
+
+// poke wakes the sender.
+func (p *Producer) poke() {
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (pt *partition) seal() {
+	pt.queued = append(pt.queued, pt.open)
+	pt.open = nil
+}
+
+// waitingRecord is a record held until its topic's partitions are known.
+type waitingRecord struct {
+	rec outboxd.Record
+	now time.Time
+	ts  int64
+}
+
+// cloneRecord copies r's bytes into one allocation.
+func cloneRecord(r *outboxd.Record) outboxd.Record {
+	n := len(r.Key) + len(r.Value)
+	for _, h := range r.Headers {
+		n += len(h.Value)
+	}
+	buf := make([]byte, 0, n)
+	take := func(b []byte) []byte {
+		if b == nil {
+			return nil
+		}
+		buf = append(buf, b...)
+		return buf[len(buf)-len(b) : len(buf) : len(buf)]
+	}
+	c := *r
+	c.Key, c.Value, c.Headers = take(r.Key), take(r.Value), nil
+	if len(r.Headers) > 0 {
+		c.Headers = make([]outboxd.Header, len(r.Headers))
+		for i, h := range r.Headers {
+			c.Headers[i] = outboxd.Header{Key: h.Key, Value: take(h.Value)}
+		}
+	}
+	return c
+}
+
+// Close sends what is batched and waits for the acknowledgements, at most
+// until ctx ends; then it abandons the rest (their Ackers get an error).
+func (p *Producer) Close(ctx context.Context) error {
+	p.mu.Lock()
+	p.closing = true
+	p.mu.Unlock()
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+	var err error
+	select {
+	case <-p.done:
+	case <-ctx.Done():
+		p.mu.Lock()
+		if p.fenced == nil {
+			p.fenced = errClosed
+		}
+		p.mu.Unlock()
+		p.cancel()
+		select {
+		case <-p.done:
+		case <-time.After(time.Second):
+		}
+		err = fmt.Errorf("close producer: %w", ctx.Err())
+	}
+	p.cancel()
+	if p.transport != nil {
+		p.transport.CloseIdleConnections()
+	}
+	return err
+}

@@ -1,0 +1,416 @@
+package sink
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/protocol"
+	"github.com/segmentio/kafka-go/protocol/produce"
+	"github.com/segmentio/kafka-go/protocol/rawproduce"
+
+	"github.com/outboxd/outboxd"
+)
+
+// maxRoundBytes bounds one round's batches (the broker's
+// socket.request.max.bytes defaults to 100 MiB).
+const maxRoundBytes = 32 << 20
+
+// run is the sender: it takes a round (the oldest batch of every partition
+// with records waiting, once one is full or has waited the linger), sends
+// it, retries what failed, and only then takes the next.
+func (p *Producer) run() {
+	defer close(p.done)
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	for {
+		retry := p.resolveTopics(time.Now())
+		p.mu.Lock()
+		round, wait, drop, exit := p.takeRound(time.Now())
+		p.mu.Unlock()
+		if drop != nil {
+			for _, b := range drop.batches {
+				p.complete(b, drop.err)
+			}
+			for i := range drop.records {
+				p.failRecord(&drop.records[i].rec, drop.records[i].now, drop.err)
+			}
+		}
+		if exit {
+			return
+		}
+		if len(round) > 0 {
+			p.send(round)
+			continue
+		}
+		if retry > 0 && (wait == 0 || retry < wait) {
+			wait = retry
+		}
+		if wait > 0 {
+			timer.Reset(wait)
+		}
+		select {
+		case <-p.kick:
+		case <-timer.C:
+		case <-p.ctx.Done():
+		}
+		timer.Stop()
+	}
+}
+
+// dropped is what a fenced producer fails without sending.
+type dropped struct {
+	batches []*batch
+	records []waitingRecord
+	err     error
+}
+
+// takeRound picks the next round, or says how long to wait for one (0: until
+// kicked). After a fence it hands back every waiting batch to be failed.
+// Called with mu held.
+func (p *Producer) takeRound(now time.Time) (round []*batch, wait time.Duration, drop *dropped, exit bool) {
+	if p.fenced != nil {
+		drop = &dropped{err: p.fenced}
+		for _, pt := range p.parts {
+			drop.batches = append(drop.batches, pt.queued...)
+			pt.queued = nil
+			if pt.open != nil {
+				drop.batches = append(drop.batches, pt.open)
+				pt.open = nil
+			}
+		}
+		for _, t := range p.topics {
+			drop.records = append(drop.records, t.waiting...)
+			t.waiting = nil
+		}
+		return nil, 0, drop, p.closing
+	}
+	waiting := false
+	for _, t := range p.topics {
+		waiting = waiting || len(t.waiting) > 0
+	}
+	ready, any := false, false
+	var oldest time.Time
+	for _, pt := range p.parts {
+		if len(pt.queued) > 0 {
+			ready = true
+			break
+		}
+		if pt.open != nil {
+			any = true
+			if p.closing || now.Sub(pt.open.created) >= p.cfg.Linger {
+				ready = true
+				break
+			}
+			if oldest.IsZero() || pt.open.created.Before(oldest) {
+				oldest = pt.open.created
+			}
+		}
+	}
+	if !ready {
+		if !any && !waiting && p.closing {
+			return nil, 0, nil, true
+		}
+		if any {
+			wait = p.cfg.Linger - now.Sub(oldest)
+		}
+		return nil, wait, nil, false
+	}
+	// Like the Java producer, a ready round takes every partition's oldest
+	// batch, lingering or not: one request instead of several.
+	size := 0
+	n := len(p.parts)
+	for i := 0; i < n; i++ {
+		pt := p.parts[(p.next+i)%n]
+		var b *batch
+		switch {
+		case len(pt.queued) > 0:
+			b = pt.queued[0]
+		case pt.open != nil:
+			b = pt.open
+		default:
+			continue
+		}
+		if size > 0 && size+len(b.buf) > maxRoundBytes {
+			p.next = (p.next + i) % n
+			return round, 0, nil, false
+		}
+		if len(pt.queued) > 0 {
+			pt.queued[0] = nil
+			pt.queued = pt.queued[1:]
+		} else {
+			pt.open = nil
+		}
+		size += len(b.buf)
+		round = append(round, b)
+	}
+	p.next = (p.next + 1) % n
+	return round, 0, nil, false
+}
+
+// send delivers one round: every batch is acknowledged, or retried (alone,
+// before anything later) until MaxAttempts, or split when too large, or
+// failed, which fences the producer.
+func (p *Producer) send(round []*batch) {
+	todo := round
+	for attempt := 1; ; attempt++ {
+		var retry []*batch
+		var retryErr []error
+		var fatal error
+		for i, err := range p.sendOnce(todo) {
+			b := todo[i]
+			switch {
+			case err == nil:
+				p.complete(b, nil)
+			case p.ctx.Err() != nil:
+				fatal = errClosed
+				retry, retryErr = append(retry, b), append(retryErr, errClosed)
+			case errors.Is(err, kafka.MessageSizeTooLarge) || errors.Is(err, kafka.RecordListTooLarge):
+				if err := p.tooLarge(b, err); err != nil {
+					fatal = err
+				}
+			case retriable(err):
+				retry, retryErr = append(retry, b), append(retryErr, err)
+			default:
+				fatal = p.fail(b, err)
+			}
+		}
+		if len(retry) == 0 {
+			return
+		}
+		if fatal == nil && attempt < p.cfg.MaxAttempts {
+			p.log.Debug("produce failed; retrying", "batches", len(retry), "attempt", attempt, "error", retryErr[0])
+			select {
+			case <-time.After(backoff(attempt, 100*time.Millisecond, time.Second)):
+			case <-p.ctx.Done():
+			}
+			if p.ctx.Err() == nil {
+				p.refreshLeaders(retry)
+				todo = retry
+				continue
+			}
+		}
+		for i, b := range retry {
+			p.fence(b, retryErr[i])
+			p.complete(b, retryErr[i])
+		}
+		return
+	}
+}
+
+// tooLarge handles b refused as too large for the topic (max.message.bytes,
+// which the batch can exceed once compressed, as incompressible payloads
+// do). As the Java producer, it splits b in two and puts both halves at the
+// head of the partition's queue, before anything later, down to a record
+// alone in its batch: a Refusable one is refused with an
+// *outboxd.RefusedError and the records after it go on; any other fails
+// for good. It returns the error that fenced the producer, if it did.
+func (p *Producer) tooLarge(b *batch, err error) error {
+	if b.count > 1 {
+		n := b.count
+		first, rest, serr := b.split()
+		if serr != nil {
+			return p.fail(b, serr)
+		}
+		p.log.Debug("the broker refused a batch as too large; sending it again in two",
+			"topic", first.part.topic, "partition", first.part.id, "records", n, "error", err)
+		p.mu.Lock()
+		first.part.queued = append([]*batch{first, rest}, first.part.queued...)
+		p.mu.Unlock()
+		return nil
+	}
+	recs, _, derr := b.records()
+	if derr != nil {
+		return p.fail(b, derr)
+	}
+	r := &recs[0]
+	if r.Refusable {
+		p.complete(b, &outboxd.RefusedError{Topic: r.Topic, Key: bytes.Clone(r.Key), Headers: cloneHeaders(r.Headers),
+			Size: r.WireSize(), Err: err})
+		return nil
+	}
+	return p.fail(b, &RecordError{Topic: r.Topic, Key: bytes.Clone(r.Key), Err: err,
+		Reason: fmt.Sprintf("the broker refused the record (%d bytes) as too large, alone in its batch: raise the topic's max.message.bytes (and the broker's message.max.bytes), or dead-letter such rows (on_error: dead_letter)", r.WireSize())})
+}
+
+func cloneHeaders(hs []outboxd.Header) []outboxd.Header {
+	if hs == nil {
+		return nil
+	}
+	out := make([]outboxd.Header, len(hs))
+	for i, h := range hs {
+		out[i] = outboxd.Header{Key: h.Key, Value: bytes.Clone(h.Value)}
+	}
+	return out
+}
+
+// fail fails b for good and fences the producer: no later batch may reach
+// the broker. An error no replay can fix becomes a RecordError. It returns
+// the error b's records got.
+func (p *Producer) fail(b *batch, err error) error {
+	var re *RecordError
+	if reason := permanent(err); reason != "" && !errors.As(err, &re) {
+		err = &RecordError{Topic: b.part.topic, Reason: reason, Err: err}
+	}
+	p.fence(b, err)
+	p.complete(b, err)
+	return err
+}
+
+// fence stops the producer after b failed for good.
+func (p *Producer) fence(b *batch, err error) {
+	p.mu.Lock()
+	first := p.fenced == nil
+	if first {
+		p.fenced = fenceError(err)
+	}
+	p.mu.Unlock()
+	if first && !errors.Is(err, errClosed) {
+		p.log.Error("delivery failed; no further records will be sent by this producer",
+			"topic", b.part.topic, "partition", b.part.id, "records", b.count, "error", err)
+	}
+}
+
+// sendOnce sends one produce request per leader broker and returns each
+// batch's outcome.
+func (p *Producer) sendOnce(todo []*batch) []error {
+	errs := make([]error, len(todo))
+	groups := map[int32][]int{}
+	p.mu.Lock()
+	for i, b := range todo {
+		if b.part.leader < 0 {
+			errs[i] = kafka.LeaderNotAvailable
+			continue
+		}
+		groups[b.part.leader] = append(groups[b.part.leader], i)
+	}
+	p.mu.Unlock()
+	if len(groups) == 1 {
+		for _, idx := range groups {
+			p.request(todo, idx, errs)
+		}
+		return errs
+	}
+	var wg sync.WaitGroup
+	for _, idx := range groups {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p.request(todo, idx, errs)
+		}()
+	}
+	wg.Wait()
+	return errs
+}
+
+var outPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// request sends the batches todo[idx] (one leader) in one produce request
+// and writes each one's outcome into errs.
+func (p *Producer) request(todo []*batch, idx []int, errs []error) {
+	req := &rawproduce.Request{Acks: int16(kafka.RequireAll), Timeout: int32(p.cfg.WriteTimeout / time.Millisecond)}
+	byTopic := map[string]int{}
+	var outs []*bytes.Buffer
+	defer func() {
+		for _, o := range outs {
+			if o.Cap() <= 4<<20 {
+				outPool.Put(o)
+			}
+		}
+	}()
+	sent := idx[:0:0]
+	for _, i := range idx {
+		b := todo[i]
+		var out *bytes.Buffer
+		if p.codec != nil {
+			out = outPool.Get().(*bytes.Buffer)
+			outs = append(outs, out)
+		}
+		raw, err := b.encode(p.codec, out)
+		if err != nil {
+			errs[i] = fmt.Errorf("%w: %w", errEncode, err)
+			continue
+		}
+		ti, ok := byTopic[b.part.topic]
+		if !ok {
+			ti = len(req.Topics)
+			byTopic[b.part.topic] = ti
+			req.Topics = append(req.Topics, rawproduce.RequestTopic{Topic: b.part.topic})
+		}
+		req.Topics[ti].Partitions = append(req.Topics[ti].Partitions, rawproduce.RequestPartition{
+			Partition: b.part.id, RecordSet: protocol.RawRecordSet{Reader: bytes.NewReader(raw)}})
+		sent = append(sent, i)
+	}
+	if len(sent) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(p.ctx, p.cfg.WriteTimeout)
+	res, err := p.rt.RoundTrip(ctx, p.addr, req)
+	cancel()
+	if err != nil && p.ctx.Err() != nil {
+		// kafka-go returns on cancellation while its connection may still
+		// be writing the request: its buffers must not be reused.
+		outs = nil
+		for _, i := range sent {
+			todo[i].abandoned = true
+		}
+	}
+	if err == nil {
+		if pr, ok := res.(*produce.Response); ok {
+			for _, i := range sent {
+				errs[i] = partitionResult(pr, todo[i].part)
+			}
+			return
+		}
+		err = fmt.Errorf("unexpected produce response %T", res)
+	}
+	for _, i := range sent {
+		errs[i] = err
+	}
+}
+
+func partitionResult(res *produce.Response, pt *partition) error {
+	for _, t := range res.Topics {
+		if t.Topic != pt.topic {
+			continue
+		}
+		for _, r := range t.Partitions {
+			if r.Partition != pt.id {
+				continue
+			}
+			if r.ErrorCode == 0 {
+				return nil
+			}
+			if r.ErrorMessage != "" {
+				return fmt.Errorf("%w: %s", kafka.Error(r.ErrorCode), r.ErrorMessage)
+			}
+			return kafka.Error(r.ErrorCode)
+		}
+	}
+	return fmt.Errorf("the produce response has no result for %s/%d", pt.topic, pt.id)
+}
+
+// complete tells every record of b its outcome, after observing it.
+func (p *Producer) complete(b *batch, err error) {
+	p.observe(b.part.topic, int(b.count), b.kvBytes, b.created, err)
+	for _, a := range b.acks {
+		a.ack.Ack(err)
+	}
+	b.release()
+}
+
+// backoff is min·2^(attempt-1), capped at max.
+func backoff(attempt int, min, max time.Duration) time.Duration {
+	d := min
+	for i := 1; i < attempt && d < max; i++ {
+		d *= 2
+	}
+	if d > max {
+		d = max
+	}
+	return d
+}
