@@ -100,8 +100,6 @@ func connConfig(pg config.Postgres) (*pgconn.Config, error) {
 	return pc, nil
 }
 
-
-
 // routes turns the configured routes into the envelope's and the catalog's.
 func routes(cfg config.Config) ([]envelope.Route, []catalog.Route) {
 	er := make([]envelope.Route, len(cfg.Routes))
