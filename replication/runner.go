@@ -341,11 +341,12 @@ func classify(err error) error {
 	return fmt.Errorf("connect to PostgreSQL: %w", err)
 }
 
-// recordError is what a producer returns for a record the broker can never
-// take (bad input, not an outage).
-type recordError interface{ RecordProblem() string }
+// permanentError is what a producer returns for a failure no retry or
+// replay can fix: a record the broker can never take, a broker that refuses
+// outboxd's credentials or certificate.
+type permanentError interface{ Permanent() string }
 
-func isRecordError(err error) bool {
-	var re recordError
-	return errors.As(err, &re)
+func isPermanent(err error) bool {
+	var pe permanentError
+	return errors.As(err, &pe)
 }

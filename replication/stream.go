@@ -285,8 +285,8 @@ func (s *stream) produce(rec *outboxd.Record) error {
 	if err == nil {
 		return nil
 	}
-	if isRecordError(err) {
-		return Fatal(fmt.Errorf("kafka refused a record: %w", err))
+	if isPermanent(err) {
+		return Fatal(fmt.Errorf("kafka: %w", err))
 	}
 	if first := s.tracker.State().Err; first != nil {
 		// A fenced producer's error hides the delivery failure behind it.
@@ -296,10 +296,10 @@ func (s *stream) produce(rec *outboxd.Record) error {
 }
 
 // deliveryError is the session's end after Kafka failed a record: fatal when
-// the broker will never take it, a replay from the slot otherwise.
+// no retry can fix it, a replay from the slot otherwise.
 func (s *stream) deliveryError(err error) error {
-	if isRecordError(err) {
-		return Fatal(fmt.Errorf("kafka refused a record: %w", err))
+	if isPermanent(err) {
+		return Fatal(fmt.Errorf("kafka: %w", err))
 	}
 	return fmt.Errorf("kafka delivery: %w", err)
 }

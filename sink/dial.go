@@ -26,6 +26,8 @@ func newTransport(cfg Config) *kafka.Transport {
 		Dial:        (&net.Dialer{Timeout: dialTimeout, KeepAlive: dialKeepAlive}).DialContext,
 		IdleTimeout: 30 * time.Second,
 		MetadataTTL: metadataTTL,
+		TLS:         cfg.TLS,
+		SASL:        cfg.SASL,
 	}
 }
 
@@ -36,9 +38,12 @@ func newTransport(cfg Config) *kafka.Transport {
 func Dial(ctx context.Context, cfg Config, addr string) (*kafka.Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, dialTimeout)
 	defer cancel()
-	d := &kafka.Dialer{ClientID: cfg.ClientID, Timeout: dialTimeout, KeepAlive: dialKeepAlive}
+	d := &kafka.Dialer{ClientID: cfg.ClientID, Timeout: dialTimeout, KeepAlive: dialKeepAlive, TLS: cfg.TLS, SASLMechanism: cfg.SASL}
 	conn, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
+		if why := Explain(err); why != "" {
+			return nil, fmt.Errorf("%s: %w", why, err)
+		}
 		return nil, err
 	}
 	deadline, _ := ctx.Deadline()

@@ -46,11 +46,30 @@ func (e *RecordError) Error() string {
 
 func (e *RecordError) Unwrap() error { return e.Err }
 
-// RecordProblem marks the error as bad input for the replication stream.
-func (e *RecordError) RecordProblem() string { return e.Reason }
+// Permanent tells the replication stream that no retry or replay can fix
+// this: outboxd stops (or, for a Refusable record, dead-letters it).
+func (e *RecordError) Permanent() string { return e.Reason }
+
+// AuthError is a connection the broker refuses for good: TLS (an untrusted
+// certificate, a wrong server name, a plaintext listener) or SASL (a wrong
+// password or mechanism). Like a RecordError, no retry can fix it.
+type AuthError struct {
+	Reason string
+	Err    error
+}
+
+func (e *AuthError) Error() string { return e.Reason + " (" + e.Err.Error() + ")" }
+
+func (e *AuthError) Unwrap() error { return e.Err }
+
+// Permanent: see RecordError.
+func (e *AuthError) Permanent() string { return e.Reason }
 
 // retriable reports whether a produce error may go away on its own.
 func retriable(err error) bool {
+	if authFailure(err) != nil {
+		return false
+	}
 	var kerr kafka.Error
 	if errors.As(err, &kerr) {
 		// REPLICA_NOT_AVAILABLE is stale metadata, retriable for the Java

@@ -116,6 +116,9 @@ func (p *Producer) topicFailure(t *topic, err error) error {
 	case creating:
 		return fmt.Errorf("kafka metadata for topic %q: %w", t.name, err)
 	}
+	if ae := authFailure(err); ae != nil {
+		return ae
+	}
 	if reason := permanent(err); reason != "" {
 		return &RecordError{Topic: t.name, Key: key, Err: err, Reason: reason}
 	}

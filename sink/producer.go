@@ -21,6 +21,7 @@ package sink
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net"
 	"sync"
@@ -29,6 +30,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/compress"
+	"github.com/segmentio/kafka-go/sasl"
 
 	"github.com/outboxd/outboxd"
 )
@@ -44,6 +46,10 @@ type Config struct {
 	MaxAttempts  int
 	WriteTimeout time.Duration
 	ClientID     string
+	// TLS and SASL secure every connection to the brokers; nil: plaintext,
+	// no authentication (BuildTLS, BuildSASL).
+	TLS  *tls.Config
+	SASL sasl.Mechanism
 	// Observe, when set, is told the outcome of every partition batch, and
 	// of every record failed before it reached a batch: its topic, records,
 	// key and value bytes, the time since its first record was handed over,

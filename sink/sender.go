@@ -253,7 +253,9 @@ func cloneHeaders(hs []outboxd.Header) []outboxd.Header {
 // the error b's records got.
 func (p *Producer) fail(b *batch, err error) error {
 	var re *RecordError
-	if reason := permanent(err); reason != "" && !errors.As(err, &re) {
+	if ae := authFailure(err); ae != nil {
+		err = ae
+	} else if reason := permanent(err); reason != "" && !errors.As(err, &re) {
 		err = &RecordError{Topic: b.part.topic, Reason: reason, Err: err}
 	}
 	p.fence(b, err)

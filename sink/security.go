@@ -1,0 +1,166 @@
+package sink
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"syscall"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/sasl"
+	"github.com/segmentio/kafka-go/sasl/plain"
+	"github.com/segmentio/kafka-go/sasl/scram"
+)
+
+// TLSOptions is kafka.tls, as configured.
+type TLSOptions struct {
+	Enable     bool
+	CAFile     string // "": the system's trusted roots
+	CertFile   string // client certificate (mTLS), with KeyFile
+	KeyFile    string
+	ServerName string // "": the host of the address dialled
+	MinVersion string // "1.2" or "1.3"
+	// InsecureSkipVerify accepts any certificate: for a test cluster only;
+	// outboxd logs a warning at every start.
+	InsecureSkipVerify bool
+}
+
+// SASLOptions is kafka.sasl, as configured (secrets already read).
+type SASLOptions struct {
+	Mechanism string // "": none; PLAIN, SCRAM-SHA-256, SCRAM-SHA-512
+	Username  string
+	Password  string
+}
+
+// SASL mechanism names, as Kafka spells them.
+const (
+	SASLPlain       = "PLAIN"
+	SASLScramSHA256 = "SCRAM-SHA-256"
+	SASLScramSHA512 = "SCRAM-SHA-512"
+)
+
+// BuildTLS turns the options into a client tls.Config; nil when TLS is off.
+// Files are read now, so a missing or malformed one fails at start.
+func BuildTLS(o TLSOptions) (*tls.Config, error) {
+	if !o.Enable {
+		return nil, nil
+	}
+	c := &tls.Config{ServerName: o.ServerName, InsecureSkipVerify: o.InsecureSkipVerify, MinVersion: tls.VersionTLS12}
+	switch o.MinVersion {
+	case "", "1.2":
+	case "1.3":
+		c.MinVersion = tls.VersionTLS13
+	default:
+		return nil, fmt.Errorf("kafka.tls.min_version %q: want 1.2 or 1.3", o.MinVersion)
+	}
+	if o.CAFile != "" {
+		pem, err := os.ReadFile(o.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("kafka.tls.ca_file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("kafka.tls.ca_file %s holds no PEM certificate", o.CAFile)
+		}
+		c.RootCAs = pool
+	}
+	if (o.CertFile == "") != (o.KeyFile == "") {
+		return nil, errors.New("kafka.tls.cert_file and kafka.tls.key_file go together (mTLS)")
+	}
+	if o.CertFile != "" {
+		// The error names the files, never the key's content.
+		cert, err := tls.LoadX509KeyPair(o.CertFile, o.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("kafka.tls.cert_file %s / key_file %s: %w", o.CertFile, o.KeyFile, err)
+		}
+		c.Certificates = []tls.Certificate{cert}
+	}
+	return c, nil
+}
+
+// BuildSASL turns the options into a kafka-go mechanism; nil when SASL is
+// off.
+func BuildSASL(o SASLOptions) (sasl.Mechanism, error) {
+	switch o.Mechanism {
+	case "":
+		return nil, nil
+	case SASLPlain:
+		return plain.Mechanism{Username: o.Username, Password: o.Password}, nil
+	case SASLScramSHA256, SASLScramSHA512:
+		algo := scram.SHA256
+		if o.Mechanism == SASLScramSHA512 {
+			algo = scram.SHA512
+		}
+		m, err := scram.Mechanism(algo, o.Username, o.Password)
+		if err != nil {
+			// SASLprep refused the username or password; say which
+			// without quoting either.
+			return nil, fmt.Errorf("kafka.sasl: the username or password is not valid for %s (SASLprep refused it)", o.Mechanism)
+		}
+		return m, nil
+	}
+	return nil, fmt.Errorf("kafka.sasl.mechanism %q: want %s, %s or %s", o.Mechanism, SASLPlain, SASLScramSHA256, SASLScramSHA512)
+}
+
+// Explain names a connection failure for what it is, TLS or SASL, with the
+// fix; "" when err is none of those. It never quotes a credential (kafka-go's
+// errors do not carry them).
+func Explain(err error) string {
+	why, _ := explain(err)
+	return why
+}
+
+// authFailure is err as an AuthError when it is a TLS or SASL failure that
+// no retry can fix (an untrusted certificate, a wrong password), nil
+// otherwise.
+func authFailure(err error) *AuthError {
+	var ae *AuthError
+	if errors.As(err, &ae) {
+		return ae
+	}
+	if why, definitive := explain(err); definitive {
+		return &AuthError{Reason: why, Err: err}
+	}
+	return nil
+}
+
+// explain is Explain, and whether the failure is definitive (the same
+// connection fails the same way every time) or may be an outage.
+func explain(err error) (why string, definitive bool) {
+	var (
+		unknownCA x509.UnknownAuthorityError
+		hostname  x509.HostnameError
+		invalid   x509.CertificateInvalidError
+		recordHdr tls.RecordHeaderError
+		alert     tls.AlertError
+		kerr      kafka.Error
+	)
+	switch {
+	case errors.As(err, &unknownCA):
+		return "TLS: the broker's certificate is not signed by a trusted CA: set kafka.tls.ca_file to the CA that signed it", true
+	case errors.As(err, &hostname):
+		return fmt.Sprintf("TLS: the broker's certificate is not valid for %q: connect by a name the certificate holds, or set kafka.tls.server_name to one", hostname.Host), true
+	case errors.As(err, &invalid):
+		return "TLS: the broker's certificate is not valid (" + invalid.Error() + ")", true
+	case errors.As(err, &recordHdr):
+		return "TLS: the broker's listener does not speak TLS: turn kafka.tls off or use the broker's SSL/SASL_SSL port", true
+	case errors.As(err, &alert):
+		return "TLS: the broker refused the handshake (" + alert.Error() + "): it may require a client certificate (kafka.tls.cert_file, key_file) it trusts", true
+	case errors.As(err, &kerr) && kerr == kafka.SASLAuthenticationFailed:
+		return "SASL: authentication failed: check kafka.sasl.username, the password and kafka.sasl.mechanism (the broker must have the user for that mechanism)", true
+	case errors.As(err, &kerr) && (kerr == kafka.UnsupportedSASLMechanism || kerr == kafka.IllegalSASLState):
+		return "SASL: the broker does not take kafka.sasl.mechanism on this listener: use one its sasl.enabled.mechanisms lists", true
+	case errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET):
+		return "the broker closed the connection during the handshake: the listener may need TLS (kafka.tls.enable) or SASL (kafka.sasl), or refuse this client", false
+	}
+	var nerr net.Error
+	if errors.As(err, &nerr) && nerr.Timeout() && strings.Contains(err.Error(), "tls") {
+		return "TLS: the handshake timed out: the port may not be a TLS listener", false
+	}
+	return "", false
+}
