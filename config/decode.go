@@ -1,0 +1,186 @@
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"reflect"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// parseDocument parses exactly one YAML document whose top level is a mapping.
+func parseDocument(data []byte) (*yaml.Node, error) {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, errors.New("empty configuration")
+		}
+		return nil, yamlError(err)
+	}
+	var extra yaml.Node
+	switch err := dec.Decode(&extra); {
+	case errors.Is(err, io.EOF):
+	case err != nil:
+		return nil, yamlError(err)
+	default:
+		return nil, fmt.Errorf("line %d: a second YAML document; the configuration must be a single document", extra.Line)
+	}
+	if len(doc.Content) == 0 {
+		return nil, errors.New("empty configuration")
+	}
+	root := doc.Content[0]
+	if root.Kind == yaml.ScalarNode && root.Tag == "!!null" {
+		return nil, errors.New("empty configuration")
+	}
+	if root.Kind != yaml.MappingNode {
+		return nil, fmt.Errorf("line %d: the top level must be a mapping of keys (origen, postgres, kafka, ...)", root.Line)
+	}
+	return root, nil
+}
+
+// yamlError drops the "yaml: " prefix; the message keeps its "line N:".
+func yamlError(err error) error {
+	return errors.New(strings.TrimPrefix(err.Error(), "yaml: "))
+}
+
+var durationType = reflect.TypeOf(time.Duration(0))
+
+// decoder walks the yaml.Node tree and the target value together, so that
+// every problem is reported with its line and field path, all of them at
+// once, and the line of every key is remembered for Validate.
+type decoder struct {
+	lines map[string]int
+	errs  []error
+}
+
+func (d *decoder) fail(n *yaml.Node, path, format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	if path != "" {
+		msg = path + ": " + msg
+	}
+	d.errs = append(d.errs, fmt.Errorf("line %d: %s", n.Line, msg))
+}
+
+func (d *decoder) decode(n *yaml.Node, v reflect.Value, path string) {
+	for n.Kind == yaml.AliasNode {
+		n = n.Alias
+	}
+	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
+		return // "key:" with no value keeps the default
+	}
+	if v.Type() == durationType {
+		if n.Kind != yaml.ScalarNode {
+			d.fail(n, path, "expected a duration such as \"250ms\" or \"1s\"")
+			return
+		}
+		dur, err := time.ParseDuration(n.Value)
+		if err != nil {
+			d.fail(n, path, "invalid duration %q (write e.g. \"250ms\", \"1s\", \"2m\")", n.Value)
+			return
+		}
+		v.SetInt(int64(dur))
+		return
+	}
+	switch v.Kind() {
+	case reflect.Struct:
+		d.decodeStruct(n, v, path)
+	case reflect.Slice:
+		if n.Kind != yaml.SequenceNode {
+			d.fail(n, path, "expected a list")
+			return
+		}
+		s := reflect.MakeSlice(v.Type(), len(n.Content), len(n.Content))
+		for i, item := range n.Content {
+			p := fmt.Sprintf("%s[%d]", path, i)
+			d.lines[p] = item.Line
+			elem := s.Index(i)
+			if r, ok := elem.Addr().Interface().(*Route); ok {
+				*r = defaultRoute()
+			}
+			d.decode(item, elem, p)
+		}
+		v.Set(s)
+	case reflect.String, reflect.Bool, reflect.Int, reflect.Int64:
+		if n.Kind != yaml.ScalarNode {
+			d.fail(n, path, "expected a single value, not a %s", kindName(n.Kind))
+			return
+		}
+		if err := n.Decode(v.Addr().Interface()); err != nil {
+			d.fail(n, path, "expected %s, got %q", typeName(v.Kind()), n.Value)
+		}
+	default:
+		// Unreachable for the types of this package.
+		d.fail(n, path, "cannot decode into %s", v.Type())
+	}
+}
+
+func (d *decoder) decodeStruct(n *yaml.Node, v reflect.Value, path string) {
+	if n.Kind != yaml.MappingNode {
+		d.fail(n, path, "expected a mapping of keys, not a %s", kindName(n.Kind))
+		return
+	}
+	fields := map[string]int{}
+	t := v.Type()
+	for i := 0; i < t.NumField(); i++ {
+		tag := t.Field(i).Tag.Get("yaml")
+		if tag != "" && tag != "-" {
+			fields[tag] = i
+		}
+	}
+	seen := map[string]int{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, val := n.Content[i], n.Content[i+1]
+		key := k.Value
+		where := ""
+		if path != "" {
+			where = " in " + path
+		}
+		if k.Kind != yaml.ScalarNode {
+			d.fail(k, "", "keys must be plain names%s", where)
+			continue
+		}
+		if first, dup := seen[key]; dup {
+			d.fail(k, "", "duplicate key %q%s (first at line %d)", key, where, first)
+			continue
+		}
+		seen[key] = k.Line
+		idx, ok := fields[key]
+		if !ok {
+			d.fail(k, "", "unknown key %q%s", key, where)
+			continue
+		}
+		p := key
+		if path != "" {
+			p = path + "." + key
+		}
+		d.lines[p] = k.Line
+		d.decode(val, v.Field(idx), p)
+	}
+}
+
+func kindName(k yaml.Kind) string {
+	switch k {
+	case yaml.MappingNode:
+		return "mapping"
+	case yaml.SequenceNode:
+		return "list"
+	default:
+		return "single value"
+	}
+}
+
+func typeName(k reflect.Kind) string {
+	switch k {
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Int, reflect.Int64:
+		return "an integer"
+	default:
+		return "a string"
+	}
+}
