@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"reflect"
+	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -14,26 +16,17 @@ import (
 
 // parseDocument parses exactly one YAML document whose top level is a mapping.
 func parseDocument(data []byte) (*yaml.Node, error) {
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	var doc yaml.Node
-	if err := dec.Decode(&doc); err != nil {
-		if errors.Is(err, io.EOF) {
-			return nil, errors.New("empty configuration")
-		}
-		return nil, yamlError(err)
+	docs, err := parseStream(data)
+	if err != nil {
+		return nil, syntaxError(data, err)
 	}
-	var extra yaml.Node
-	switch err := dec.Decode(&extra); {
-	case errors.Is(err, io.EOF):
-	case err != nil:
-		return nil, yamlError(err)
-	default:
-		return nil, fmt.Errorf("line %d: a second YAML document; the configuration must be a single document", extra.Line)
+	if len(docs) > 1 {
+		return nil, fmt.Errorf("line %d: a second YAML document; the configuration must be a single document", docs[1].Line)
 	}
-	if len(doc.Content) == 0 {
+	if len(docs) == 0 || len(docs[0].Content) == 0 {
 		return nil, errors.New("empty configuration")
 	}
-	root := doc.Content[0]
+	root := docs[0].Content[0]
 	if root.Kind == yaml.ScalarNode && root.Tag == "!!null" {
 		return nil, errors.New("empty configuration")
 	}
@@ -43,9 +36,75 @@ func parseDocument(data []byte) (*yaml.Node, error) {
 	return root, nil
 }
 
-// yamlError drops the "yaml: " prefix; the message keeps its "line N:".
-func yamlError(err error) error {
-	return errors.New(strings.TrimPrefix(err.Error(), "yaml: "))
+// parseStream parses the YAML documents of data, stopping after the second
+// (one too many is all parseDocument needs to know).
+func parseStream(data []byte) ([]*yaml.Node, error) {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var docs []*yaml.Node
+	for len(docs) < 2 {
+		var doc yaml.Node
+		err := dec.Decode(&doc)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+		docs = append(docs, &doc)
+	}
+	return docs, nil
+}
+
+var yamlErrorRe = regexp.MustCompile(`^yaml: (?:line ([0-9]+): )?(.*)$`)
+
+// syntaxError returns yaml.v3's syntax error err as "line N: problem" with N
+// the line of the problem. yaml.v3 gets N wrong in three ways: a parser error
+// (as opposed to a scanner error) counts lines from 0, so it names the line
+// before; when the mapping or list around the problem does not start on the
+// first line, it names the line where that starts instead; an unknown alias
+// has no line. The parser reads a stream, so the shortest run of whole lines
+// from the top that fails with the same problem ends on the problem's line;
+// yaml.v3's own N is never after it, so the search starts there.
+func syntaxError(data []byte, err error) error {
+	m := yamlErrorRe.FindStringSubmatch(err.Error())
+	if m == nil {
+		return err
+	}
+	problem := m[2]
+	line, _ := strconv.Atoi(m[1]) // 0 when absent
+	n := 0
+	for end := 0; end < len(data); {
+		if next := bytes.IndexByte(data[end:], '\n'); next >= 0 {
+			end += next + 1
+		} else {
+			end = len(data)
+		}
+		if n++; n < line {
+			continue
+		}
+		_, perr := parseStream(data[:end])
+		if pm := yamlErrorRe.FindStringSubmatch(fmt.Sprint(perr)); pm != nil && pm[2] == problem {
+			line = n
+			break
+		}
+	}
+	if line == 0 {
+		return errors.New(problem)
+	}
+	return fmt.Errorf("line %d: %s%s", line, problem, syntaxHint(data, line, problem))
+}
+
+// syntaxHint explains the syntax error a ${NAME} causes inside a flow list or
+// mapping ([a, b] or {k: v}), where YAML reads "{" as the start of a mapping.
+func syntaxHint(data []byte, line int, problem string) string {
+	if !strings.HasPrefix(problem, "did not find expected ',' or ") {
+		return ""
+	}
+	lines := bytes.Split(data, []byte("\n"))
+	if line > len(lines) || !bytes.Contains(lines[line-1], []byte("${")) {
+		return ""
+	}
+	return ` (inside [ ] or { }, quote a value that holds a variable: "${NAME}")`
 }
 
 var durationType = reflect.TypeOf(time.Duration(0))

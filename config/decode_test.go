@@ -1,6 +1,7 @@
 package config_test
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -48,6 +49,76 @@ func TestDecodeErrors(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := config.Parse([]byte(tt.yml), env(nil))
 			assertErr(t, err, tt.wantErr...)
+		})
+	}
+}
+
+// yaml.v3 reports many syntax errors a line early, or at the line where the
+// enclosing mapping or list starts, or without a line; each case below is
+// one of those, and the error must name the line of the problem.
+func TestSyntaxErrorLines(t *testing.T) {
+	tests := []struct {
+		name     string
+		yml      string
+		wantLine int
+		wantMsg  string
+	}{
+		{"text after a quoted value, nested",
+			"origen: comandes\npostgres:\n  dsn: \"postgres://h/db\"\n  slot: \"outboxd\" x\n",
+			4, "did not find expected key"},
+		{"text after a quoted value, top level",
+			"origen: comandes\n\nlog: \"info\" x\n",
+			3, "did not find expected key"},
+		{"text after a quoted value on the first line",
+			"origen: \"comandes\" x\npostgres: {}\n",
+			1, "did not find expected key"},
+		{"key indented less than its siblings",
+			"origen: comandes\npostgres:\n  dsn: x\n  slot: y\n publication: z\n",
+			5, "did not find expected key"},
+		{"a list item among keys",
+			"origen: comandes\npostgres:\n  dsn: x\n\n  - slot\n",
+			5, "did not find expected key"},
+		{"a key among list items",
+			"origen: comandes\nroutes:\n  - table: public.outbox\n  - table: public.other\n  topic: t\n",
+			5, "did not find expected '-' indicator"},
+		{"a list at the top, then a key",
+			"- a\norigen: comandes\n",
+			2, "did not find expected '-' indicator"},
+		{"one bracket too many",
+			"origen: comandes\nkafka:\n  brokers: [\"k:9092\"]]\n",
+			3, "did not find expected key"},
+		{"unclosed flow list names its line",
+			"origen: comandes\nkafka:\n  brokers: [\"k:9092\"\nroutes: []\n",
+			3, "did not find expected ',' or ']'"},
+		{"unclosed flow mapping names its line",
+			"origen: comandes\nroutes:\n  - {table: public.outbox\n    topic: t\n",
+			3, "did not find expected ',' or '}'"},
+		{"unknown alias",
+			"origen: comandes\nlog:\n  level: *lvl\n",
+			3, "unknown anchor 'lvl' referenced"},
+		{"block scalar dedented",
+			"origen: comandes\npostgres:\n  dsn: |\n    host=h\n   dbname=d\n",
+			5, "did not find expected key"},
+		{"second document header is not a document",
+			"origen: comandes\n%YAML 1.2\n",
+			2, "found incompatible YAML document"},
+		{"scanner error: mapping in a plain value",
+			"origen: comandes\nlog:\n  level: a: b\n",
+			3, "mapping values are not allowed in this context"},
+		{"scanner error: tab indentation",
+			"origen: comandes\nlog:\n\tlevel: info\n",
+			3, "found character that cannot start any token"},
+		{"scanner error: unterminated quote names where it opens",
+			"origen: comandes\nlog:\n  level: \"info\n  format: text\n",
+			3, "found unexpected end of stream"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := config.Parse([]byte(tt.yml), env(map[string]string{"BROKER": "k:9092"}))
+			want := fmt.Sprintf("line %d: %s", tt.wantLine, tt.wantMsg)
+			if err == nil || err.Error() != want {
+				t.Errorf("error = %v\nwant    %s", err, want)
+			}
 		})
 	}
 }
