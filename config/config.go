@@ -1,9 +1,17 @@
 // Package config turns an outboxd YAML file into validated plain structs.
 //
-// The pipeline is: Default() → expand ${VAR} in the raw text → decode YAML
-// strictly (unknown keys, duplicate keys and wrong types are errors that name
-// the line) → Validate(). YAML tags live only in this package; the rest of
-// outboxd takes the plain structs.
+// The pipeline is: Default() → parse the YAML → expand ${NAME} in each scalar
+// value → decode strictly over the defaults (unknown keys, duplicate keys and
+// wrong types are errors that name the line) → Validate(). YAML tags live
+// only in this package; the rest of outboxd takes the plain structs.
+//
+// ${NAME} is replaced by the variable's value (an unset variable is an error
+// with its line; $$ is a literal $) inside values only: mapping keys and
+// comments are never expanded. Because the YAML is parsed first, a value is
+// data whatever it holds (quotes, colons, line breaks); an unquoted value
+// takes the type YAML gives the text in its place (batch_size: ${N} is an
+// integer), an empty one counts as absent. Inside [ ] or { } a reference must
+// be quoted, since YAML reads "{" there as a mapping.
 package config
 
 import (
@@ -194,21 +202,20 @@ func Load(path string) (Config, error) {
 	return cfg, nil
 }
 
-// Parse expands ${NAME} references with lookupEnv (a nil lookupEnv defines no
-// variable), decodes the YAML strictly over Default(), derives each route's
-// Schema and Name, and validates. It touches no global state. On error the
-// Config is the zero value and the error lists every problem found.
+// Parse parses the YAML, expands ${NAME} in its values with lookupEnv (a nil
+// lookupEnv defines no variable), decodes it strictly over Default(), derives
+// each route's Schema and Name, and validates. It touches no global state. On
+// error the Config is the zero value and the error lists every problem found.
 func Parse(data []byte, lookupEnv func(string) (string, bool)) (Config, error) {
 	if lookupEnv == nil {
 		lookupEnv = func(string) (string, bool) { return "", false }
 	}
-	expanded, err := expandEnv(data, lookupEnv)
+	root, err := parseDocument(data)
 	if err != nil {
 		return Config{}, err
 	}
-	root, err := parseDocument(expanded)
-	if err != nil {
-		return Config{}, err
+	if errs := expandTree(root, "", lookupEnv); len(errs) > 0 {
+		return Config{}, errors.Join(errs...)
 	}
 
 	cfg := Default()

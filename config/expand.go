@@ -1,69 +1,159 @@
 package config
 
 import (
-	"bytes"
-	"errors"
 	"fmt"
 	"regexp"
 	"strings"
+
+	"gopkg.in/yaml.v3"
 )
 
 var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
-// expandEnv replaces ${NAME} with its value and $$ with $, line by line, so
-// that line numbers in later errors still refer to the original file. A value
-// containing a line break is rejected: it would shift every later line and
-// could inject YAML structure. A $ followed by anything else is kept as is.
-func expandEnv(data []byte, lookupEnv func(string) (string, bool)) ([]byte, error) {
-	var (
-		out  bytes.Buffer
-		errs []error
-		line = 1
-	)
-	out.Grow(len(data))
-	for i := 0; i < len(data); i++ {
-		c := data[i]
-		if c == '\n' {
-			line++
+// expandTree replaces ${NAME} with the value of the variable and $$ with $ in
+// every scalar value under n. The YAML is parsed first, so a value is data
+// wherever it lands: a quote, a colon or a line break in it cannot change the
+// structure of the file. Mapping keys are names and stay as written; comments
+// are not part of the tree. Every problem is returned, each with its line.
+func expandTree(n *yaml.Node, path string, lookupEnv func(string) (string, bool)) []error {
+	var errs []error
+	switch n.Kind {
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			errs = append(errs, expandTree(n.Content[i+1], joinPath(path, n.Content[i].Value), lookupEnv)...)
 		}
-		if c != '$' || i+1 >= len(data) {
-			out.WriteByte(c)
-			continue
+	case yaml.SequenceNode:
+		for i, item := range n.Content {
+			errs = append(errs, expandTree(item, fmt.Sprintf("%s[%d]", path, i), lookupEnv)...)
 		}
-		switch data[i+1] {
-		case '$':
-			out.WriteByte('$')
-			i++
-		case '{':
-			end := bytes.IndexByte(data[i+2:], '}')
-			nl := bytes.IndexByte(data[i+2:], '\n')
-			if end < 0 || (nl >= 0 && nl < end) {
-				errs = append(errs, fmt.Errorf("line %d: unterminated variable reference \"${\" (write $$ for a literal $)", line))
-				out.WriteByte(c)
-				continue
-			}
-			name := string(data[i+2 : i+2+end])
-			i += 2 + end
-			if !envName.MatchString(name) {
-				errs = append(errs, fmt.Errorf("line %d: invalid variable name %q in ${%s}", line, name, name))
-				continue
-			}
-			val, ok := lookupEnv(name)
-			if !ok {
-				errs = append(errs, fmt.Errorf("line %d: environment variable %s is not set", line, name))
-				continue
-			}
-			if strings.ContainsAny(val, "\r\n") {
-				errs = append(errs, fmt.Errorf("line %d: environment variable %s contains a line break, which is not allowed", line, name))
-				continue
-			}
-			out.WriteString(val)
-		default:
-			out.WriteByte(c)
+	case yaml.ScalarNode:
+		errs = expandScalar(n, lookupEnv)
+	}
+	// An alias is expanded where its anchor is defined.
+	return errs
+}
+
+func joinPath(path, key string) string {
+	if path == "" {
+		return key
+	}
+	return path + "." + key
+}
+
+// expandScalar expands the references in one scalar value.
+func expandScalar(n *yaml.Node, lookupEnv func(string) (string, bool)) []error {
+	if !strings.Contains(n.Value, "$") {
+		return nil
+	}
+	t, errs := parseTemplate(n.Value)
+	values := make([]string, len(t.refs))
+	for i, r := range t.refs {
+		v, ok := lookupEnv(r.name)
+		if !ok {
+			errs = append(errs, templateError{r.offset, fmt.Sprintf("environment variable %s is not set", r.name)})
 		}
+		values[i] = v
 	}
 	if len(errs) > 0 {
-		return nil, errors.Join(errs...)
+		out := make([]error, len(errs))
+		for i, e := range errs {
+			out[i] = fmt.Errorf("line %d: %s", lineAt(n, e.offset), e.msg)
+		}
+		return out
 	}
-	return out.Bytes(), nil
+	n.Value = t.join(values)
+	if n.Style == 0 {
+		retag(n)
+	}
+	return nil
+}
+
+// retag gives an expanded plain scalar the tag YAML would have given the
+// value written in its place (so that batch_size: ${N} is an integer), except
+// that a variable's value is never null unless it is empty: a password
+// "null" stays a string.
+func retag(n *yaml.Node) {
+	n.Tag = ""
+	tag := n.ShortTag()
+	if tag == "!!null" && n.Value != "" {
+		tag = "!!str"
+	}
+	n.Tag = tag
+}
+
+// lineAt is the line of the byte at offset in the value of n: the scalar's
+// own line, but for a literal block scalar (|), whose lines are the file's.
+func lineAt(n *yaml.Node, offset int) int {
+	if n.Style&yaml.LiteralStyle != 0 {
+		return n.Line + 1 + strings.Count(n.Value[:offset], "\n")
+	}
+	return n.Line
+}
+
+// A template is a scalar value cut at its ${NAME} references.
+type template struct {
+	text []string // the literal text around the references, $$ already $; one more than refs
+	refs []varRef
+}
+
+type varRef struct {
+	name   string
+	offset int // of the "$" in the value, for the line of an error
+}
+
+type templateError struct {
+	offset int
+	msg    string
+}
+
+// parseTemplate cuts s at its references. "$$" is a literal "$"; a "$" before
+// anything else than "{" or "$" is kept as it is.
+func parseTemplate(s string) (template, []templateError) {
+	var (
+		t    template
+		errs []templateError
+		lit  strings.Builder
+	)
+	for i := 0; i < len(s); i++ {
+		if s[i] != '$' || i+1 == len(s) {
+			lit.WriteByte(s[i])
+			continue
+		}
+		switch s[i+1] {
+		case '$':
+			lit.WriteByte('$')
+			i++
+		case '{':
+			end := strings.IndexByte(s[i+2:], '}')
+			if nl := strings.IndexByte(s[i+2:], '\n'); end < 0 || (nl >= 0 && nl < end) {
+				errs = append(errs, templateError{i, `unterminated variable reference "${" (write $$ for a literal $)`})
+				lit.WriteByte('$')
+				continue
+			}
+			name := s[i+2 : i+2+end]
+			if envName.MatchString(name) {
+				t.text = append(t.text, lit.String())
+				t.refs = append(t.refs, varRef{name: name, offset: i})
+				lit.Reset()
+			} else {
+				errs = append(errs, templateError{i, fmt.Sprintf("invalid variable name %q in ${%s}", name, name)})
+			}
+			i += 2 + end
+		default:
+			lit.WriteByte('$')
+		}
+	}
+	t.text = append(t.text, lit.String())
+	return t, errs
+}
+
+// join puts the values of the references in their places, as they are.
+func (t template) join(values []string) string {
+	var b strings.Builder
+	for i, v := range values {
+		b.WriteString(t.text[i])
+		b.WriteString(v)
+	}
+	b.WriteString(t.text[len(values)])
+	return b.String()
 }
