@@ -11,7 +11,9 @@
 // data whatever it holds (quotes, colons, line breaks); an unquoted value
 // takes the type YAML gives the text in its place (batch_size: ${N} is an
 // integer), an empty one counts as absent. Inside [ ] or { } a reference must
-// be quoted, since YAML reads "{" there as a mapping.
+// be quoted, since YAML reads "{" there as a mapping. In postgres.dsn a value
+// is written so that the DSN reads as meant whatever it holds (see joinDSN);
+// postgres.password and postgres.password_file avoid the question altogether.
 package config
 
 import (
@@ -39,7 +41,13 @@ type Config struct {
 
 // Postgres is the source database and its replication objects.
 type Postgres struct {
-	DSN                string        `yaml:"dsn"`                  // required
+	DSN string `yaml:"dsn"` // required
+	// Password, when set, replaces the DSN's password. Parse sets it from
+	// PasswordFile, when that is set (the two keys exclude each other).
+	Password string `yaml:"password"`
+	// PasswordFile names the file the password is read from at load time,
+	// one trailing newline dropped: a Kubernetes secret mounted as a file.
+	PasswordFile       string        `yaml:"password_file"`
 	Slot               string        `yaml:"slot"`                 // required, ^[a-z0-9_]{1,63}$
 	Publication        string        `yaml:"publication"`          // required
 	CreateSlot         bool          `yaml:"create_slot"`          // create the slot at start when absent
@@ -195,7 +203,7 @@ func Load(path string) (Config, error) {
 	if err != nil {
 		return Config{}, fmt.Errorf("load config: %w", err)
 	}
-	cfg, err := Parse(data, os.LookupEnv)
+	cfg, err := Parse(data, os.LookupEnv, os.ReadFile)
 	if err != nil {
 		return Config{}, fmt.Errorf("%s: %w", path, err)
 	}
@@ -204,9 +212,12 @@ func Load(path string) (Config, error) {
 
 // Parse parses the YAML, expands ${NAME} in its values with lookupEnv (a nil
 // lookupEnv defines no variable), decodes it strictly over Default(), derives
-// each route's Schema and Name, and validates. It touches no global state. On
-// error the Config is the zero value and the error lists every problem found.
-func Parse(data []byte, lookupEnv func(string) (string, bool)) (Config, error) {
+// each route's Schema and Name, reads postgres.password_file with readFile
+// (Load passes os.ReadFile; a nil readFile reads no file), and validates. It
+// touches no global state but through these two functions, and what pgconn
+// reads to check the DSN (see Postgres.ConnConfig). On error the Config is
+// the zero value and the error lists every problem found.
+func Parse(data []byte, lookupEnv func(string) (string, bool), readFile func(string) ([]byte, error)) (Config, error) {
 	if lookupEnv == nil {
 		lookupEnv = func(string) (string, bool) { return "", false }
 	}
@@ -230,6 +241,9 @@ func Parse(data []byte, lookupEnv func(string) (string, bool)) (Config, error) {
 	}
 
 	errs := d.errs
+	if err := readPasswordFile(&cfg, readFile); err != nil {
+		errs = append(errs, err)
+	}
 	if verr := cfg.Validate(); verr != nil {
 		errs = append(errs, verr)
 	}

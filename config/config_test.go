@@ -34,7 +34,7 @@ routes:
 
 func mustParse(t *testing.T, yml string, vars map[string]string) config.Config {
 	t.Helper()
-	cfg, err := config.Parse([]byte(yml), env(vars))
+	cfg, err := config.Parse([]byte(yml), env(vars), nil)
 	if err != nil {
 		t.Fatalf("Parse: unexpected error:\n%v", err)
 	}
@@ -253,6 +253,19 @@ func TestLoad(t *testing.T) {
 	}
 	if want := "postgres://outboxd:from-env@127.0.0.1/km0"; cfg.Postgres.DSN != want {
 		t.Errorf("dsn = %q, want %q (expanded from the process environment)", cfg.Postgres.DSN, want)
+	}
+
+	secret := filepath.Join(dir, "pg-password")
+	if err := os.WriteFile(secret, []byte("p@ss/w\"rd\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	withFile := filepath.Join(dir, "with-file.yaml")
+	yml = strings.Replace(minimal, "  slot:", "  password_file: "+secret+"\n  slot:", 1)
+	if err := os.WriteFile(withFile, []byte(yml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if cfg, err := config.Load(withFile); err != nil || cfg.Postgres.Password != `p@ss/w"rd` {
+		t.Errorf("Load with password_file: password %q, error %v; want %q", cfg.Postgres.Password, err, `p@ss/w"rd`)
 	}
 
 	bad := filepath.Join(dir, "outboxd.yaml")

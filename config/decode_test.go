@@ -47,7 +47,7 @@ func TestDecodeErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := config.Parse([]byte(tt.yml), env(nil))
+			_, err := config.Parse([]byte(tt.yml), env(nil), nil)
 			assertErr(t, err, tt.wantErr...)
 		})
 	}
@@ -114,7 +114,7 @@ func TestSyntaxErrorLines(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := config.Parse([]byte(tt.yml), env(map[string]string{"BROKER": "k:9092"}))
+			_, err := config.Parse([]byte(tt.yml), env(map[string]string{"BROKER": "k:9092"}), nil)
 			want := fmt.Sprintf("line %d: %s", tt.wantLine, tt.wantMsg)
 			if err == nil || err.Error() != want {
 				t.Errorf("error = %v\nwant    %s", err, want)

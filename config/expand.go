@@ -27,7 +27,11 @@ func expandTree(n *yaml.Node, path string, lookupEnv func(string) (string, bool)
 			errs = append(errs, expandTree(item, fmt.Sprintf("%s[%d]", path, i), lookupEnv)...)
 		}
 	case yaml.ScalarNode:
-		errs = expandScalar(n, lookupEnv)
+		join := template.join
+		if path == "postgres.dsn" {
+			join = joinDSN
+		}
+		errs = expandScalar(n, lookupEnv, join)
 	}
 	// An alias is expanded where its anchor is defined.
 	return errs
@@ -41,7 +45,7 @@ func joinPath(path, key string) string {
 }
 
 // expandScalar expands the references in one scalar value.
-func expandScalar(n *yaml.Node, lookupEnv func(string) (string, bool)) []error {
+func expandScalar(n *yaml.Node, lookupEnv func(string) (string, bool), join func(template, []string) string) []error {
 	if !strings.Contains(n.Value, "$") {
 		return nil
 	}
@@ -61,7 +65,7 @@ func expandScalar(n *yaml.Node, lookupEnv func(string) (string, bool)) []error {
 		}
 		return out
 	}
-	n.Value = t.join(values)
+	n.Value = join(t, values)
 	if n.Style == 0 {
 		retag(n)
 	}

@@ -34,8 +34,8 @@ func TestEnvExpansion(t *testing.T) {
 			wantDSN: "postgres://u:pa$x$@h/db",
 		},
 		{
-			name: "escaped reference is not expanded", dsn: `"postgres://u:$${PW}@h/db"`, vars: nil,
-			wantDSN: "postgres://u:${PW}@h/db",
+			name: "escaped reference is not expanded", dsn: `"host=h dbname=$${PW}"`, vars: nil,
+			wantDSN: "host=h dbname=${PW}",
 		},
 		{
 			name: "lone dollar is kept", dsn: `"postgres://u:a$b@h/db"`, vars: nil,
@@ -43,7 +43,7 @@ func TestEnvExpansion(t *testing.T) {
 		},
 		{
 			name: "value is not re-expanded", dsn: `"postgres://u:${PW}@h/db"`, vars: map[string]string{"PW": "${OTHER}"},
-			wantDSN: "postgres://u:${OTHER}@h/db",
+			wantDSN: "postgres://u:%24%7BOTHER%7D@h/db", // percent-encoded in the user info
 		},
 		{
 			name: "unset", dsn: `"postgres://u:${PGPASSWORD}@h/db"`, vars: map[string]string{"PW": "x"},
@@ -64,7 +64,7 @@ func TestEnvExpansion(t *testing.T) {
 			if yml == minimal {
 				t.Fatal("test setup: dsn not replaced")
 			}
-			cfg, err := config.Parse([]byte(yml), env(tt.vars))
+			cfg, err := config.Parse([]byte(yml), env(tt.vars), nil)
 			if tt.wantErr == nil {
 				if err != nil {
 					t.Fatalf("unexpected error: %v", err)
@@ -79,19 +79,19 @@ func TestEnvExpansion(t *testing.T) {
 	}
 
 	t.Run("unset variable in a later line names that line", func(t *testing.T) {
-		_, err := config.Parse([]byte(minimal+"log:\n  level: ${LEVEL}\n"), env(nil))
+		_, err := config.Parse([]byte(minimal+"log:\n  level: ${LEVEL}\n"), env(nil), nil)
 		assertErr(t, err, "line 12: environment variable LEVEL is not set")
 	})
 	t.Run("nil lookupEnv defines nothing", func(t *testing.T) {
-		_, err := config.Parse([]byte(minimal+"log:\n  level: ${HOME}\n"), nil)
+		_, err := config.Parse([]byte(minimal+"log:\n  level: ${HOME}\n"), nil, nil)
 		assertErr(t, err, "line 12:", "HOME")
 	})
 	t.Run("all unset variables are reported", func(t *testing.T) {
-		_, err := config.Parse([]byte("origen: ${A}\nlog:\n  level: ${B}\n"), env(nil))
+		_, err := config.Parse([]byte("origen: ${A}\nlog:\n  level: ${B}\n"), env(nil), nil)
 		assertErr(t, err, "line 1: environment variable A", "line 3: environment variable B")
 	})
 	t.Run("unset variable in a literal block names its line", func(t *testing.T) {
-		_, err := config.Parse([]byte(minimal+"log:\n  level: |\n    a\n    ${LEVEL}\n"), env(nil))
+		_, err := config.Parse([]byte(minimal+"log:\n  level: |\n    a\n    ${LEVEL}\n"), env(nil), nil)
 		assertErr(t, err, "line 14: environment variable LEVEL is not set")
 	})
 }
@@ -149,7 +149,7 @@ log: {level: "${L}", format: "${F}"}`, vars: map[string]string{"L": "warn", "F":
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			yml := strings.Replace(minimal, "origen: comandes\n", tt.yml+"\n", 1)
-			cfg, err := config.Parse([]byte(yml), env(tt.vars))
+			cfg, err := config.Parse([]byte(yml), env(tt.vars), nil)
 			if tt.wantErr != "" {
 				assertErr(t, err, tt.wantErr)
 				return

@@ -29,6 +29,8 @@ func (c Config) Validate() error {
 	p := c.Postgres
 	if p.DSN == "" {
 		v.add("postgres.dsn", "required")
+	} else if _, reason := p.connConfig(); reason != "" {
+		v.add("postgres.dsn", "not a valid connection string: %s", reason)
 	}
 	if p.Slot == "" {
 		v.add("postgres.slot", "required")

@@ -82,7 +82,7 @@ func TestValidateErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := config.Parse([]byte(tt.yml), env(nil))
+			_, err := config.Parse([]byte(tt.yml), env(nil), nil)
 			assertErr(t, err, tt.wantErr...)
 		})
 	}
@@ -105,7 +105,7 @@ routes:
   - table: public.outbox
     topic: "b c"
 `
-	_, err := config.Parse([]byte(yml), env(nil))
+	_, err := config.Parse([]byte(yml), env(nil), nil)
 	want := []string{
 		`line 6: postgres.connect_timeout: invalid duration "soon"`,
 		`line 10: unknown key "kafak" in kafka`,
