@@ -98,7 +98,7 @@ type Columns struct {
 	ID        string `yaml:"id"`
 	AgregatID string `yaml:"agregat_id"`
 	Tipus     string `yaml:"tipus"`
-	Versio    string `yaml:"versio"` // NoColumn: no such column, versio is always 1
+	Versio    string `yaml:"versio"` // "": no such column, versio is always 1 (YAML: "-")
 	Carrega   string `yaml:"carrega"`
 	CreatEn   string `yaml:"creat_en"`
 }
@@ -108,10 +108,6 @@ const (
 	OnErrorStop       = "stop"
 	OnErrorDeadLetter = "dead_letter"
 )
-
-// NoColumn as Columns.Versio means the table has no version column (Debezium
-// tables have none) and every event has versio 1.
-const NoColumn = "-"
 
 // Pipeline bounds the work in flight and paces retries and shutdown.
 type Pipeline struct {
@@ -233,14 +229,7 @@ func Parse(data []byte, lookupEnv func(string) (string, bool), readFile func(str
 	d := decoder{lines: map[string]int{}}
 	d.decode(root, reflect.ValueOf(&cfg).Elem(), "")
 	cfg.lines = d.lines
-	for i := range cfg.Routes {
-		r := &cfg.Routes[i]
-		if schema, name, ok := splitTable(r.Table); ok {
-			r.Schema, r.Name = schema, name
-		}
-	}
-
-	errs := d.errs
+	errs := append(d.errs, fromYAML(&cfg)...)
 	if err := readPasswordFile(&cfg, readFile); err != nil {
 		errs = append(errs, err)
 	}

@@ -201,7 +201,7 @@ func TestParseExamples(t *testing.T) {
 					Topic: "inventari.esdeveniments",
 					Columns: config.Columns{
 						ID: "id", AgregatID: "aggregateid", Tipus: "type",
-						Versio: config.NoColumn, Carrega: "payload", CreatEn: "timestamp",
+						Versio: "", Carrega: "payload", CreatEn: "timestamp",
 					},
 					OnError: config.OnErrorStop,
 				},
@@ -279,6 +279,30 @@ func TestLoad(t *testing.T) {
 
 	if _, err := config.Load(filepath.Join(dir, "missing.yaml")); err == nil || !strings.Contains(err.Error(), "missing.yaml") {
 		t.Errorf("Load of a missing file: error = %v, want one naming the file", err)
+	}
+}
+
+// In the YAML "-" says that a table has no versio column; in Columns that is
+// "". An absent or null versio keeps the default column name.
+func TestVersioSpellings(t *testing.T) {
+	tests := []struct {
+		columns string
+		want    string
+	}{
+		{"    columns:\n      versio: \"-\"\n", ""},
+		{"    columns:\n      versio: '-'\n", ""},
+		{"    columns:\n      versio:\n", "versio"},
+		{"    columns:\n      versio: ~\n", "versio"},
+		{"    columns:\n      versio: version\n", "version"},
+		{"", "versio"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.columns, func(t *testing.T) {
+			cfg := mustParse(t, minimal+tt.columns, nil)
+			if got := cfg.Routes[0].Columns.Versio; got != tt.want {
+				t.Errorf("Versio = %q, want %q", got, tt.want)
+			}
+		})
 	}
 }
 

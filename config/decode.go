@@ -243,3 +243,29 @@ func typeName(k reflect.Kind) string {
 		return "a string"
 	}
 }
+
+// noColumn is how the YAML says that a table has no versio column (Debezium
+// tables have none); in Columns it is "".
+const noColumn = "-"
+
+// fromYAML turns what the YAML spells its own way into the plain structs:
+// each route's Schema and Name come from its table, and versio "-" becomes
+// "". An empty versio is an error, as for every column: "" is too easily an
+// empty variable or a slip to mean "no column".
+func fromYAML(c *Config) []error {
+	var errs []error
+	for i := range c.Routes {
+		r := &c.Routes[i]
+		if schema, name, ok := splitTable(r.Table); ok {
+			r.Schema, r.Name = schema, name
+		}
+		switch r.Columns.Versio {
+		case noColumn:
+			r.Columns.Versio = ""
+		case "":
+			path := fmt.Sprintf("routes[%d].columns.versio", i)
+			errs = append(errs, fmt.Errorf("line %d: %s: column name must not be empty (write \"-\" if the table has no version column)", c.lines[path], path))
+		}
+	}
+	return errs
+}

@@ -174,11 +174,13 @@ func (v *validator) route(i int, r Route, tables map[string]int) {
 	for _, col := range cols {
 		path := at("columns." + col.key)
 		switch {
+		case col.val == "" && col.key == "versio": // no such column
 		case col.val == "":
 			v.add(path, "column name must not be empty")
-		case col.val == NoColumn && col.key != "versio":
-			v.add(path, "%q (no such column) is allowed only for versio", NoColumn)
-		case col.val == NoColumn:
+		case col.val == noColumn && col.key == "versio":
+			v.add(path, "%q is the YAML spelling of no such column; in Columns it is \"\"", noColumn)
+		case col.val == noColumn:
+			v.add(path, "%q (no such column) is allowed only for versio", noColumn)
 		default:
 			if other, dup := used[col.val]; dup {
 				v.add(path, "column %q is also used for %s", col.val, other)

@@ -55,6 +55,8 @@ func TestValidateErrors(t *testing.T) {
 			[]string{`line 12: routes[0].columns.carrega: column "tipus" is also used for tipus`}},
 		{"dash only for versio", minimal + "    columns:\n      creat_en: \"-\"\n",
 			[]string{`line 12: routes[0].columns.creat_en: "-" (no such column) is allowed only for versio`}},
+		{"empty versio is not the spelling of no column", minimal + "    columns:\n      versio: \"\"\n",
+			[]string{`line 12: routes[0].columns.versio: column name must not be empty (write "-" if the table has no version column)`}},
 		{"bad slot", strings.Replace(minimal, "slot: outboxd_comandes", "slot: Outboxd-Comandes", 1),
 			[]string{`line 4: postgres.slot: "Outboxd-Comandes" is not a valid slot name`}},
 		{"missing dsn uses the section's line", strings.Replace(minimal, "  dsn: \"postgres://outboxd@127.0.0.1/km0\"\n", "", 1),
@@ -151,6 +153,8 @@ func TestValidateBuiltInGo(t *testing.T) {
 				"postgres.publication: required", "kafka.brokers: required", "routes: at least one route is required"}},
 		{"zero columns", func(c *config.Config) { c.Routes[0].Columns = config.Columns{} },
 			[]string{"routes[0].columns.id: column name must not be empty", "routes[0].columns.creat_en: column name must not be empty"}},
+		{"dash for versio is YAML only", func(c *config.Config) { c.Routes[0].Columns.Versio = "-" },
+			[]string{`routes[0].columns.versio: "-" is the YAML spelling of no such column; in Columns it is ""`}},
 		{"schema and name not derived", func(c *config.Config) { c.Routes[0].Schema, c.Routes[0].Name = "", "" },
 			[]string{`routes[0].table: Schema/Name ("", "") do not match table "public.outbox"`}},
 	}

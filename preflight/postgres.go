@@ -244,7 +244,7 @@ func evalTable(r config.Route, relkind string, cols map[string]column) Result {
 	}
 	var problems, fixes, found []string
 	for _, m := range maps {
-		if m.field == "versio" && m.column == config.NoColumn {
+		if m.field == "versio" && m.column == "" {
 			found = append(found, "versio -")
 			continue
 		}

@@ -155,7 +155,7 @@ func evalPublication(cfg config.Config, p publication) Result {
 
 func mapped(c config.Columns) []string {
 	out := []string{c.ID, c.AgregatID, c.Tipus, c.Carrega, c.CreatEn}
-	if c.Versio != config.NoColumn {
+	if c.Versio != "" {
 		out = append(out, c.Versio)
 	}
 	return out

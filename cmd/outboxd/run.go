@@ -83,9 +83,6 @@ func buildRunner(cfg config.Config, metrics *health.Metrics, log hclog.Logger) (
 	for i, r := range cfg.Routes {
 		cols := envelope.Columns{ID: r.Columns.ID, AgregatID: r.Columns.AgregatID, Tipus: r.Columns.Tipus,
 			Versio: r.Columns.Versio, Carrega: r.Columns.Carrega, CreatEn: r.Columns.CreatEn}
-		if cols.Versio == config.NoColumn {
-			cols.Versio = ""
-		}
 		routes[i] = envelope.Route{Schema: r.Schema, Table: r.Name, Topic: r.Topic, Columns: cols}
 		if r.OnError == config.OnErrorDeadLetter {
 			routes[i].DeadLetterTopic = r.DeadLetterTopic
