@@ -208,11 +208,12 @@ func Load(path string) (Config, error) {
 
 // Parse parses the YAML, expands ${NAME} in its values with lookupEnv (a nil
 // lookupEnv defines no variable), decodes it strictly over Default(), derives
-// each route's Schema and Name, reads postgres.password_file with readFile
-// (Load passes os.ReadFile; a nil readFile reads no file), and validates. It
-// touches no global state but through these two functions, and what pgconn
-// reads to check the DSN (see Postgres.ConnConfig). On error the Config is
-// the zero value and the error lists every problem found.
+// each route's Schema and Name (and versio "-" becomes ""), reads
+// postgres.password_file with readFile (Load passes os.ReadFile; a nil
+// readFile reads no file), and validates. It touches no global state but
+// through these two functions and what pgconn reads to check the DSN (see
+// Postgres.ConnConfig). On error the Config is the zero value and the error
+// lists every problem found.
 func Parse(data []byte, lookupEnv func(string) (string, bool), readFile func(string) ([]byte, error)) (Config, error) {
 	if lookupEnv == nil {
 		lookupEnv = func(string) (string, bool) { return "", false }

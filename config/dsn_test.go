@@ -2,6 +2,7 @@ package config_test
 
 import (
 	"io/fs"
+	"net/url"
 	"strings"
 	"testing"
 
@@ -239,4 +240,57 @@ func TestPasswordFile(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Whatever the password, a DSN that encodes it correctly is redacted to the
+// same text, and RedactedDSN takes any string. Run with -fuzz to search.
+func FuzzRedactedDSN(f *testing.F) {
+	for _, pw := range passwords {
+		f.Add(pw)
+	}
+	f.Add("postgres://u:p@ss@h/db?password=x#y")
+	f.Fuzz(func(t *testing.T, pw string) {
+		_ = config.Postgres{DSN: pw}.RedactedDSN() // any input
+		if pw == "" {
+			return
+		}
+		u := (&url.URL{Scheme: "postgres", User: url.UserPassword("outboxd", pw), Host: "db", Path: "/km0"}).String()
+		if got, want := (config.Postgres{DSN: u}).RedactedDSN(), "postgres://outboxd:xxxxx@db/km0"; got != want {
+			t.Errorf("RedactedDSN(%q) = %q, want %q", u, got, want)
+		}
+		kv := "host=db password='" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(pw) + "' dbname=km0"
+		if got, want := (config.Postgres{DSN: kv}).RedactedDSN(), "host=db password=xxxxx dbname=km0"; got != want {
+			t.Errorf("RedactedDSN(%q) = %q, want %q", kv, got, want)
+		}
+	})
+}
+
+// Whatever a variable holds, the connection gets it as the password, in
+// either form of DSN. Run with -fuzz to search.
+func FuzzPasswordInDSN(f *testing.F) {
+	for _, pw := range passwords {
+		f.Add(pw)
+	}
+	f.Fuzz(func(t *testing.T, pw string) {
+		for _, dsn := range []string{
+			"postgres://outboxd:${PW}@db.internal:5432/km0",
+			"postgres://outboxd@db.internal:5432/km0?password=${PW}",
+			"host=db.internal password=${PW} dbname=km0 user=outboxd",
+			"host=db.internal password='${PW}' dbname=km0 user=outboxd",
+		} {
+			yml := strings.Replace(minimal, `"postgres://outboxd@127.0.0.1/km0"`, `"`+dsn+`"`, 1)
+			cfg, err := config.Parse([]byte(yml), env(map[string]string{"PW": pw}), nil)
+			if err != nil {
+				t.Fatalf("%s with PW=%q: %v", dsn, pw, err)
+			}
+			cc, err := cfg.Postgres.ConnConfig()
+			if err != nil {
+				t.Fatalf("%s with PW=%q: %v", dsn, pw, err)
+			}
+			if cc.Password != pw || cc.Host != "db.internal" || cc.Database != "km0" || cc.User != "outboxd" {
+				t.Errorf("%s with PW=%q: DSN %q gives password %q, host %q, database %q, user %q",
+					dsn, pw, cfg.Postgres.DSN, cc.Password, cc.Host, cc.Database, cc.User)
+			}
+		}
+	})
 }
