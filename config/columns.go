@@ -4,7 +4,7 @@ package config
 // column, without versio when the table has none.
 func (c Columns) Mapped() []string {
 	out := []string{c.ID, c.AgregatID, c.Tipus, c.Carrega, c.CreatEn}
-	if c.Versio != "" && c.Versio != NoColumn {
+	if c.Versio != "" {
 		out = append(out, c.Versio)
 	}
 	return out

@@ -34,7 +34,7 @@ routes:
 
 func mustParse(t *testing.T, yml string, vars map[string]string) config.Config {
 	t.Helper()
-	cfg, err := config.Parse([]byte(yml), env(vars))
+	cfg, err := config.Parse([]byte(yml), env(vars), nil)
 	if err != nil {
 		t.Fatalf("Parse: unexpected error:\n%v", err)
 	}
@@ -201,7 +201,7 @@ func TestParseExamples(t *testing.T) {
 					Topic: "inventari.esdeveniments",
 					Columns: config.Columns{
 						ID: "id", AgregatID: "aggregateid", Tipus: "type",
-						Versio: config.NoColumn, Carrega: "payload", CreatEn: "timestamp",
+						Versio: "", Carrega: "payload", CreatEn: "timestamp",
 					},
 					OnError: config.OnErrorStop,
 				},
@@ -255,6 +255,19 @@ func TestLoad(t *testing.T) {
 		t.Errorf("dsn = %q, want %q (expanded from the process environment)", cfg.Postgres.DSN, want)
 	}
 
+	secret := filepath.Join(dir, "pg-password")
+	if err := os.WriteFile(secret, []byte("p@ss/w\"rd\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	withFile := filepath.Join(dir, "with-file.yaml")
+	yml = strings.Replace(minimal, "  slot:", "  password_file: "+secret+"\n  slot:", 1)
+	if err := os.WriteFile(withFile, []byte(yml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if cfg, err := config.Load(withFile); err != nil || cfg.Postgres.Password != `p@ss/w"rd` {
+		t.Errorf("Load with password_file: password %q, error %v; want %q", cfg.Postgres.Password, err, `p@ss/w"rd`)
+	}
+
 	bad := filepath.Join(dir, "outboxd.yaml")
 	if err := os.WriteFile(bad, []byte(minimal+"kafak: {}\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -269,326 +282,25 @@ func TestLoad(t *testing.T) {
 	}
 }
 
-func TestEnvExpansion(t *testing.T) {
+// In the YAML "-" says that a table has no versio column; in Columns that is
+// "". An absent or null versio keeps the default column name.
+func TestVersioSpellings(t *testing.T) {
 	tests := []struct {
-		name    string
-		dsn     string // the dsn line's value, in YAML
-		vars    map[string]string
-		wantDSN string
-		wantErr []string // substrings; nil means success
+		columns string
+		want    string
 	}{
-		{
-			name: "set", dsn: `"postgres://u:${PW}@h/db"`, vars: map[string]string{"PW": "secret"},
-			wantDSN: "postgres://u:secret@h/db",
-		},
-		{
-			name: "two in one line", dsn: `"postgres://${USR}:${PW}@h/db"`, vars: map[string]string{"USR": "u", "PW": "p"},
-			wantDSN: "postgres://u:p@h/db",
-		},
-		{
-			name: "set but empty", dsn: `"postgres://u:${PW}@h/db"`, vars: map[string]string{"PW": ""},
-			wantDSN: "postgres://u:@h/db",
-		},
-		{
-			name: "double dollar is a literal dollar", dsn: `"postgres://u:pa$$${PW}$$@h/db"`, vars: map[string]string{"PW": "x"},
-			wantDSN: "postgres://u:pa$x$@h/db",
-		},
-		{
-			name: "escaped reference is not expanded", dsn: `"postgres://u:$${PW}@h/db"`, vars: nil,
-			wantDSN: "postgres://u:${PW}@h/db",
-		},
-		{
-			name: "lone dollar is kept", dsn: `"postgres://u:a$b@h/db"`, vars: nil,
-			wantDSN: "postgres://u:a$b@h/db",
-		},
-		{
-			name: "value is not re-expanded", dsn: `"postgres://u:${PW}@h/db"`, vars: map[string]string{"PW": "${OTHER}"},
-			wantDSN: "postgres://u:${OTHER}@h/db",
-		},
-		{
-			name: "unset", dsn: `"postgres://u:${PGPASSWORD}@h/db"`, vars: map[string]string{"PW": "x"},
-			wantErr: []string{"line 3:", "PGPASSWORD", "not set"},
-		},
-		{
-			name: "newline in value", dsn: `"${PW}"`, vars: map[string]string{"PW": "a\nslot: evil"},
-			wantErr: []string{"line 3:", "PW", "line break"},
-		},
-		{
-			name: "invalid name", dsn: `"${1PW}"`, vars: map[string]string{"1PW": "x"},
-			wantErr: []string{"line 3:", "invalid variable name", "1PW"},
-		},
-		{
-			name: "unterminated", dsn: `"${PW"`, vars: map[string]string{"PW": "x"},
-			wantErr: []string{"line 3:", "unterminated"},
-		},
+		{"    columns:\n      versio: \"-\"\n", ""},
+		{"    columns:\n      versio: '-'\n", ""},
+		{"    columns:\n      versio:\n", "versio"},
+		{"    columns:\n      versio: ~\n", "versio"},
+		{"    columns:\n      versio: version\n", "version"},
+		{"", "versio"},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			yml := strings.Replace(minimal, `"postgres://outboxd@127.0.0.1/km0"`, tt.dsn, 1)
-			if yml == minimal {
-				t.Fatal("test setup: dsn not replaced")
-			}
-			cfg, err := config.Parse([]byte(yml), env(tt.vars))
-			if tt.wantErr == nil {
-				if err != nil {
-					t.Fatalf("unexpected error: %v", err)
-				}
-				if cfg.Postgres.DSN != tt.wantDSN {
-					t.Errorf("dsn = %q, want %q", cfg.Postgres.DSN, tt.wantDSN)
-				}
-				return
-			}
-			assertErr(t, err, tt.wantErr...)
-		})
-	}
-
-	t.Run("unset variable in a later line names that line", func(t *testing.T) {
-		_, err := config.Parse([]byte(minimal+"log:\n  level: ${LEVEL}\n"), env(nil))
-		assertErr(t, err, "line 12: environment variable LEVEL is not set")
-	})
-	t.Run("nil lookupEnv defines nothing", func(t *testing.T) {
-		_, err := config.Parse([]byte(minimal+"log:\n  level: ${HOME}\n"), nil)
-		assertErr(t, err, "line 12:", "HOME")
-	})
-	t.Run("all unset variables are reported", func(t *testing.T) {
-		_, err := config.Parse([]byte("origen: ${A}\nlog:\n  level: ${B}\n"), env(nil))
-		assertErr(t, err, "line 1: environment variable A", "line 3: environment variable B")
-	})
-}
-
-func TestDecodeErrors(t *testing.T) {
-	tests := []struct {
-		name    string
-		yml     string
-		wantErr []string
-	}{
-		{"unknown key at top level", minimal + "kafak:\n  brokers: [\"b:9092\"]\n",
-			[]string{`line 11: unknown key "kafak"`}},
-		{"unknown key nested", strings.Replace(minimal, "  slot:", "  slott: x\n  slot:", 1),
-			[]string{`line 4: unknown key "slott" in postgres`}},
-		{"unknown key in a route", minimal + "    colums: {}\n",
-			[]string{`line 11: unknown key "colums" in routes[0]`}},
-		{"unknown key in columns", minimal + "    columns:\n      id: id\n      payload: x\n",
-			[]string{`line 13: unknown key "payload" in routes[0].columns`}},
-		{"derived field is not a key", minimal + "    schema: public\n",
-			[]string{`line 11: unknown key "schema" in routes[0]`}},
-		{"duplicate key", minimal + "origen: other\n",
-			[]string{`line 11: duplicate key "origen" (first at line 1)`}},
-		{"bad duration", minimal + "pipeline:\n  backoff_min: 5 ms\n",
-			[]string{`line 12: pipeline.backoff_min: invalid duration "5 ms"`}},
-		{"number without unit is not a duration", strings.Replace(minimal, "kafka:\n", "kafka:\n  linger: 5\n", 1),
-			[]string{`line 7: kafka.linger: invalid duration "5"`}},
-		{"wrong type", strings.Replace(minimal, "kafka:\n", "kafka:\n  batch_size: lots\n", 1),
-			[]string{`line 7: kafka.batch_size: expected an integer, got "lots"`}},
-		{"wrong bool", strings.Replace(minimal, "postgres:\n", "postgres:\n  create_slot: maybe\n", 1),
-			[]string{`line 3: postgres.create_slot: expected true or false, got "maybe"`}},
-		{"scalar for a list", strings.Replace(minimal, `brokers: ["127.0.0.1:9092"]`, `brokers: 127.0.0.1:9092`, 1),
-			[]string{`line 7: kafka.brokers: expected a list`}},
-		{"malformed YAML keeps the line", minimal + "health:\n  listen: \"unterminated\n",
-			[]string{"line 12"}},
-		{"bad indentation keeps the line", "origen: x\npostgres:\n  dsn: a\n   slot: b\n",
-			[]string{"line 4"}},
-		{"empty file", "", []string{"empty configuration"}},
-		{"only comments", "# nothing\n", []string{"empty configuration"}},
-		{"multiple documents", minimal + "---\norigen: other\n", []string{"line 11:", "second YAML document"}},
-		{"top level is a list", "- a\n- b\n", []string{"line 1:", "top level must be a mapping"}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			_, err := config.Parse([]byte(tt.yml), env(nil))
-			assertErr(t, err, tt.wantErr...)
-		})
-	}
-}
-
-func TestValidateErrors(t *testing.T) {
-	tests := []struct {
-		name    string
-		yml     string
-		wantErr []string
-	}{
-		{"bad partitioner", strings.Replace(minimal, "kafka:\n", "kafka:\n  partitioner: fnv\n", 1),
-			[]string{`line 7: kafka.partitioner: "fnv" is not one of murmur2, crc32`}},
-		{"bad compression", strings.Replace(minimal, "kafka:\n", "kafka:\n  compression: brotli\n", 1),
-			[]string{`line 7: kafka.compression: "brotli"`}},
-		{"bad log level", minimal + "log:\n  level: verbose\n",
-			[]string{`line 12: log.level: "verbose"`}},
-		{"bad log format", minimal + "log:\n  format: xml\n",
-			[]string{`line 12: log.format: "xml"`}},
-		{"dead_letter without a topic", minimal + "    on_error: dead_letter\n",
-			[]string{`routes[0].dead_letter_topic: required when on_error is dead_letter`}},
-		{"unknown on_error", minimal + "    on_error: ignore\n",
-			[]string{`routes[0].on_error: "ignore" is not one of stop, dead_letter`}},
-		{"dead letter topic equals the topic", minimal + "    on_error: dead_letter\n    dead_letter_topic: comandes.esdeveniments\n",
-			[]string{`routes[0].dead_letter_topic: must differ from the route's topic`}},
-		{"dead letter topic with stop", minimal + "    dead_letter_topic: dlq\n",
-			[]string{`routes[0].dead_letter_topic: set, but on_error is "stop"`}},
-		{"duplicate tables", minimal + "  - table: public.outbox\n    topic: other\n",
-			[]string{`line 11: routes[1].table: "public.outbox" is already routed by routes[0]`}},
-		{"table without schema", strings.Replace(minimal, "table: public.outbox", "table: outbox", 1),
-			[]string{`line 9: routes[0].table: "outbox" must be schema.table`}},
-		{"table with two dots", strings.Replace(minimal, "table: public.outbox", "table: db.public.outbox", 1),
-			[]string{`line 9: routes[0].table: "db.public.outbox"`}},
-		{"table with empty part", strings.Replace(minimal, "table: public.outbox", "table: public.", 1),
-			[]string{`line 9: routes[0].table: "public."`}},
-		{"table not lowercase", strings.Replace(minimal, "table: public.outbox", "table: public.Outbox", 1),
-			[]string{`line 9: routes[0].table: "public.Outbox"`}},
-		{"bad topic", strings.Replace(minimal, "topic: comandes.esdeveniments", "topic: comandes/esdeveniments", 1),
-			[]string{`line 10: routes[0].topic: "comandes/esdeveniments" is not a valid Kafka topic name`}},
-		{"topic too long", strings.Replace(minimal, "topic: comandes.esdeveniments", "topic: "+strings.Repeat("t", 250), 1),
-			[]string{`line 10: routes[0].topic:`}},
-		{"missing topic uses the route's line", strings.Replace(minimal, "    topic: comandes.esdeveniments\n", "", 1),
-			[]string{`line 9: routes[0].topic: required`}},
-		{"no routes", strings.Replace(minimal, "routes:\n  - table: public.outbox\n    topic: comandes.esdeveniments\n", "", 1),
-			[]string{`routes: at least one route is required`}},
-		{"empty route list", strings.Replace(minimal, "routes:\n  - table: public.outbox\n    topic: comandes.esdeveniments\n", "routes: []\n", 1),
-			[]string{`line 8: routes: at least one route is required`}},
-		{"empty column name", minimal + "    columns:\n      tipus: \"\"\n",
-			[]string{`line 12: routes[0].columns.tipus: column name must not be empty`}},
-		{"duplicate column names", minimal + "    columns:\n      carrega: tipus\n",
-			[]string{`line 12: routes[0].columns.carrega: column "tipus" is also used for tipus`}},
-		{"dash only for versio", minimal + "    columns:\n      creat_en: \"-\"\n",
-			[]string{`line 12: routes[0].columns.creat_en: "-" (no such column) is allowed only for versio`}},
-		{"bad slot", strings.Replace(minimal, "slot: outboxd_comandes", "slot: Outboxd-Comandes", 1),
-			[]string{`line 4: postgres.slot: "Outboxd-Comandes" is not a valid slot name`}},
-		{"missing dsn uses the section's line", strings.Replace(minimal, "  dsn: \"postgres://outboxd@127.0.0.1/km0\"\n", "", 1),
-			[]string{`line 2: postgres.dsn: required`}},
-		{"missing origen has no line", strings.Replace(minimal, "origen: comandes\n", "", 1),
-			[]string{`origen: required`}},
-		{"broker without port", strings.Replace(minimal, `["127.0.0.1:9092"]`, `["127.0.0.1:9092", "kafka"]`, 1),
-			[]string{`line 7: kafka.brokers[1]: "kafka": want host:port`}},
-		{"broker with bad port", strings.Replace(minimal, `["127.0.0.1:9092"]`, `["kafka:http"]`, 1),
-			[]string{`line 7: kafka.brokers[0]: "kafka:http": port "http"`}},
-		{"no brokers", strings.Replace(minimal, `["127.0.0.1:9092"]`, `[]`, 1),
-			[]string{`line 7: kafka.brokers: required`}},
-		{"zero duration", strings.Replace(minimal, "kafka:\n", "kafka:\n  write_timeout: 0s\n", 1),
-			[]string{`line 7: kafka.write_timeout: must be a positive duration, got 0s`}},
-		{"negative duration", minimal + "pipeline:\n  shutdown_timeout: -1s\n",
-			[]string{`line 12: pipeline.shutdown_timeout: must be a positive duration, got -1s`}},
-		{"idle status shorter than status", strings.Replace(minimal, "postgres:\n", "postgres:\n  status_interval: 5s\n  idle_status_interval: 2s\n", 1),
-			[]string{`line 4: postgres.idle_status_interval: 2s is shorter than status_interval 5s`}},
-		{"backoff max below min", minimal + "pipeline:\n  backoff_min: 2s\n  backoff_max: 1s\n",
-			[]string{`line 13: pipeline.backoff_max: 1s is shorter than backoff_min 2s`}},
-		{"zero in-flight bound", minimal + "pipeline:\n  max_in_flight_events: 0\n",
-			[]string{`line 12: pipeline.max_in_flight_events: must be > 0, got 0`}},
-		{"bad listen", minimal + "health:\n  listen: localhost\n",
-			[]string{`line 12: health.listen: "localhost": want host:port`}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			_, err := config.Parse([]byte(tt.yml), env(nil))
-			assertErr(t, err, tt.wantErr...)
-		})
-	}
-}
-
-func TestMultipleErrorsReportedTogether(t *testing.T) {
-	yml := `origen: ""
-postgres:
-  dsn: ""
-  slot: outboxd_comandes
-  publication: outboxd_comandes
-  connect_timeout: soon
-kafka:
-  brokers: ["127.0.0.1:9092"]
-  partitioner: fnv
-  kafak: 1
-routes:
-  - table: public.outbox
-    topic: a
-  - table: public.outbox
-    topic: "b c"
-`
-	_, err := config.Parse([]byte(yml), env(nil))
-	want := []string{
-		`line 6: postgres.connect_timeout: invalid duration "soon"`,
-		`line 10: unknown key "kafak" in kafka`,
-		`line 1: origen: required`,
-		`line 3: postgres.dsn: required`,
-		`line 9: kafka.partitioner: "fnv" is not one of murmur2, crc32`,
-		`line 14: routes[1].table: "public.outbox" is already routed by routes[0]`,
-		`line 15: routes[1].topic: "b c" is not a valid Kafka topic name`,
-	}
-	assertErr(t, err, want...)
-	if n := len(strings.Split(err.Error(), "\n")); n != len(want) {
-		t.Errorf("got %d error lines, want %d:\n%v", n, len(want), err)
-	}
-}
-
-func TestValidateBuiltInGo(t *testing.T) {
-	valid := func() config.Config {
-		c := config.Default()
-		c.Origen = "comandes"
-		c.Postgres.DSN = "postgres://outboxd@h/db"
-		c.Postgres.Slot = "outboxd_comandes"
-		c.Postgres.Publication = "outboxd_comandes"
-		c.Kafka.Brokers = []string{"k:9092"}
-		c.Routes = []config.Route{{
-			Table: "public.outbox", Schema: "public", Name: "outbox",
-			Topic: "comandes.esdeveniments", Columns: config.DefaultColumns(), OnError: config.OnErrorStop,
-		}}
-		return c
-	}
-	if err := valid().Validate(); err != nil {
-		t.Fatalf("Validate of a valid Go config: %v", err)
-	}
-
-	tests := []struct {
-		name    string
-		edit    func(c *config.Config)
-		wantErr []string
-	}{
-		{"no line numbers", func(c *config.Config) { c.Kafka.Partitioner = "fnv" },
-			[]string{`kafka.partitioner: "fnv" is not one of murmur2, crc32`}},
-		{"empty Default is invalid", func(c *config.Config) { *c = config.Default() },
-			[]string{"origen: required", "postgres.dsn: required", "postgres.slot: required",
-				"postgres.publication: required", "kafka.brokers: required", "routes: at least one route is required"}},
-		{"zero columns", func(c *config.Config) { c.Routes[0].Columns = config.Columns{} },
-			[]string{"routes[0].columns.id: column name must not be empty", "routes[0].columns.creat_en: column name must not be empty"}},
-		{"schema and name not derived", func(c *config.Config) { c.Routes[0].Schema, c.Routes[0].Name = "", "" },
-			[]string{`routes[0].table: Schema/Name ("", "") do not match table "public.outbox"`}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			c := valid()
-			tt.edit(&c)
-			err := c.Validate()
-			assertErr(t, err, tt.wantErr...)
-			if strings.Contains(err.Error(), "line ") {
-				t.Errorf("error for a Go-built config mentions a line: %v", err)
-			}
-		})
-	}
-}
-
-func TestRedactedDSN(t *testing.T) {
-	tests := []struct {
-		dsn, want string
-	}{
-		{"postgres://outboxd:s3cr3t@127.0.0.1:5432/km0_comandes", "postgres://outboxd:xxxxx@127.0.0.1:5432/km0_comandes"},
-		{"postgresql://outboxd:s3cr3t@db/km0?sslmode=require", "postgresql://outboxd:xxxxx@db/km0?sslmode=require"},
-		{"postgres://outboxd:p%40ss%2Fw0rd@db/km0", "postgres://outboxd:xxxxx@db/km0"},
-		{"postgres://outboxd@db/km0", "postgres://outboxd@db/km0"},
-		{"postgres://outboxd@db/km0?password=s3cr3t&sslmode=disable", "postgres://outboxd@db/km0?password=xxxxx&sslmode=disable"},
-		{"postgres://outboxd:s3/cr3t@db/km0", "postgres://xxxxx@db/km0"}, // unparseable: user info dropped entirely
-		{"host=db user=outboxd password=s3cr3t dbname=km0", "host=db user=outboxd password=xxxxx dbname=km0"},
-		{"password=s3cr3t host=db", "password=xxxxx host=db"},
-		{"host=db password = s3cr3t", "host=db password = xxxxx"},
-		{`host=db password='s3 cr\'3t' dbname=km0`, "host=db password=xxxxx dbname=km0"},
-		{`host=db password=s3\ cr3t dbname=km0`, "host=db password=xxxxx dbname=km0"},
-		{"host=db user=outboxd dbname=km0", "host=db user=outboxd dbname=km0"},
-		{"", ""},
-	}
-	for _, tt := range tests {
-		t.Run(tt.dsn, func(t *testing.T) {
-			got := config.Postgres{DSN: tt.dsn}.RedactedDSN()
-			if got != tt.want {
-				t.Errorf("RedactedDSN(%q) = %q, want %q", tt.dsn, got, tt.want)
-			}
-			for _, secret := range []string{"s3cr3t", "cr3t", "p%40ss"} {
-				if strings.Contains(got, secret) {
-					t.Errorf("RedactedDSN(%q) = %q leaks %q", tt.dsn, got, secret)
-				}
+		t.Run(tt.columns, func(t *testing.T) {
+			cfg := mustParse(t, minimal+tt.columns, nil)
+			if got := cfg.Routes[0].Columns.Versio; got != tt.want {
+				t.Errorf("Versio = %q, want %q", got, tt.want)
 			}
 		})
 	}

@@ -16,11 +16,17 @@ import (
 // Connect opens a normal (non-replication) connection with the configured
 // DSN and connect timeout. Its error never contains the password.
 func Connect(ctx context.Context, pg config.Postgres) (*pgx.Conn, error) {
-	pcfg, err := pgx.ParseConfig(pg.DSN)
+	cc, err := pg.ConnConfig()
 	if err != nil {
-		return nil, fmt.Errorf("parse postgres.dsn %s: %s", pg.RedactedDSN(), scrub(err.Error(), ""))
+		return nil, err
 	}
-	pcfg.ConnectTimeout = pg.ConnectTimeout
+	// pgx takes only a configuration it parsed itself: parse an empty one
+	// (no DSN, so nothing to fail on) and put ours in it.
+	pcfg, err := pgx.ParseConfig("")
+	if err != nil {
+		return nil, err
+	}
+	pcfg.Config = *cc
 	conn, err := pgx.ConnectConfig(ctx, pcfg)
 	if err != nil {
 		return nil, errors.New(scrub(err.Error(), pcfg.Password))
@@ -248,7 +254,7 @@ func evalTable(r config.Route, relkind string, cols map[string]column) Result {
 	}
 	var problems, fixes, found []string
 	for _, m := range maps {
-		if m.field == "versio" && m.column == config.NoColumn {
+		if m.field == "versio" && m.column == "" {
 			found = append(found, "versio -")
 			continue
 		}

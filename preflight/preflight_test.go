@@ -22,7 +22,7 @@ func seedColumns() map[string]column {
 
 func TestEvalTable(t *testing.T) {
 	debezium := route()
-	debezium.Columns = config.Columns{ID: "id", AgregatID: "aggregateid", Tipus: "type", Versio: config.NoColumn, Carrega: "payload", CreatEn: "timestamp"}
+	debezium.Columns = config.Columns{ID: "id", AgregatID: "aggregateid", Tipus: "type", Versio: "", Carrega: "payload", CreatEn: "timestamp"}
 	renamed := route()
 	renamed.Columns.Tipus = "kind"
 	tests := []struct {

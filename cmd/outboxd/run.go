@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -31,7 +30,7 @@ func run(ctx context.Context, path string, proc *process) error {
 		Output:     proc.stderr,
 	})
 	proc.useLogger(log)
-	conn, err := connConfig(cfg.Postgres)
+	conn, err := cfg.Postgres.ConnConfig()
 	if err != nil {
 		return usageError{err}
 	}
@@ -89,17 +88,6 @@ func run(ctx context.Context, path string, proc *process) error {
 	return runErr
 }
 
-// connConfig is the parsed postgres.dsn. TEMPORARY: config will own it.
-func connConfig(pg config.Postgres) (*pgconn.Config, error) {
-	pc, err := pgconn.ParseConfig(pg.DSN)
-	if err != nil {
-		// The parse error can quote the DSN; do not pass it on.
-		return nil, errors.New("postgres.dsn is not a valid connection string")
-	}
-	pc.ConnectTimeout = pg.ConnectTimeout
-	return pc, nil
-}
-
 // routes turns the configured routes into the envelope's and the catalog's.
 func routes(cfg config.Config) ([]envelope.Route, []catalog.Route) {
 	er := make([]envelope.Route, len(cfg.Routes))
@@ -107,18 +95,11 @@ func routes(cfg config.Config) ([]envelope.Route, []catalog.Route) {
 	for i, r := range cfg.Routes {
 		cols := envelope.Columns{ID: r.Columns.ID, AgregatID: r.Columns.AgregatID, Tipus: r.Columns.Tipus,
 			Versio: r.Columns.Versio, Carrega: r.Columns.Carrega, CreatEn: r.Columns.CreatEn}
-		if cols.Versio == config.NoColumn {
-			cols.Versio = ""
-		}
 		er[i] = envelope.Route{Schema: r.Schema, Table: r.Name, Topic: r.Topic, Columns: cols}
 		if r.OnError == config.OnErrorDeadLetter {
 			er[i].DeadLetterTopic = r.DeadLetterTopic
 		}
-		mapped := []string{cols.ID, cols.AgregatID, cols.Tipus, cols.Carrega, cols.CreatEn}
-		if cols.Versio != "" {
-			mapped = append(mapped, cols.Versio)
-		}
-		cr[i] = catalog.Route{Table: catalog.Table{Schema: r.Schema, Name: r.Name}, Columns: mapped}
+		cr[i] = catalog.Route{Table: catalog.Table{Schema: r.Schema, Name: r.Name}, Columns: r.Columns.Mapped()}
 	}
 	return er, cr
 }

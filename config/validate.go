@@ -1,0 +1,263 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+)
+
+var (
+	slotRe  = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
+	identRe = regexp.MustCompile(`^[a-z_][a-z0-9_$]{0,62}$`) // unquoted PostgreSQL identifier
+	topicRe = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,249}$`)
+)
+
+// Validate reports every problem in c, joined, each naming the field path and,
+// when c came from Parse, the line of that field (or of its nearest enclosing
+// key when the field is missing).
+func (c Config) Validate() error {
+	v := validator{lines: c.lines}
+
+	if c.Origen == "" {
+		v.add("origen", "required (the service name, e.g. comandes)")
+	}
+
+	p := c.Postgres
+	if p.DSN == "" {
+		v.add("postgres.dsn", "required")
+	} else if _, reason := p.connConfig(); reason != "" {
+		v.add("postgres.dsn", "not a valid connection string: %s", reason)
+	}
+	if p.Slot == "" {
+		v.add("postgres.slot", "required")
+	} else if !slotRe.MatchString(p.Slot) {
+		v.add("postgres.slot", "%q is not a valid slot name (lowercase letters, digits and _; at most 63)", p.Slot)
+	}
+	if p.Publication == "" {
+		v.add("postgres.publication", "required")
+	} else if len(p.Publication) > 63 {
+		v.add("postgres.publication", "longer than 63 bytes")
+	}
+	v.positive("postgres.status_interval", p.StatusInterval)
+	v.positive("postgres.idle_status_interval", p.IdleStatusInterval)
+	v.positive("postgres.connect_timeout", p.ConnectTimeout)
+	v.positive("postgres.standby_retry", p.StandbyRetry)
+	v.positive("postgres.receive_timeout", p.ReceiveTimeout)
+	if p.StatusInterval > 0 && p.IdleStatusInterval > 0 && p.IdleStatusInterval < p.StatusInterval {
+		v.add("postgres.idle_status_interval", "%s is shorter than status_interval %s", p.IdleStatusInterval, p.StatusInterval)
+	}
+
+	k := c.Kafka
+	if len(k.Brokers) == 0 {
+		v.add("kafka.brokers", "required (a list of host:port)")
+	}
+	for i, b := range k.Brokers {
+		if err := hostPort(b, false); err != nil {
+			v.add(fmt.Sprintf("kafka.brokers[%d]", i), "%q: %v", b, err)
+		}
+	}
+	v.oneOf("kafka.partitioner", k.Partitioner, "murmur2", "crc32")
+	v.oneOf("kafka.compression", k.Compression, "none", "gzip", "snappy", "lz4", "zstd")
+	v.positive("kafka.linger", k.Linger)
+	v.positive("kafka.write_timeout", k.WriteTimeout)
+	v.positive("kafka.delivery_timeout", k.DeliveryTimeout)
+	if k.BatchSize <= 0 {
+		v.add("kafka.batch_size", "must be > 0, got %d", k.BatchSize)
+	}
+	if k.BatchBytes <= 0 {
+		v.add("kafka.batch_bytes", "must be > 0, got %d", k.BatchBytes)
+	}
+	if k.MaxAttempts <= 0 {
+		v.add("kafka.max_attempts", "must be > 0, got %d", k.MaxAttempts)
+	}
+	if k.ClientID == "" {
+		v.add("kafka.client_id", "must not be empty")
+	}
+
+	if len(c.Routes) == 0 {
+		v.add("routes", "at least one route is required")
+	}
+	tables := map[string]int{}
+	for i, r := range c.Routes {
+		v.route(i, r, tables)
+	}
+
+	pl := c.Pipeline
+	if pl.MaxInFlightEvents <= 0 {
+		v.add("pipeline.max_in_flight_events", "must be > 0, got %d", pl.MaxInFlightEvents)
+	}
+	if pl.MaxInFlightBytes <= 0 {
+		v.add("pipeline.max_in_flight_bytes", "must be > 0, got %d", pl.MaxInFlightBytes)
+	}
+	v.positive("pipeline.shutdown_timeout", pl.ShutdownTimeout)
+	v.positive("pipeline.backoff_min", pl.BackoffMin)
+	v.positive("pipeline.backoff_max", pl.BackoffMax)
+	if pl.BackoffMin > 0 && pl.BackoffMax > 0 && pl.BackoffMax < pl.BackoffMin {
+		v.add("pipeline.backoff_max", "%s is shorter than backoff_min %s", pl.BackoffMax, pl.BackoffMin)
+	}
+
+	if c.Health.Listen != "" {
+		if err := hostPort(c.Health.Listen, true); err != nil {
+			v.add("health.listen", "%q: %v (or \"\" to disable the server)", c.Health.Listen, err)
+		}
+	}
+	v.positive("health.poll_interval", c.Health.PollInterval)
+	if c.Health.MaxLag < 0 {
+		v.add("health.max_lag", "must be >= 0 (0 disables the check), got %s", c.Health.MaxLag)
+	}
+	if c.Health.MaxRetainedWALBytes < 0 {
+		v.add("health.max_retained_wal_bytes", "must be >= 0 (0 disables the check), got %d", c.Health.MaxRetainedWALBytes)
+	}
+
+	v.oneOf("log.level", c.Log.Level, "trace", "debug", "info", "warn", "error")
+	v.oneOf("log.format", c.Log.Format, "text", "json")
+
+	return errors.Join(v.errs...)
+}
+
+func (v *validator) route(i int, r Route, tables map[string]int) {
+	at := func(f string) string { return fmt.Sprintf("routes[%d].%s", i, f) }
+
+	switch schema, name, ok := splitTable(r.Table); {
+	case r.Table == "":
+		v.add(at("table"), "required (schema.table, e.g. public.outbox)")
+	case !ok:
+		v.add(at("table"), "%q must be schema.table with unquoted lowercase names, e.g. public.outbox", r.Table)
+	default:
+		if first, dup := tables[r.Table]; dup {
+			v.add(at("table"), "%q is already routed by routes[%d]", r.Table, first)
+		} else {
+			tables[r.Table] = i
+		}
+		if r.Schema != schema || r.Name != name {
+			v.add(at("table"), "Schema/Name (%q, %q) do not match table %q", r.Schema, r.Name, r.Table)
+		}
+	}
+
+	switch {
+	case r.Topic == "":
+		v.add(at("topic"), "required")
+	case !validTopic(r.Topic):
+		v.add(at("topic"), "%q is not a valid Kafka topic name (letters, digits, '.', '_', '-'; at most 249)", r.Topic)
+	}
+	switch r.OnError {
+	case OnErrorStop:
+		if r.DeadLetterTopic != "" {
+			v.add(at("dead_letter_topic"), "set, but on_error is %q: set on_error: %s to use it", r.OnError, OnErrorDeadLetter)
+		}
+	case OnErrorDeadLetter:
+		switch {
+		case r.DeadLetterTopic == "":
+			v.add(at("dead_letter_topic"), "required when on_error is %s", OnErrorDeadLetter)
+		case !validTopic(r.DeadLetterTopic):
+			v.add(at("dead_letter_topic"), "%q is not a valid Kafka topic name", r.DeadLetterTopic)
+		case r.DeadLetterTopic == r.Topic:
+			v.add(at("dead_letter_topic"), "must differ from the route's topic")
+		}
+	default:
+		v.add(at("on_error"), "%q is not one of %s, %s", r.OnError, OnErrorStop, OnErrorDeadLetter)
+	}
+
+	cols := []struct{ key, val string }{
+		{"id", r.Columns.ID},
+		{"agregat_id", r.Columns.AgregatID},
+		{"tipus", r.Columns.Tipus},
+		{"versio", r.Columns.Versio},
+		{"carrega", r.Columns.Carrega},
+		{"creat_en", r.Columns.CreatEn},
+	}
+	used := map[string]string{}
+	for _, col := range cols {
+		path := at("columns." + col.key)
+		switch {
+		case col.val == "" && col.key == "versio": // no such column
+		case col.val == "":
+			v.add(path, "column name must not be empty")
+		case col.val == noColumn && col.key == "versio":
+			v.add(path, "%q is the YAML spelling of no such column; in Columns it is \"\"", noColumn)
+		case col.val == noColumn:
+			v.add(path, "%q (no such column) is allowed only for versio", noColumn)
+		default:
+			if other, dup := used[col.val]; dup {
+				v.add(path, "column %q is also used for %s", col.val, other)
+			} else {
+				used[col.val] = col.key
+			}
+		}
+	}
+}
+
+func validTopic(t string) bool { return topicRe.MatchString(t) && t != "." && t != ".." }
+
+// splitTable splits "schema.table" into its two unquoted identifiers.
+func splitTable(t string) (schema, name string, ok bool) {
+	schema, name, found := strings.Cut(t, ".")
+	if !found || !identRe.MatchString(schema) || !identRe.MatchString(name) {
+		return "", "", false
+	}
+	return schema, name, true
+}
+
+// hostPort checks host:port; emptyHost allows ":8080" (all interfaces).
+func hostPort(s string, emptyHost bool) error {
+	host, port, err := net.SplitHostPort(s)
+	if err != nil {
+		return errors.New("want host:port")
+	}
+	if host == "" && !emptyHost {
+		return errors.New("want host:port, the host is empty")
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("port %q is not a number from 1 to 65535", port)
+	}
+	return nil
+}
+
+type validator struct {
+	lines map[string]int
+	errs  []error
+}
+
+// add records a problem with field path, prefixed with the line of the field
+// or of its nearest enclosing key that has one.
+func (v *validator) add(path, format string, args ...any) {
+	msg := path + ": " + fmt.Sprintf(format, args...)
+	if line := v.lineOf(path); line > 0 {
+		msg = fmt.Sprintf("line %d: %s", line, msg)
+	}
+	v.errs = append(v.errs, errors.New(msg))
+}
+
+func (v *validator) lineOf(path string) int {
+	for path != "" {
+		if line, ok := v.lines[path]; ok {
+			return line
+		}
+		cut := strings.LastIndexAny(path, ".[")
+		if cut < 0 {
+			return 0
+		}
+		path = path[:cut]
+	}
+	return 0
+}
+
+func (v *validator) positive(path string, d time.Duration) {
+	if d <= 0 {
+		v.add(path, "must be a positive duration, got %s", d)
+	}
+}
+
+func (v *validator) oneOf(path, got string, allowed ...string) {
+	for _, a := range allowed {
+		if got == a {
+			return
+		}
+	}
+	v.add(path, "%q is not one of %s", got, strings.Join(allowed, ", "))
+}

@@ -1,0 +1,172 @@
+package config_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/outboxd/outboxd/config"
+)
+
+func TestValidateErrors(t *testing.T) {
+	tests := []struct {
+		name    string
+		yml     string
+		wantErr []string
+	}{
+		{"bad partitioner", strings.Replace(minimal, "kafka:\n", "kafka:\n  partitioner: fnv\n", 1),
+			[]string{`line 7: kafka.partitioner: "fnv" is not one of murmur2, crc32`}},
+		{"bad compression", strings.Replace(minimal, "kafka:\n", "kafka:\n  compression: brotli\n", 1),
+			[]string{`line 7: kafka.compression: "brotli"`}},
+		{"bad log level", minimal + "log:\n  level: verbose\n",
+			[]string{`line 12: log.level: "verbose"`}},
+		{"bad log format", minimal + "log:\n  format: xml\n",
+			[]string{`line 12: log.format: "xml"`}},
+		{"dead_letter without a topic", minimal + "    on_error: dead_letter\n",
+			[]string{`routes[0].dead_letter_topic: required when on_error is dead_letter`}},
+		{"unknown on_error", minimal + "    on_error: ignore\n",
+			[]string{`routes[0].on_error: "ignore" is not one of stop, dead_letter`}},
+		{"dead letter topic equals the topic", minimal + "    on_error: dead_letter\n    dead_letter_topic: comandes.esdeveniments\n",
+			[]string{`routes[0].dead_letter_topic: must differ from the route's topic`}},
+		{"dead letter topic with stop", minimal + "    dead_letter_topic: dlq\n",
+			[]string{`routes[0].dead_letter_topic: set, but on_error is "stop"`}},
+		{"duplicate tables", minimal + "  - table: public.outbox\n    topic: other\n",
+			[]string{`line 11: routes[1].table: "public.outbox" is already routed by routes[0]`}},
+		{"table without schema", strings.Replace(minimal, "table: public.outbox", "table: outbox", 1),
+			[]string{`line 9: routes[0].table: "outbox" must be schema.table`}},
+		{"table with two dots", strings.Replace(minimal, "table: public.outbox", "table: db.public.outbox", 1),
+			[]string{`line 9: routes[0].table: "db.public.outbox"`}},
+		{"table with empty part", strings.Replace(minimal, "table: public.outbox", "table: public.", 1),
+			[]string{`line 9: routes[0].table: "public."`}},
+		{"table not lowercase", strings.Replace(minimal, "table: public.outbox", "table: public.Outbox", 1),
+			[]string{`line 9: routes[0].table: "public.Outbox"`}},
+		{"bad topic", strings.Replace(minimal, "topic: comandes.esdeveniments", "topic: comandes/esdeveniments", 1),
+			[]string{`line 10: routes[0].topic: "comandes/esdeveniments" is not a valid Kafka topic name`}},
+		{"topic too long", strings.Replace(minimal, "topic: comandes.esdeveniments", "topic: "+strings.Repeat("t", 250), 1),
+			[]string{`line 10: routes[0].topic:`}},
+		{"missing topic uses the route's line", strings.Replace(minimal, "    topic: comandes.esdeveniments\n", "", 1),
+			[]string{`line 9: routes[0].topic: required`}},
+		{"no routes", strings.Replace(minimal, "routes:\n  - table: public.outbox\n    topic: comandes.esdeveniments\n", "", 1),
+			[]string{`routes: at least one route is required`}},
+		{"empty route list", strings.Replace(minimal, "routes:\n  - table: public.outbox\n    topic: comandes.esdeveniments\n", "routes: []\n", 1),
+			[]string{`line 8: routes: at least one route is required`}},
+		{"empty column name", minimal + "    columns:\n      tipus: \"\"\n",
+			[]string{`line 12: routes[0].columns.tipus: column name must not be empty`}},
+		{"duplicate column names", minimal + "    columns:\n      carrega: tipus\n",
+			[]string{`line 12: routes[0].columns.carrega: column "tipus" is also used for tipus`}},
+		{"dash only for versio", minimal + "    columns:\n      creat_en: \"-\"\n",
+			[]string{`line 12: routes[0].columns.creat_en: "-" (no such column) is allowed only for versio`}},
+		{"empty versio is not the spelling of no column", minimal + "    columns:\n      versio: \"\"\n",
+			[]string{`line 12: routes[0].columns.versio: column name must not be empty (write "-" if the table has no version column)`}},
+		{"bad slot", strings.Replace(minimal, "slot: outboxd_comandes", "slot: Outboxd-Comandes", 1),
+			[]string{`line 4: postgres.slot: "Outboxd-Comandes" is not a valid slot name`}},
+		{"missing dsn uses the section's line", strings.Replace(minimal, "  dsn: \"postgres://outboxd@127.0.0.1/km0\"\n", "", 1),
+			[]string{`line 2: postgres.dsn: required`}},
+		{"missing origen has no line", strings.Replace(minimal, "origen: comandes\n", "", 1),
+			[]string{`origen: required`}},
+		{"broker without port", strings.Replace(minimal, `["127.0.0.1:9092"]`, `["127.0.0.1:9092", "kafka"]`, 1),
+			[]string{`line 7: kafka.brokers[1]: "kafka": want host:port`}},
+		{"broker with bad port", strings.Replace(minimal, `["127.0.0.1:9092"]`, `["kafka:http"]`, 1),
+			[]string{`line 7: kafka.brokers[0]: "kafka:http": port "http"`}},
+		{"no brokers", strings.Replace(minimal, `["127.0.0.1:9092"]`, `[]`, 1),
+			[]string{`line 7: kafka.brokers: required`}},
+		{"zero duration", strings.Replace(minimal, "kafka:\n", "kafka:\n  write_timeout: 0s\n", 1),
+			[]string{`line 7: kafka.write_timeout: must be a positive duration, got 0s`}},
+		{"negative duration", minimal + "pipeline:\n  shutdown_timeout: -1s\n",
+			[]string{`line 12: pipeline.shutdown_timeout: must be a positive duration, got -1s`}},
+		{"idle status shorter than status", strings.Replace(minimal, "postgres:\n", "postgres:\n  status_interval: 5s\n  idle_status_interval: 2s\n", 1),
+			[]string{`line 4: postgres.idle_status_interval: 2s is shorter than status_interval 5s`}},
+		{"backoff max below min", minimal + "pipeline:\n  backoff_min: 2s\n  backoff_max: 1s\n",
+			[]string{`line 13: pipeline.backoff_max: 1s is shorter than backoff_min 2s`}},
+		{"zero in-flight bound", minimal + "pipeline:\n  max_in_flight_events: 0\n",
+			[]string{`line 12: pipeline.max_in_flight_events: must be > 0, got 0`}},
+		{"bad listen", minimal + "health:\n  listen: localhost\n",
+			[]string{`line 12: health.listen: "localhost": want host:port`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := config.Parse([]byte(tt.yml), env(nil), nil)
+			assertErr(t, err, tt.wantErr...)
+		})
+	}
+}
+
+func TestMultipleErrorsReportedTogether(t *testing.T) {
+	yml := `origen: ""
+postgres:
+  dsn: ""
+  slot: outboxd_comandes
+  publication: outboxd_comandes
+  connect_timeout: soon
+kafka:
+  brokers: ["127.0.0.1:9092"]
+  partitioner: fnv
+  kafak: 1
+routes:
+  - table: public.outbox
+    topic: a
+  - table: public.outbox
+    topic: "b c"
+`
+	_, err := config.Parse([]byte(yml), env(nil), nil)
+	want := []string{
+		`line 6: postgres.connect_timeout: invalid duration "soon"`,
+		`line 10: unknown key "kafak" in kafka`,
+		`line 1: origen: required`,
+		`line 3: postgres.dsn: required`,
+		`line 9: kafka.partitioner: "fnv" is not one of murmur2, crc32`,
+		`line 14: routes[1].table: "public.outbox" is already routed by routes[0]`,
+		`line 15: routes[1].topic: "b c" is not a valid Kafka topic name`,
+	}
+	assertErr(t, err, want...)
+	if n := len(strings.Split(err.Error(), "\n")); n != len(want) {
+		t.Errorf("got %d error lines, want %d:\n%v", n, len(want), err)
+	}
+}
+
+func TestValidateBuiltInGo(t *testing.T) {
+	valid := func() config.Config {
+		c := config.Default()
+		c.Origen = "comandes"
+		c.Postgres.DSN = "postgres://outboxd@h/db"
+		c.Postgres.Slot = "outboxd_comandes"
+		c.Postgres.Publication = "outboxd_comandes"
+		c.Kafka.Brokers = []string{"k:9092"}
+		c.Routes = []config.Route{{
+			Table: "public.outbox", Schema: "public", Name: "outbox",
+			Topic: "comandes.esdeveniments", Columns: config.DefaultColumns(), OnError: config.OnErrorStop,
+		}}
+		return c
+	}
+	if err := valid().Validate(); err != nil {
+		t.Fatalf("Validate of a valid Go config: %v", err)
+	}
+
+	tests := []struct {
+		name    string
+		edit    func(c *config.Config)
+		wantErr []string
+	}{
+		{"no line numbers", func(c *config.Config) { c.Kafka.Partitioner = "fnv" },
+			[]string{`kafka.partitioner: "fnv" is not one of murmur2, crc32`}},
+		{"empty Default is invalid", func(c *config.Config) { *c = config.Default() },
+			[]string{"origen: required", "postgres.dsn: required", "postgres.slot: required",
+				"postgres.publication: required", "kafka.brokers: required", "routes: at least one route is required"}},
+		{"zero columns", func(c *config.Config) { c.Routes[0].Columns = config.Columns{} },
+			[]string{"routes[0].columns.id: column name must not be empty", "routes[0].columns.creat_en: column name must not be empty"}},
+		{"dash for versio is YAML only", func(c *config.Config) { c.Routes[0].Columns.Versio = "-" },
+			[]string{`routes[0].columns.versio: "-" is the YAML spelling of no such column; in Columns it is ""`}},
+		{"schema and name not derived", func(c *config.Config) { c.Routes[0].Schema, c.Routes[0].Name = "", "" },
+			[]string{`routes[0].table: Schema/Name ("", "") do not match table "public.outbox"`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := valid()
+			tt.edit(&c)
+			err := c.Validate()
+			assertErr(t, err, tt.wantErr...)
+			if strings.Contains(err.Error(), "line ") {
+				t.Errorf("error for a Go-built config mentions a line: %v", err)
+			}
+		})
+	}
+}
