@@ -60,6 +60,17 @@ type Postgres struct {
 	// reading means the connection is presumed dead (a status asking for
 	// a reply is sent at half of it).
 	ReceiveTimeout time.Duration `yaml:"receive_timeout"`
+	// TLS, when set, overrides the DSN's sslmode, sslrootcert, sslcert and
+	// sslkey.
+	TLS PostgresTLS `yaml:"tls"`
+}
+
+// PostgresTLS is libpq's TLS settings under names that match kafka.tls.
+type PostgresTLS struct {
+	Mode     string `yaml:"mode"`      // sslmode: disable ... verify-full
+	CAFile   string `yaml:"ca_file"`   // sslrootcert
+	CertFile string `yaml:"cert_file"` // sslcert (client certificate)
+	KeyFile  string `yaml:"key_file"`  // sslkey
 }
 
 // Kafka is the destination cluster and producer settings.
@@ -77,6 +88,31 @@ type Kafka struct {
 	// acknowledgement before the broker is presumed unreachable and the
 	// session restarts (replaying from the slot).
 	DeliveryTimeout time.Duration `yaml:"delivery_timeout"`
+	TLS             KafkaTLS      `yaml:"tls"`
+	SASL            KafkaSASL     `yaml:"sasl"`
+}
+
+// KafkaTLS secures every connection to the brokers.
+type KafkaTLS struct {
+	Enable     bool   `yaml:"enable"`
+	CAFile     string `yaml:"ca_file"`     // "": the system's trusted roots
+	CertFile   string `yaml:"cert_file"`   // client certificate (mTLS), with key_file
+	KeyFile    string `yaml:"key_file"`    // its private key
+	ServerName string `yaml:"server_name"` // "": the broker's host name
+	MinVersion string `yaml:"min_version"` // 1.2 (default) or 1.3
+	// InsecureSkipVerify accepts any certificate; logged as a warning at
+	// every start. For a throwaway cluster only.
+	InsecureSkipVerify bool `yaml:"insecure_skip_verify"`
+}
+
+// KafkaSASL authenticates every connection to the brokers.
+type KafkaSASL struct {
+	Mechanism string `yaml:"mechanism"` // "" (none), PLAIN, SCRAM-SHA-256, SCRAM-SHA-512
+	Username  string `yaml:"username"`
+	// Password, or PasswordFile (read at load time, one trailing newline
+	// dropped): the two exclude each other.
+	Password     string `yaml:"password"`
+	PasswordFile string `yaml:"password_file"`
 }
 
 // Route sends the inserts of one outbox table to one topic.
@@ -231,8 +267,16 @@ func Parse(data []byte, lookupEnv func(string) (string, bool), readFile func(str
 	d.decode(root, reflect.ValueOf(&cfg).Elem(), "")
 	cfg.lines = d.lines
 	errs := append(d.errs, fromYAML(&cfg)...)
-	if err := readPasswordFile(&cfg, readFile); err != nil {
-		errs = append(errs, err)
+	for _, secret := range []struct {
+		fileField, file, passwordField string
+		password                       *string
+	}{
+		{"postgres.password_file", cfg.Postgres.PasswordFile, "postgres.password", &cfg.Postgres.Password},
+		{"kafka.sasl.password_file", cfg.Kafka.SASL.PasswordFile, "kafka.sasl.password", &cfg.Kafka.SASL.Password},
+	} {
+		if err := readSecretFile(cfg.lines, secret.fileField, secret.file, secret.passwordField, secret.password, readFile); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if verr := cfg.Validate(); verr != nil {
 		errs = append(errs, verr)

@@ -27,7 +27,7 @@ func (p Postgres) ConnConfig() (*pgconn.Config, error) {
 // connConfig is ConnConfig with the reason for a failure on its own, for
 // Validate to put after the field and line.
 func (p Postgres) connConfig() (*pgconn.Config, string) {
-	cfg, err := pgconn.ParseConfig(p.DSN)
+	cfg, err := pgconn.ParseConfig(withTLS(p.DSN, p.TLS))
 	if err != nil {
 		return nil, parseFailure(err)
 	}
@@ -89,30 +89,29 @@ func parseFailure(err error) string {
 	return "it cannot be parsed"
 }
 
-// readPasswordFile puts the content of postgres.password_file, less one
-// trailing newline, in Password. Its errors name the file, never what it
-// holds.
-func readPasswordFile(c *Config, readFile func(string) ([]byte, error)) error {
-	p := &c.Postgres
-	if p.PasswordFile == "" {
+// readSecretFile puts the content of the file named by field (file), less
+// one trailing newline, in *password, which the YAML key passwordField must
+// not also set. Its errors name the file, never what it holds.
+func readSecretFile(lines map[string]int, field, file, passwordField string, password *string, readFile func(string) ([]byte, error)) error {
+	if file == "" {
 		return nil
 	}
-	line := fmt.Sprintf("line %d: postgres.password_file: ", c.lines["postgres.password_file"])
-	if p.Password != "" {
-		return fmt.Errorf("%sset together with postgres.password (line %d): keep one", line, c.lines["postgres.password"])
+	line := fmt.Sprintf("line %d: %s: ", lines[field], field)
+	if *password != "" {
+		return fmt.Errorf("%sset together with %s (line %d): keep one", line, passwordField, lines[passwordField])
 	}
 	if readFile == nil {
-		return fmt.Errorf("%s%s: no file can be read (Parse was given no readFile)", line, p.PasswordFile)
+		return fmt.Errorf("%s%s: no file can be read (Parse was given no readFile)", line, file)
 	}
-	data, err := readFile(p.PasswordFile)
+	data, err := readFile(file)
 	if err != nil {
 		return fmt.Errorf("%s%w", line, err)
 	}
 	pw := strings.TrimSuffix(strings.TrimSuffix(string(data), "\n"), "\r")
 	if pw == "" {
-		return fmt.Errorf("%s%s is empty", line, p.PasswordFile)
+		return fmt.Errorf("%s%s is empty", line, file)
 	}
-	p.Password = pw
+	*password = pw
 	return nil
 }
 
@@ -415,4 +414,32 @@ func redactKV(dsn string) string {
 	}
 	b.WriteString(dsn[from:])
 	return b.String()
+}
+
+// withTLS adds postgres.tls to the DSN as libpq's settings, where pgconn
+// turns them into its TLS configuration (for every host of a multi-host
+// DSN). A setting given here replaces the DSN's.
+func withTLS(dsn string, t PostgresTLS) string {
+	set := [][2]string{{"sslmode", t.Mode}, {"sslrootcert", t.CAFile}, {"sslcert", t.CertFile}, {"sslkey", t.KeyFile}}
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			return dsn // reported as the DSN's own problem
+		}
+		q := u.Query()
+		for _, kv := range set {
+			if kv[1] != "" {
+				q.Set(kv[0], kv[1])
+			}
+		}
+		u.RawQuery = q.Encode()
+		return u.String()
+	}
+	for _, kv := range set {
+		if kv[1] != "" {
+			// Later settings win in pgconn's keyword=value parser.
+			dsn += " " + kv[0] + "='" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(kv[1]) + "'"
+		}
+	}
+	return dsn
 }

@@ -294,3 +294,46 @@ func FuzzPasswordInDSN(f *testing.F) {
 		}
 	})
 }
+
+func TestKafkaSASLPasswordFile(t *testing.T) {
+	yml := strings.Replace(minimal, "kafka:\n", "kafka:\n  tls: {enable: true}\n  sasl:\n    mechanism: SCRAM-SHA-512\n    username: outboxd\n    password_file: /run/secrets/kafka\n", 1)
+	files := func(path string) ([]byte, error) {
+		if path == "/run/secrets/kafka" {
+			return []byte("k@fk\"a pw\n"), nil
+		}
+		return nil, fs.ErrNotExist
+	}
+	cfg, err := config.Parse([]byte(yml), nil, files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Kafka.SASL.Password != `k@fk"a pw` {
+		t.Errorf("password %q", cfg.Kafka.SASL.Password)
+	}
+	both := strings.Replace(yml, "    password_file:", "    password: inline\n    password_file:", 1)
+	if _, err := config.Parse([]byte(both), nil, files); err == nil || !strings.Contains(err.Error(), "kafka.sasl.password_file: set together with kafka.sasl.password") {
+		t.Errorf("both: %v", err)
+	}
+}
+
+// TestPostgresTLS: postgres.tls becomes libpq's settings, over the DSN's,
+// in both DSN forms.
+func TestPostgresTLS(t *testing.T) {
+	for _, dsn := range []string{"postgres://outboxd@db.internal:5432/km0?sslmode=disable", "host=db.internal dbname=km0 user=outboxd sslmode=disable"} {
+		yml := strings.Replace(minimal, `dsn: "postgres://outboxd@127.0.0.1/km0"`, `dsn: "`+dsn+`"`+"\n  tls:\n    mode: verify-full\n    ca_file: testdata/ca.pem", 1)
+		cfg, err := config.Parse([]byte(yml), nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cc, err := cfg.Postgres.ConnConfig()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cc.TLSConfig == nil || cc.TLSConfig.ServerName != "db.internal" || cc.TLSConfig.RootCAs == nil || cc.TLSConfig.InsecureSkipVerify && cc.TLSConfig.VerifyPeerCertificate == nil {
+			t.Errorf("%s: TLS %+v", dsn, cc.TLSConfig)
+		}
+		if len(cc.Fallbacks) != 0 {
+			t.Errorf("%s: verify-full must not fall back to plaintext: %d fallbacks", dsn, len(cc.Fallbacks))
+		}
+	}
+}

@@ -47,6 +47,12 @@ func (c Config) Validate() error {
 	v.positive("postgres.connect_timeout", p.ConnectTimeout)
 	v.positive("postgres.standby_retry", p.StandbyRetry)
 	v.positive("postgres.receive_timeout", p.ReceiveTimeout)
+	if p.TLS.Mode != "" {
+		v.oneOf("postgres.tls.mode", p.TLS.Mode, "disable", "allow", "prefer", "require", "verify-ca", "verify-full")
+	}
+	if (p.TLS.CertFile == "") != (p.TLS.KeyFile == "") {
+		v.add("postgres.tls.cert_file", "cert_file and key_file go together (a client certificate and its key)")
+	}
 	if p.StatusInterval > 0 && p.IdleStatusInterval > 0 && p.IdleStatusInterval < p.StatusInterval {
 		v.add("postgres.idle_status_interval", "%s is shorter than status_interval %s", p.IdleStatusInterval, p.StatusInterval)
 	}
@@ -62,6 +68,7 @@ func (c Config) Validate() error {
 	}
 	v.oneOf("kafka.partitioner", k.Partitioner, "murmur2", "crc32")
 	v.oneOf("kafka.compression", k.Compression, "none", "gzip", "snappy", "lz4", "zstd")
+	v.kafkaSecurity(k)
 	v.positive("kafka.linger", k.Linger)
 	v.positive("kafka.write_timeout", k.WriteTimeout)
 	v.positive("kafka.delivery_timeout", k.DeliveryTimeout)
@@ -260,4 +267,34 @@ func (v *validator) oneOf(path, got string, allowed ...string) {
 		}
 	}
 	v.add(path, "%q is not one of %s", got, strings.Join(allowed, ", "))
+}
+
+func (v *validator) kafkaSecurity(k Kafka) {
+	t := k.TLS
+	if !t.Enable && (t.CAFile != "" || t.CertFile != "" || t.KeyFile != "" || t.ServerName != "" || t.InsecureSkipVerify) {
+		v.add("kafka.tls.enable", "false, but other kafka.tls keys are set: set enable: true to use TLS")
+	}
+	if t.MinVersion != "" {
+		v.oneOf("kafka.tls.min_version", t.MinVersion, "1.2", "1.3")
+	}
+	if (t.CertFile == "") != (t.KeyFile == "") {
+		v.add("kafka.tls.cert_file", "cert_file and key_file go together (a client certificate and its key, for mTLS)")
+	}
+	if t.InsecureSkipVerify && t.CAFile != "" {
+		v.add("kafka.tls.insecure_skip_verify", "true together with ca_file: the CA would not be checked; keep ca_file and drop insecure_skip_verify")
+	}
+	s := k.SASL
+	if s.Mechanism == "" {
+		if s.Username != "" || s.Password != "" || s.PasswordFile != "" {
+			v.add("kafka.sasl.mechanism", "required when kafka.sasl has credentials (PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512)")
+		}
+		return
+	}
+	v.oneOf("kafka.sasl.mechanism", s.Mechanism, "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+	if s.Username == "" {
+		v.add("kafka.sasl.username", "required with kafka.sasl.mechanism")
+	}
+	if s.Password == "" && s.PasswordFile == "" {
+		v.add("kafka.sasl.password", "required with kafka.sasl.mechanism (or password_file)")
+	}
 }

@@ -13,6 +13,22 @@ func TestValidateErrors(t *testing.T) {
 		yml     string
 		wantErr []string
 	}{
+		{"tls keys without enable", strings.Replace(minimal, "kafka:\n", "kafka:\n  tls:\n    ca_file: /ca.pem\n", 1),
+			[]string{`kafka.tls.enable: false, but other kafka.tls keys are set`}},
+		{"client cert without key", strings.Replace(minimal, "kafka:\n", "kafka:\n  tls:\n    enable: true\n    cert_file: /c.pem\n", 1),
+			[]string{`line 9: kafka.tls.cert_file: cert_file and key_file go together`}},
+		{"tls 1.1", strings.Replace(minimal, "kafka:\n", "kafka:\n  tls:\n    enable: true\n    min_version: \"1.1\"\n", 1),
+			[]string{`line 9: kafka.tls.min_version: "1.1" is not one of 1.2, 1.3`}},
+		{"insecure with a CA", strings.Replace(minimal, "kafka:\n", "kafka:\n  tls:\n    enable: true\n    ca_file: /ca.pem\n    insecure_skip_verify: true\n", 1),
+			[]string{`kafka.tls.insecure_skip_verify: true together with ca_file`}},
+		{"sasl credentials without a mechanism", strings.Replace(minimal, "kafka:\n", "kafka:\n  sasl:\n    username: u\n", 1),
+			[]string{`kafka.sasl.mechanism: required when kafka.sasl has credentials`}},
+		{"unknown sasl mechanism", strings.Replace(minimal, "kafka:\n", "kafka:\n  sasl:\n    mechanism: GSSAPI\n    username: u\n    password: p\n", 1),
+			[]string{`line 8: kafka.sasl.mechanism: "GSSAPI" is not one of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512`}},
+		{"sasl without username and password", strings.Replace(minimal, "kafka:\n", "kafka:\n  sasl:\n    mechanism: SCRAM-SHA-512\n", 1),
+			[]string{`kafka.sasl.username: required`, `kafka.sasl.password: required`}},
+		{"postgres tls mode", strings.Replace(minimal, "postgres:\n", "postgres:\n  tls:\n    mode: strict\n", 1),
+			[]string{`line 4: postgres.tls.mode: "strict" is not one of disable, allow, prefer, require, verify-ca, verify-full`}},
 		{"bad partitioner", strings.Replace(minimal, "kafka:\n", "kafka:\n  partitioner: fnv\n", 1),
 			[]string{`line 7: kafka.partitioner: "fnv" is not one of murmur2, crc32`}},
 		{"bad compression", strings.Replace(minimal, "kafka:\n", "kafka:\n  compression: brotli\n", 1),

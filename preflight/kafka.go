@@ -23,10 +23,10 @@ type brokerDial struct {
 	err  error
 }
 
-func checkKafka(ctx context.Context, cfg config.Config) []Result {
-	// Dialled as outboxd dials, so that a port that accepts TCP but does not
-	// speak Kafka is not counted.
-	sc := sink.Config{ClientID: cfg.Kafka.ClientID}
+// checkKafka dials every broker as outboxd dials (sc: client id, TLS,
+// SASL), so that a port that accepts TCP but does not speak Kafka is not
+// counted and a TLS or SASL failure is named as such.
+func checkKafka(ctx context.Context, cfg config.Config, sc sink.Config) []Result {
 	var dials []brokerDial
 	var conn *kafka.Conn
 	for _, addr := range cfg.Kafka.Brokers {
@@ -104,16 +104,24 @@ func routeTopics(cfg config.Config) []string {
 // advertises answers.
 func evalKafka(bootstrap, advertised []brokerDial) Result {
 	var ok, bad []string
+	security := ""
 	for _, d := range bootstrap {
 		if d.err != nil {
 			bad = append(bad, d.err.Error())
+			if why := sink.Explain(d.err); why != "" && security == "" {
+				security = why
+			}
 		} else {
 			ok = append(ok, d.addr)
 		}
 	}
 	if len(bad) > 0 {
-		return fail("kafka", fmt.Sprintf("%d of %d brokers reachable: %s", len(ok), len(bootstrap), strings.Join(bad, "; ")),
-			"check kafka.brokers (host:port of the broker's listener) and that the broker runs and accepts connections from here")
+		fix := "check kafka.brokers (host:port of the broker's listener) and that the broker runs and accepts connections from here"
+		if security != "" {
+			// The broker answers, but refuses outboxd's TLS or SASL.
+			fix = security
+		}
+		return fail("kafka", fmt.Sprintf("%d of %d brokers reachable: %s", len(ok), len(bootstrap), strings.Join(bad, "; ")), fix)
 	}
 	var advOK, advBad []string
 	for _, d := range advertised {

@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/sink"
 )
 
 // Check outcomes.
@@ -50,10 +51,11 @@ func Passed(results []Result) bool {
 
 // Run performs every check against cfg, in order: config, the database
 // checks (which need a connection), then Kafka and its topics.
-func Run(ctx context.Context, cfg config.Config) []Result {
+// kafka is how outboxd connects to the brokers (client id, TLS, SASL).
+func Run(ctx context.Context, cfg config.Config, kafka sink.Config) []Result {
 	out := []Result{{Name: "config", Status: Pass, Detail: fmt.Sprintf("%d route(s), slot %s, publication %s", len(cfg.Routes), cfg.Postgres.Slot, cfg.Postgres.Publication)}}
 	out = append(out, checkPostgres(ctx, cfg)...)
-	out = append(out, checkKafka(ctx, cfg)...)
+	out = append(out, checkKafka(ctx, cfg, kafka)...)
 	return out
 }
 

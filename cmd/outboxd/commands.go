@@ -21,7 +21,12 @@ func check(ctx context.Context, path string, stdout io.Writer) error {
 		printResults(stdout, preflight.ConfigInvalid(err))
 		return usageError{errors.New("the configuration is not valid")}
 	}
-	results := preflight.Run(ctx, cfg)
+	kc, err := kafkaConfig(cfg)
+	if err != nil {
+		printResults(stdout, preflight.ConfigInvalid(err))
+		return usageError{errors.New("the configuration is not valid")}
+	}
+	results := preflight.Run(ctx, cfg, kc)
 	printResults(stdout, results)
 	failed := 0
 	for _, r := range results {

@@ -38,7 +38,17 @@ func run(ctx context.Context, path string, proc *process) error {
 	var mon *health.Monitor
 	var srv *health.Server
 	rc := replicationConfig(cfg, conn, metrics)
-	sc := sinkConfig(cfg, metrics)
+	sc, err := kafkaConfig(cfg)
+	if err != nil {
+		return usageError{err}
+	}
+	sc.Observe = metrics.ObserveProduce
+	if cfg.Kafka.TLS.InsecureSkipVerify {
+		log.Warn("kafka.tls.insecure_skip_verify is true: the brokers' certificates are NOT verified; anyone on the path can read and change the events")
+	}
+	if cfg.Kafka.SASL.Mechanism == sink.SASLPlain && !cfg.Kafka.TLS.Enable {
+		log.Warn("kafka.sasl.mechanism PLAIN without kafka.tls sends the password in clear text: enable kafka.tls (SASL_SSL) or use SCRAM")
+	}
 	if cfg.Health.Listen != "" {
 		// The same question check asks: does the broker answer as Kafka?
 		probe := func(ctx context.Context, addr string) error {
@@ -117,13 +127,26 @@ func replicationConfig(cfg config.Config, conn *pgconn.Config, metrics *health.M
 	}
 }
 
-func sinkConfig(cfg config.Config, metrics *health.Metrics) sink.Config {
-	return sink.Config{
-		Brokers: cfg.Kafka.Brokers, Partitioner: cfg.Kafka.Partitioner, Compression: cfg.Kafka.Compression,
-		Linger: cfg.Kafka.Linger, BatchSize: cfg.Kafka.BatchSize, BatchBytes: cfg.Kafka.BatchBytes,
-		MaxAttempts: cfg.Kafka.MaxAttempts, WriteTimeout: cfg.Kafka.WriteTimeout, ClientID: cfg.Kafka.ClientID,
-		Observe: metrics.ObserveProduce,
+// kafkaConfig is how outboxd talks to Kafka, for the producer, the health
+// monitor and check alike: TLS files are read and SASL set up here, so a
+// bad file fails at start.
+func kafkaConfig(cfg config.Config) (sink.Config, error) {
+	k := cfg.Kafka
+	tlsc, err := sink.BuildTLS(sink.TLSOptions{Enable: k.TLS.Enable, CAFile: k.TLS.CAFile, CertFile: k.TLS.CertFile, KeyFile: k.TLS.KeyFile,
+		ServerName: k.TLS.ServerName, MinVersion: k.TLS.MinVersion, InsecureSkipVerify: k.TLS.InsecureSkipVerify})
+	if err != nil {
+		return sink.Config{}, err
 	}
+	mech, err := sink.BuildSASL(sink.SASLOptions{Mechanism: k.SASL.Mechanism, Username: k.SASL.Username, Password: k.SASL.Password})
+	if err != nil {
+		return sink.Config{}, err
+	}
+	return sink.Config{
+		Brokers: k.Brokers, Partitioner: k.Partitioner, Compression: k.Compression,
+		Linger: k.Linger, BatchSize: k.BatchSize, BatchBytes: k.BatchBytes,
+		MaxAttempts: k.MaxAttempts, WriteTimeout: k.WriteTimeout, ClientID: k.ClientID,
+		TLS: tlsc, SASL: mech,
+	}, nil
 }
 
 // buildRunner makes the replication runner, with a Kafka producer per
