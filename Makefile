@@ -3,8 +3,11 @@ GO ?= go
 
 .PHONY: build test unit demo clean
 
+# The version `outboxd version` and outboxd_build_info report.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+
 build:
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o bin/outboxd ./cmd/outboxd
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X github.com/outboxd/outboxd.Version=$(VERSION)" -o bin/outboxd ./cmd/outboxd
 
 # Unit tests and the integration tests against a real PostgreSQL 15 and a
 # real Apache Kafka, both started (and removed) by integration/*.sh.

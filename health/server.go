@@ -57,7 +57,7 @@ func Listen(addr string, src Source, mon *Monitor, met *Metrics, limits Limits, 
 		return nil, err
 	}
 	s := &Server{ln: ln, src: src, mon: mon, met: met, limits: limits, log: log, crossing: map[string]bool{}}
-	met.reg.MustRegister(&collector{s: s})
+	met.reg.MustRegister(&collector{s: s}, walStatusCollector{mon})
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", s.healthz)
 	mux.HandleFunc("GET /readyz", s.readyz)
