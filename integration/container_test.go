@@ -195,29 +195,28 @@ func containerImageTest(t *testing.T, podman, root string, tg containerTarget) {
 		t.Errorf("outboxd runs with Uid %q, want 65532 throughout", uid)
 	}
 
-	// Orders written as a service does: state and event in one transaction.
+	// Orders written by the compose demo's writer (state and event in one
+	// transaction, as a service does).
 	const orders = 40
+	writer := exec.Command("bash", filepath.Join(root, "examples", "compose", "writer.sh"))
+	writer.Env = append(os.Environ(), "DATABASE_URL="+tg.dsn, "SLOT="+exampleSlot, fmt.Sprintf("COUNT=%d", orders), "INTERVAL=0")
+	if out, err := writer.CombinedOutput(); err != nil {
+		t.Fatalf("examples/compose/writer.sh: %v\n%s", err, out)
+	}
 	ids := map[string]string{} // id_esdeveniment -> agregat_id
-	for i := 0; i < orders; i++ {
-		order := fmt.Sprintf("P-2026-%06d", i)
-		tx, err := tg.db.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var id string
-		_, err = tx.Exec(ctx, "INSERT INTO comandes (id, client, mercat) VALUES ($1, 'C-42', 'mercat-del-ter')", order)
-		if err == nil {
-			err = tx.QueryRow(ctx, `INSERT INTO outbox (id, agregat, agregat_id, tipus, carrega)
-				VALUES (gen_random_uuid(), 'comanda', $1, 'comanda.creada', jsonb_build_object('id', $1::text, 'client', 'C-42'))
-				RETURNING id::text`, order).Scan(&id)
-		}
-		if err == nil {
-			err = tx.Commit(ctx)
-		}
-		if err != nil {
+	rows, err := tg.db.Query(ctx, "SELECT id::text, agregat_id FROM outbox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var id, order string
+		if err := rows.Scan(&id, &order); err != nil {
 			t.Fatal(err)
 		}
 		ids[id] = order
+	}
+	if rows.Err() != nil || len(ids) != orders {
+		t.Fatalf("the writer committed %d outbox rows (%v), want %d", len(ids), rows.Err(), orders)
 	}
 	var endLSN string
 	if err := tg.db.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&endLSN); err != nil {
