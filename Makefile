@@ -12,9 +12,15 @@ build:
 
 # Unit tests and the integration tests against a real PostgreSQL 15 and a
 # real Apache Kafka, both started (and removed) by integration/*.sh.
-test:
+test: test-kubernetes
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 20m ./...
+
+# deploy/kubernetes/*.yaml decoded strictly into the Kubernetes API types, in
+# a module of its own (outboxd's module does not depend on them).
+.PHONY: test-kubernetes
+test-kubernetes:
+	cd deploy/kubernetes/validate && $(GO) vet ./... && $(GO) test -count=1 ./...
 
 # Unit tests only: no PostgreSQL, no Kafka (the integration package says it skips).
 unit:
