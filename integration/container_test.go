@@ -50,24 +50,19 @@ func TestContainerImage(t *testing.T) {
 		t.Fatal(err)
 	}
 	f := newFixture(t, string(schema), nil)
-	containerImageTest(t, podman, root, containerTarget{
-		dsn:     f.dsn,
-		brokers: env.KafkaBrokers,
-		db:      f.db,
-	})
+	containerImageTest(t, podman, root, f.dsn, env.KafkaBrokers)
 }
 
-// containerTarget is all the container test needs from its environment: a
-// database with sql/001_outbox.sql applied, a broker, and a connection to
-// that database.
-type containerTarget struct {
-	dsn     string
-	brokers string
-	db      *pgx.Conn
-}
-
-func containerImageTest(t *testing.T, podman, root string, tg containerTarget) {
+// containerImageTest needs only a database with sql/001_outbox.sql applied
+// (dsn, as a superuser: the example configuration creates the slot and the
+// publication) and a broker.
+func containerImageTest(t *testing.T, podman, root, dsn, brokers string) {
 	ctx := context.Background()
+	db, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close(context.Background()) })
 	tag := fmt.Sprintf("localhost/outboxd-test:%d", os.Getpid())
 	name := fmt.Sprintf("outboxd-test-%d", os.Getpid())
 	// pod runs podman and returns its standard output; the standard error
@@ -96,22 +91,22 @@ func containerImageTest(t *testing.T, podman, root string, tg containerTarget) {
 	dropSlot := func() {
 		for i := 0; i < 50; i++ {
 			var left int
-			_, _ = tg.db.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active", exampleSlot)
-			if err := tg.db.QueryRow(ctx, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", exampleSlot).Scan(&left); err != nil || left == 0 {
+			_, _ = db.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active", exampleSlot)
+			if err := db.QueryRow(ctx, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", exampleSlot).Scan(&left); err != nil || left == 0 {
 				return
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
 	}
 	dropSlot()
-	deleteTopic(tg.brokers, exampleTopic)
+	deleteTopic(brokers, exampleTopic)
 	t.Cleanup(func() {
 		dropSlot()
-		deleteTopic(tg.brokers, exampleTopic)
+		deleteTopic(brokers, exampleTopic)
 	})
 	tctx, cancel := context.WithTimeout(ctx, 90*time.Second)
 	defer cancel()
-	if err := testenv.CreateTopic(tctx, tg.brokers, exampleTopic, 3); err != nil {
+	if err := testenv.CreateTopic(tctx, brokers, exampleTopic, 3); err != nil {
 		t.Fatal(err)
 	}
 
@@ -177,7 +172,7 @@ func containerImageTest(t *testing.T, podman, root string, tg containerTarget) {
 	health := freePort(t)
 	start = time.Now()
 	mustPod("run", "-d", "--name", name, "--network", "host",
-		"-e", "KM0_DSN="+tg.dsn, "-e", "KAFKA_BROKERS="+tg.brokers, "-e", "OUTBOXD_HEALTH_LISTEN="+health, tag)
+		"-e", "KM0_DSN="+dsn, "-e", "KAFKA_BROKERS="+brokers, "-e", "OUTBOXD_HEALTH_LISTEN="+health, tag)
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("container log:\n%s", containerLogs(podman, name))
@@ -199,12 +194,12 @@ func containerImageTest(t *testing.T, podman, root string, tg containerTarget) {
 	// transaction, as a service does).
 	const orders = 40
 	writer := exec.Command("bash", filepath.Join(root, "examples", "compose", "writer.sh"))
-	writer.Env = append(os.Environ(), "DATABASE_URL="+tg.dsn, "SLOT="+exampleSlot, fmt.Sprintf("COUNT=%d", orders), "INTERVAL=0")
+	writer.Env = append(os.Environ(), "DATABASE_URL="+dsn, "SLOT="+exampleSlot, fmt.Sprintf("COUNT=%d", orders), "INTERVAL=0")
 	if out, err := writer.CombinedOutput(); err != nil {
 		t.Fatalf("examples/compose/writer.sh: %v\n%s", err, out)
 	}
 	ids := map[string]string{} // id_esdeveniment -> agregat_id
-	rows, err := tg.db.Query(ctx, "SELECT id::text, agregat_id FROM outbox")
+	rows, err := db.Query(ctx, "SELECT id::text, agregat_id FROM outbox")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,12 +214,12 @@ func containerImageTest(t *testing.T, podman, root string, tg containerTarget) {
 		t.Fatalf("the writer committed %d outbox rows (%v), want %d", len(ids), rows.Err(), orders)
 	}
 	var endLSN string
-	if err := tg.db.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&endLSN); err != nil {
+	if err := db.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&endLSN); err != nil {
 		t.Fatal(err)
 	}
 	cctx, ccancel := context.WithTimeout(ctx, 60*time.Second)
 	defer ccancel()
-	msgs, err := testenv.Consume(cctx, tg.brokers, exampleTopic, orders)
+	msgs, err := testenv.Consume(cctx, brokers, exampleTopic, orders)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,7 +278,7 @@ func containerImageTest(t *testing.T, podman, root string, tg containerTarget) {
 		t.Errorf("exit code after podman stop: %d, want 0", exit)
 	}
 	var confirmed string
-	if err := tg.db.QueryRow(ctx, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1", exampleSlot).Scan(&confirmed); err != nil {
+	if err := db.QueryRow(ctx, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1", exampleSlot).Scan(&confirmed); err != nil {
 		t.Fatal(err)
 	}
 	if lsn(t, confirmed) < lsn(t, endLSN) {
