@@ -3,14 +3,24 @@ GO ?= go
 
 .PHONY: build test unit demo clean
 
+# The version `outboxd version` and outboxd_build_info report.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS = -s -w -X github.com/outboxd/outboxd.Version=$(VERSION)
+
 build:
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o bin/outboxd ./cmd/outboxd
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/outboxd ./cmd/outboxd
 
 # Unit tests and the integration tests against a real PostgreSQL 15 and a
 # real Apache Kafka, both started (and removed) by integration/*.sh.
-test:
+test: test-kubernetes
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 20m ./...
+
+# deploy/kubernetes/*.yaml decoded strictly into the Kubernetes API types, in
+# a module of its own (outboxd's module does not depend on them).
+.PHONY: test-kubernetes
+test-kubernetes:
+	cd deploy/kubernetes/validate && $(GO) vet ./... && $(GO) test -count=1 ./...
 
 # Unit tests only: no PostgreSQL, no Kafka (the integration package says it skips).
 unit:
@@ -22,7 +32,23 @@ demo:
 	bash integration/demo.sh
 
 clean:
-	rm -rf bin
+	rm -rf bin dist
+
+# The offline image build (see the Dockerfile): a static binary and the
+# host's CA bundle in dist/, then the image FROM scratch with no registry.
+# IMAGE_BUILD=docker build works too, where Docker runs.
+IMAGE ?= outboxd:$(VERSION)
+IMAGE_BUILD ?= podman build --format docker
+CA_BUNDLE ?= /etc/ssl/certs/ca-certificates.crt
+
+.PHONY: dist image
+dist:
+	mkdir -p dist
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o dist/outboxd ./cmd/outboxd
+	cp $(CA_BUNDLE) dist/ca-certificates.crt
+
+image: dist
+	$(IMAGE_BUILD) --build-arg BINARY=dist --build-arg BASE_IMAGE=$${BASE_IMAGE:-scratch} --build-arg VERSION=$(VERSION) -t $(IMAGE) .
 
 # Benchmarks print numbers; they are not tests (docs/PERFORMANCE.md). Needs
 # the same tools as `make test`; starts and removes its own PostgreSQL and

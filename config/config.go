@@ -204,7 +204,7 @@ func Default() Config {
 			BackoffMin:        500 * time.Millisecond,
 			BackoffMax:        30 * time.Second,
 		},
-		Health: Health{Listen: "127.0.0.1:8080", PollInterval: 5 * time.Second, MaxLag: time.Minute, MaxRetainedWALBytes: 1 << 30},
+		Health: Health{Listen: "127.0.0.1:9597", PollInterval: 5 * time.Second, MaxLag: time.Minute, MaxRetainedWALBytes: 1 << 30},
 		Log:    Log{Level: "info", Format: "text"},
 	}
 }

@@ -86,7 +86,7 @@ func TestDefault(t *testing.T) {
 			BackoffMin:        500 * time.Millisecond,
 			BackoffMax:        30 * time.Second,
 		},
-		Health: config.Health{Listen: "127.0.0.1:8080", PollInterval: 5 * time.Second, MaxLag: time.Minute, MaxRetainedWALBytes: 1 << 30},
+		Health: config.Health{Listen: "127.0.0.1:9597", PollInterval: 5 * time.Second, MaxLag: time.Minute, MaxRetainedWALBytes: 1 << 30},
 		Log:    config.Log{Level: "info", Format: "text"},
 	}
 	got := struct {

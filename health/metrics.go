@@ -5,6 +5,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/outboxd/outboxd"
 )
 
 // Metrics collects what the pipeline observes as it runs: per-topic produce
@@ -33,7 +36,8 @@ type TopicStats struct {
 
 var latencyBuckets = []float64{.001, .002, .005, .01, .02, .05, .1, .2, .5, 1, 2, 5, 10, 30, 60}
 
-// NewMetrics registers the metrics in a registry of their own.
+// NewMetrics registers the metrics in a registry of their own, with the Go
+// runtime's (go_*), the process's (process_*) and outboxd_build_info.
 func NewMetrics() *Metrics {
 	m := &Metrics{
 		reg: prometheus.NewRegistry(),
@@ -51,7 +55,13 @@ func NewMetrics() *Metrics {
 			Help: "Unix time of the last acknowledged record, by topic."}, []string{"topic"}),
 		topics: map[string]*TopicStats{},
 	}
-	m.reg.MustRegister(m.events, m.bytes, m.produceErrors, m.produceTime, m.commitToAck, m.lastProduce)
+	build := outboxd.BuildInfo()
+	buildInfo := prometheus.NewGauge(prometheus.GaugeOpts{Name: "outboxd_build_info",
+		Help:        "Always 1; the labels say which build is running.",
+		ConstLabels: prometheus.Labels{"version": build.Version, "goversion": build.GoVersion}})
+	buildInfo.Set(1)
+	m.reg.MustRegister(m.events, m.bytes, m.produceErrors, m.produceTime, m.commitToAck, m.lastProduce, buildInfo,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 

@@ -303,11 +303,17 @@ var (
 	descDead        = prometheus.NewDesc("outboxd_dead_lettered_total", "Rows written to a dead-letter topic because they could not become records (replays included).", nil, nil)
 	descBrokers     = prometheus.NewDesc("outboxd_kafka_brokers_reachable", "Configured brokers that answered a Kafka API versions request at the last poll.", nil, nil)
 	descConfirmed   = prometheus.NewDesc("outboxd_confirmed_lsn", "Flush position outboxd has confirmed, as a number.", nil, nil)
+	// One series per wal_status, 1 on the current one, so an alert can say
+	// "unreserved" or "lost" on its own: safe_wal_size alone cannot tell a
+	// lost slot from a server without max_slot_wal_keep_size (both NULL).
+	descWALStatus = prometheus.NewDesc("outboxd_slot_wal_status",
+		"1 for the slot's wal_status in pg_replication_slots (reserved, extended, unreserved, lost), 0 for the others.", []string{"slot", "status"}, nil)
+	walStatuses = []string{"reserved", "extended", "unreserved", "lost"}
 )
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descState, descReady, descRetained, descUnconfirmed, descSlotActive, descSafeWAL, descLag,
-		descInFlightEv, descInFlightB, descTxns, descDead, descBrokers, descConfirmed} {
+		descInFlightEv, descInFlightB, descTxns, descDead, descBrokers, descConfirmed, descWALStatus} {
 		ch <- d
 	}
 }
@@ -328,6 +334,15 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descSlotActive, prometheus.GaugeValue, b2f(sl.Active), sl.Name)
 		if sl.SafeWALSize != nil {
 			ch <- prometheus.MustNewConstMetric(descSafeWAL, prometheus.GaugeValue, float64(*sl.SafeWALSize), sl.Name)
+		}
+		known := false
+		for _, st := range walStatuses {
+			known = known || st == sl.WALStatus
+			ch <- prometheus.MustNewConstMetric(descWALStatus, prometheus.GaugeValue, b2f(st == sl.WALStatus), sl.Name, st)
+		}
+		if !known && sl.WALStatus != "" {
+			// A value a later PostgreSQL may add: shown rather than hidden.
+			ch <- prometheus.MustNewConstMetric(descWALStatus, prometheus.GaugeValue, 1, sl.Name, sl.WALStatus)
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(descLag, prometheus.GaugeValue, v.lag.Seconds())

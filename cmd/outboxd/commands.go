@@ -49,20 +49,11 @@ func printResults(w io.Writer, results []preflight.Result) {
 // status prints the /status of a running instance, flattened to one
 // "key: value" line per field, or the raw JSON.
 func status(ctx context.Context, path, url string, asJSON bool, stdout io.Writer) error {
-	if url == "" {
-		cfg, err := config.Load(path)
-		if err != nil {
-			return usageError{err}
-		}
-		if cfg.Health.Listen == "" {
-			return usageError{errors.New("health.listen is empty: the instance serves no /status; pass --url")}
-		}
-		url = "http://" + dialable(cfg.Health.Listen)
+	url, err := instanceURL(path, url)
+	if err != nil {
+		return err
 	}
-	if !strings.Contains(url, "://") {
-		url = "http://" + url
-	}
-	url = strings.TrimRight(url, "/") + "/status"
+	url += "/status"
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
@@ -88,8 +79,27 @@ func status(ctx context.Context, path, url string, asJSON bool, stdout io.Writer
 	return formatStatus(stdout, body)
 }
 
+// instanceURL is the base URL of a running instance: url as given (http://
+// added when it has no scheme), else health.listen from the file at path.
+func instanceURL(path, url string) (string, error) {
+	if url == "" {
+		cfg, err := config.Load(path)
+		if err != nil {
+			return "", usageError{err}
+		}
+		if cfg.Health.Listen == "" {
+			return "", usageError{errors.New("health.listen is empty: the instance serves no health endpoints; pass --url")}
+		}
+		url = "http://" + dialable(cfg.Health.Listen)
+	}
+	if !strings.Contains(url, "://") {
+		url = "http://" + url
+	}
+	return strings.TrimRight(url, "/"), nil
+}
+
 // dialable turns a listen address into one to connect to: an empty or
-// unspecified host ("":8080, "0.0.0.0:8080", "[::]:8080") becomes loopback.
+// unspecified host (":9597", "0.0.0.0:9597", "[::]:9597") becomes loopback.
 func dialable(listen string) string {
 	host, port, err := net.SplitHostPort(listen)
 	if err != nil {

@@ -4,6 +4,8 @@
 //	outboxd check     -c outboxd.yaml          preflight checklist
 //	outboxd status    -c outboxd.yaml          what a running instance reports
 //	outboxd slot drop -c outboxd.yaml --yes    drop the replication slot
+//	outboxd health    -c outboxd.yaml          exit 0 when /healthz (--ready: /readyz) says 200
+//	outboxd version                            the version it was built as
 package main
 
 import (
@@ -16,6 +18,7 @@ import (
 	"os/signal"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 )
@@ -27,6 +30,8 @@ commands:
   check      -c FILE                          preflight checklist of PostgreSQL and Kafka (exit 0 only if all pass)
   status     [-c FILE | --url URL] [--json]   print the /status of a running instance
   slot drop  -c FILE --yes                    drop the replication slot (undelivered events are lost with it)
+  health     [-c FILE | --url URL] [--ready]  exit 0 when a running instance's /healthz (--ready: /readyz) answers 200, else 1 with the reason
+  version                                     print the version, the Go version and the commit (also --version)
 
 -c defaults to outboxd.yaml. Exit status: 0 success, 1 failure, 2 configuration or usage error.
 `
@@ -48,11 +53,16 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stdout, usage)
 		return 0
 	}
+	if cmd == "version" || cmd == "--version" {
+		printVersion(stdout)
+		return 0
+	}
 	fs := flag.NewFlagSet("outboxd "+cmd, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	path := fs.String("c", "outboxd.yaml", "configuration file")
 	var url string
-	var asJSON, yes bool
+	var asJSON, yes, ready bool
+	var timeout time.Duration
 	switch cmd {
 	case "run", "check":
 	case "status":
@@ -60,6 +70,10 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		fs.BoolVar(&asJSON, "json", false, "print the raw JSON")
 	case "slot drop":
 		fs.BoolVar(&yes, "yes", false, "really drop the slot")
+	case "health":
+		fs.StringVar(&url, "url", "", "base URL of a running instance, instead of health.listen from -c")
+		fs.BoolVar(&ready, "ready", false, "ask /readyz instead of /healthz")
+		fs.DurationVar(&timeout, "timeout", 5*time.Second, "give up after this long")
 	default:
 		fmt.Fprint(stderr, usage)
 		return 2
@@ -85,6 +99,8 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		err = status(ctx, *path, url, asJSON, stdout)
 	case "slot drop":
 		err = slotDrop(ctx, *path, yes, stdout)
+	case "health":
+		err = healthCheck(ctx, *path, url, ready, timeout, stdout)
 	}
 	if err == nil {
 		return 0

@@ -1,0 +1,315 @@
+package validate
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/validation"
+	kjson "sigs.k8s.io/json"
+	"sigs.k8s.io/yaml"
+
+	"github.com/outboxd/outboxd/config"
+)
+
+// manifests is what deploy/kubernetes holds, decoded.
+type manifests struct {
+	configMaps  map[string]corev1.ConfigMap
+	secrets     map[string]corev1.Secret
+	deployments map[string]appsv1.Deployment // by file name
+	podMonitors []monitoringv1.PodMonitor
+}
+
+// load decodes every document of every deploy/kubernetes/*.yaml strictly:
+// an unknown or misplaced field, a wrong type or a bad quantity fails.
+func load(t *testing.T) manifests {
+	t.Helper()
+	files, err := filepath.Glob("../*.yaml")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no manifests in deploy/kubernetes (%v)", err)
+	}
+	m := manifests{configMaps: map[string]corev1.ConfigMap{}, secrets: map[string]corev1.Secret{}, deployments: map[string]appsv1.Deployment{}}
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, doc := range bytes.Split(data, []byte("\n---\n")) {
+			where := fmt.Sprintf("%s document %d", filepath.Base(f), i+1)
+			var tm metav1.TypeMeta
+			if err := yaml.Unmarshal(doc, &tm); err != nil {
+				t.Fatalf("%s: %v", where, err)
+			}
+			// As the API server decodes: case-sensitive field names (Go's
+			// encoding/json, under sigs.k8s.io/yaml's UnmarshalStrict,
+			// would accept readOnlyRootFileSystem), no unknown or
+			// duplicate field.
+			strict := func(v any) {
+				js, err := yaml.YAMLToJSONStrict(doc)
+				if err != nil {
+					t.Errorf("%s: %v", where, err)
+					return
+				}
+				strictErrs, err := kjson.UnmarshalStrict(js, v)
+				for _, e := range append(strictErrs, err) {
+					if e != nil {
+						t.Errorf("%s (%s %s): %v", where, tm.APIVersion, tm.Kind, e)
+					}
+				}
+			}
+			var meta metav1.ObjectMeta
+			switch tm.APIVersion + " " + tm.Kind {
+			case "v1 ConfigMap":
+				var o corev1.ConfigMap
+				strict(&o)
+				m.configMaps[o.Name], meta = o, o.ObjectMeta
+			case "v1 Secret":
+				var o corev1.Secret
+				strict(&o)
+				m.secrets[o.Name], meta = o, o.ObjectMeta
+			case "apps/v1 Deployment":
+				var o appsv1.Deployment
+				strict(&o)
+				m.deployments[filepath.Base(f)], meta = o, o.ObjectMeta
+			case "monitoring.coreos.com/v1 PodMonitor":
+				var o monitoringv1.PodMonitor
+				strict(&o)
+				m.podMonitors, meta = append(m.podMonitors, o), o.ObjectMeta
+			default:
+				t.Errorf("%s: unexpected %s %s (add it to this test)", where, tm.APIVersion, tm.Kind)
+				continue
+			}
+			for _, msg := range validation.IsDNS1123Subdomain(meta.Name) {
+				t.Errorf("%s: name %q: %s", where, meta.Name, msg)
+			}
+			checkLabels(t, where, meta.Labels)
+		}
+	}
+	return m
+}
+
+func checkLabels(t *testing.T, where string, l map[string]string) {
+	t.Helper()
+	for k, v := range l {
+		for _, msg := range append(validation.IsQualifiedName(k), validation.IsValidLabelValue(v)...) {
+			t.Errorf("%s: label %s=%s: %s", where, k, v, msg)
+		}
+	}
+}
+
+// outboxdContainer is the container named outboxd, and whether it is a
+// (native) sidecar in the init containers.
+func outboxdContainer(spec corev1.PodSpec) (corev1.Container, bool, bool) {
+	for _, c := range spec.InitContainers {
+		if c.Name == "outboxd" {
+			return c, true, true
+		}
+	}
+	for _, c := range spec.Containers {
+		if c.Name == "outboxd" {
+			return c, false, true
+		}
+	}
+	return corev1.Container{}, false, false
+}
+
+// measuredPeakRSS is docs/PERFORMANCE.md's peak RSS (500,000-row drain).
+var measuredPeakRSS = resource.MustParse("32Mi")
+
+func TestManifests(t *testing.T) {
+	m := load(t)
+	if len(m.deployments) < 2 {
+		t.Fatalf("want the standalone and the sidecar Deployment, found %d", len(m.deployments))
+	}
+	for file, d := range m.deployments {
+		t.Run(file, func(t *testing.T) { checkDeployment(t, m, d) })
+	}
+}
+
+func checkDeployment(t *testing.T, m manifests, d appsv1.Deployment) {
+	pod := d.Spec.Template
+	sel, err := metav1.LabelSelectorAsSelector(d.Spec.Selector)
+	if err != nil || !sel.Matches(labels.Set(pod.Labels)) {
+		t.Errorf("the selector %v does not match the pod labels %v (%v)", d.Spec.Selector, pod.Labels, err)
+	}
+	checkLabels(t, "pod template", pod.Labels)
+	c, sidecar, ok := outboxdContainer(pod.Spec)
+	if !ok {
+		t.Fatal("no container named outboxd")
+	}
+	if sidecar && (c.RestartPolicy == nil || *c.RestartPolicy != corev1.ContainerRestartPolicyAlways) {
+		t.Error("an outboxd init container must be a native sidecar (restartPolicy: Always), or it blocks the pod's start for ever")
+	}
+
+	// The configuration it runs: the ConfigMap's file, mounted where -c
+	// says, valid for outboxd with the variables the container sets.
+	if len(c.Args) != 3 || c.Args[0] != "run" || c.Args[1] != "-c" {
+		t.Fatalf("args %q, want [run -c FILE]", c.Args)
+	}
+	cfgPath := c.Args[2]
+	var cm corev1.ConfigMap
+	var key string
+	for _, vm := range c.VolumeMounts {
+		if filepath.Dir(cfgPath) != vm.MountPath {
+			continue
+		}
+		for _, v := range pod.Spec.Volumes {
+			if v.Name == vm.Name && v.ConfigMap != nil {
+				cm = m.configMaps[v.ConfigMap.Name]
+				key = filepath.Base(cfgPath)
+				for _, it := range v.ConfigMap.Items {
+					if it.Path == filepath.Base(cfgPath) {
+						key = it.Key
+					}
+				}
+			}
+		}
+	}
+	raw, ok := cm.Data[key]
+	if !ok {
+		t.Fatalf("-c %s is not a key of a ConfigMap in deploy/kubernetes mounted there", cfgPath)
+	}
+	env := map[string]corev1.EnvVar{}
+	for _, e := range c.Env {
+		env[e.Name] = e
+		if ref := e.ValueFrom; ref != nil && ref.SecretKeyRef != nil {
+			s, ok := m.secrets[ref.SecretKeyRef.Name]
+			if _, has := s.StringData[ref.SecretKeyRef.Key]; !ok || !has {
+				t.Errorf("env %s: the Secret %s has no key %s (secret.example.yaml)", e.Name, ref.SecretKeyRef.Name, ref.SecretKeyRef.Key)
+			}
+		}
+	}
+	cfg, err := config.Parse([]byte(raw), func(name string) (string, bool) {
+		if _, ok := env[name]; !ok {
+			return "", false
+		}
+		return "x", true
+	}, nil)
+	if err != nil {
+		t.Fatalf("ConfigMap %s key %s is not a valid outboxd configuration with the container's environment: %v", cm.Name, key, err)
+	}
+
+	// The health server: on all interfaces (the kubelet probes the pod IP)
+	// at the container port the probes and the PodMonitor name.
+	host, port, err := net.SplitHostPort(cfg.Health.Listen)
+	if err != nil || (host != "" && host != "0.0.0.0" && host != "::") {
+		t.Errorf("health.listen %q: the kubelet and Prometheus reach the pod IP, not loopback", cfg.Health.Listen)
+	}
+	var healthPort *corev1.ContainerPort
+	for i, p := range c.Ports {
+		if strconv.Itoa(int(p.ContainerPort)) == port {
+			healthPort = &c.Ports[i]
+		}
+		for _, msg := range validation.IsValidPortName(p.Name) {
+			t.Errorf("port name %q: %s", p.Name, msg)
+		}
+	}
+	if healthPort == nil {
+		t.Fatalf("no container port %s (health.listen %s)", port, cfg.Health.Listen)
+	}
+	if a := pod.Annotations["prometheus.io/port"]; a != "" && a != port {
+		t.Errorf("prometheus.io/port %s, health.listen port %s", a, port)
+	}
+	probe := func(name string, p *corev1.Probe) string {
+		if p == nil || p.HTTPGet == nil {
+			t.Errorf("no HTTP %s probe", name)
+			return ""
+		}
+		if p.HTTPGet.Port.String() != healthPort.Name && p.HTTPGet.Port.String() != port {
+			t.Errorf("%s probe on port %s, the health port is %s (%s)", name, p.HTTPGet.Port.String(), healthPort.Name, port)
+		}
+		return p.HTTPGet.Path
+	}
+	if path := probe("liveness", c.LivenessProbe); path != "/healthz" {
+		t.Errorf("liveness probe on %q, want /healthz", path)
+	}
+	// /readyz is 503 on a standby by design: only a single instance, never
+	// replaced by a rolling update, may probe readiness on it; a sidecar's
+	// readiness is the service's, which must not depend on Kafka.
+	replicas := int32(1)
+	if d.Spec.Replicas != nil {
+		replicas = *d.Spec.Replicas
+	}
+	single := replicas == 1 && d.Spec.Strategy.Type == appsv1.RecreateDeploymentStrategyType && !sidecar
+	switch path := probe("readiness", c.ReadinessProbe); {
+	case single && path != "/readyz":
+		t.Errorf("a single outboxd probes readiness on %q, want /readyz", path)
+	case !single && path != "/healthz":
+		t.Errorf("readiness on %q with %d replicas (sidecar %v, strategy %q): a standby would never be ready and rollouts would stall; want /healthz",
+			path, replicas, sidecar, d.Spec.Strategy.Type)
+	}
+
+	// A clean stop needs its shutdown_timeout before the SIGKILL.
+	grace := time.Duration(0)
+	if p := pod.Spec.TerminationGracePeriodSeconds; p != nil {
+		grace = time.Duration(*p) * time.Second
+	}
+	if grace <= cfg.Pipeline.ShutdownTimeout {
+		t.Errorf("terminationGracePeriodSeconds %s must exceed pipeline.shutdown_timeout %s", grace, cfg.Pipeline.ShutdownTimeout)
+	}
+
+	// Non-root, read-only, no privileges.
+	psc, sc := pod.Spec.SecurityContext, c.SecurityContext
+	if sc == nil {
+		t.Fatal("no container securityContext")
+	}
+	nonRoot := (sc.RunAsNonRoot != nil && *sc.RunAsNonRoot) || (psc != nil && psc.RunAsNonRoot != nil && *psc.RunAsNonRoot)
+	uid := sc.RunAsUser
+	if uid == nil && psc != nil {
+		uid = psc.RunAsUser
+	}
+	if !nonRoot || uid == nil || *uid != 65532 {
+		t.Errorf("runAsNonRoot %v, runAsUser %v: want non-root 65532 (the image's user)", nonRoot, uid)
+	}
+	if sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
+		t.Error("readOnlyRootFilesystem is not true")
+	}
+	if sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+		t.Error("allowPrivilegeEscalation is not false")
+	}
+	if sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Drop, "ALL") {
+		t.Error("capabilities do not drop ALL")
+	}
+	if psc == nil || psc.SeccompProfile == nil || psc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Error("no RuntimeDefault seccomp profile")
+	}
+
+	// Resources sized from the measured RSS.
+	req, lim := c.Resources.Requests.Memory(), c.Resources.Limits.Memory()
+	if req.Cmp(measuredPeakRSS) < 0 || lim.Cmp(*req) < 0 || lim.Value() < 2*measuredPeakRSS.Value() {
+		t.Errorf("memory request %s, limit %s: want a request of at least the measured peak RSS %s and a limit of at least twice it",
+			req, lim, &measuredPeakRSS)
+	}
+	if c.Resources.Requests.Cpu().IsZero() {
+		t.Error("no CPU request")
+	}
+
+	// Scraped by a PodMonitor on the health port.
+	scraped := false
+	for _, pm := range m.podMonitors {
+		s, err := metav1.LabelSelectorAsSelector(&pm.Spec.Selector)
+		if err != nil || !s.Matches(labels.Set(pod.Labels)) {
+			continue
+		}
+		for _, ep := range pm.Spec.PodMetricsEndpoints {
+			if ep.Port != nil && *ep.Port == healthPort.Name && ep.Path == "/metrics" {
+				scraped = true
+			}
+		}
+	}
+	if !scraped {
+		t.Errorf("no PodMonitor selects these pods (%v) on port %s /metrics", pod.Labels, healthPort.Name)
+	}
+}
