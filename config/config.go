@@ -107,8 +107,11 @@ type KafkaTLS struct {
 
 // KafkaSASL authenticates every connection to the brokers.
 type KafkaSASL struct {
-	Mechanism string `yaml:"mechanism"` // "" (none), PLAIN, SCRAM-SHA-256, SCRAM-SHA-512
+	Mechanism string `yaml:"mechanism"` // "" (none), PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, AWS_MSK_IAM
 	Username  string `yaml:"username"`
+	// AWSRegion is the MSK cluster's region for AWS_MSK_IAM ("": the AWS
+	// SDK's own, from AWS_REGION or the shared config).
+	AWSRegion string `yaml:"aws_region"`
 	// Password, or PasswordFile (read at load time, one trailing newline
 	// dropped): the two exclude each other.
 	Password     string `yaml:"password"`

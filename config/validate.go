@@ -290,7 +290,20 @@ func (v *validator) kafkaSecurity(k Kafka) {
 		}
 		return
 	}
-	v.oneOf("kafka.sasl.mechanism", s.Mechanism, "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+	v.oneOf("kafka.sasl.mechanism", s.Mechanism, "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "AWS_MSK_IAM")
+	if s.Mechanism == "AWS_MSK_IAM" {
+		// Credentials come from the AWS SDK's chain (IRSA, instance role...).
+		if s.Username != "" || s.Password != "" || s.PasswordFile != "" {
+			v.add("kafka.sasl.username", "not used with AWS_MSK_IAM: the AWS credentials come from the environment, web identity or instance role")
+		}
+		if !t.Enable {
+			v.add("kafka.tls.enable", "AWS_MSK_IAM needs TLS (MSK's IAM listener is TLS, port 9098): set kafka.tls.enable: true")
+		}
+		return
+	}
+	if s.AWSRegion != "" {
+		v.add("kafka.sasl.aws_region", "only used with mechanism AWS_MSK_IAM")
+	}
 	if s.Username == "" {
 		v.add("kafka.sasl.username", "required with kafka.sasl.mechanism")
 	}

@@ -1,6 +1,7 @@
 package sink
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -11,8 +12,10 @@ import (
 	"strings"
 	"syscall"
 
+	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/sasl"
+	"github.com/segmentio/kafka-go/sasl/aws_msk_iam_v2"
 	"github.com/segmentio/kafka-go/sasl/plain"
 	"github.com/segmentio/kafka-go/sasl/scram"
 )
@@ -32,9 +35,12 @@ type TLSOptions struct {
 
 // SASLOptions is kafka.sasl, as configured (secrets already read).
 type SASLOptions struct {
-	Mechanism string // "": none; PLAIN, SCRAM-SHA-256, SCRAM-SHA-512
+	Mechanism string // "": none; PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, AWS_MSK_IAM
 	Username  string
 	Password  string
+	// AWSRegion is the MSK cluster's region for AWS_MSK_IAM; "": the AWS
+	// SDK's (AWS_REGION, the shared config).
+	AWSRegion string
 }
 
 // SASL mechanism names, as Kafka spells them.
@@ -42,6 +48,7 @@ const (
 	SASLPlain       = "PLAIN"
 	SASLScramSHA256 = "SCRAM-SHA-256"
 	SASLScramSHA512 = "SCRAM-SHA-512"
+	SASLAWSMSKIAM   = "AWS_MSK_IAM"
 )
 
 // BuildTLS turns the options into a client tls.Config; nil when TLS is off.
@@ -85,10 +92,26 @@ func BuildTLS(o TLSOptions) (*tls.Config, error) {
 
 // BuildSASL turns the options into a kafka-go mechanism; nil when SASL is
 // off.
-func BuildSASL(o SASLOptions) (sasl.Mechanism, error) {
+func BuildSASL(ctx context.Context, o SASLOptions) (sasl.Mechanism, error) {
 	switch o.Mechanism {
 	case "":
 		return nil, nil
+	case SASLAWSMSKIAM:
+		// Credentials from the AWS SDK's default chain: environment, shared
+		// files, web identity (EKS IRSA), container or instance role. They
+		// are fetched (and refreshed) when a connection authenticates.
+		var opts []func(*awsconfig.LoadOptions) error
+		if o.AWSRegion != "" {
+			opts = append(opts, awsconfig.WithRegion(o.AWSRegion))
+		}
+		cfg, err := awsconfig.LoadDefaultConfig(ctx, opts...)
+		if err != nil {
+			return nil, fmt.Errorf("kafka.sasl AWS_MSK_IAM: load the AWS configuration: %w", err)
+		}
+		if cfg.Region == "" {
+			return nil, errors.New("kafka.sasl AWS_MSK_IAM: no AWS region: set kafka.sasl.aws_region or AWS_REGION")
+		}
+		return aws_msk_iam_v2.NewMechanism(cfg), nil
 	case SASLPlain:
 		return plain.Mechanism{Username: o.Username, Password: o.Password}, nil
 	case SASLScramSHA256, SASLScramSHA512:
@@ -104,7 +127,7 @@ func BuildSASL(o SASLOptions) (sasl.Mechanism, error) {
 		}
 		return m, nil
 	}
-	return nil, fmt.Errorf("kafka.sasl.mechanism %q: want %s, %s or %s", o.Mechanism, SASLPlain, SASLScramSHA256, SASLScramSHA512)
+	return nil, fmt.Errorf("kafka.sasl.mechanism %q: want %s, %s, %s or %s", o.Mechanism, SASLPlain, SASLScramSHA256, SASLScramSHA512, SASLAWSMSKIAM)
 }
 
 // Explain names a connection failure for what it is, TLS or SASL, with the

@@ -2,6 +2,7 @@ package sink
 
 import (
 	"context"
+	"encoding/json"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -19,6 +20,7 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/sasl"
 )
 
 // testPKI is a throwaway CA and a server certificate for "broker.test".
@@ -100,19 +102,19 @@ func TestBuildTLS(t *testing.T) {
 
 func TestBuildSASL(t *testing.T) {
 	for _, m := range []string{SASLPlain, SASLScramSHA256, SASLScramSHA512} {
-		mech, err := BuildSASL(SASLOptions{Mechanism: m, Username: "outboxd", Password: `p@ss/w"rd`})
+		mech, err := BuildSASL(context.Background(), SASLOptions{Mechanism: m, Username: "outboxd", Password: `p@ss/w"rd`})
 		if err != nil || mech == nil || mech.Name() != m {
 			t.Errorf("%s: %v %v", m, mech, err)
 		}
 	}
-	if m, err := BuildSASL(SASLOptions{}); m != nil || err != nil {
+	if m, err := BuildSASL(context.Background(), SASLOptions{}); m != nil || err != nil {
 		t.Errorf("no SASL: %v %v", m, err)
 	}
-	if _, err := BuildSASL(SASLOptions{Mechanism: "GSSAPI"}); err == nil || !strings.Contains(err.Error(), "SCRAM-SHA-512") {
+	if _, err := BuildSASL(context.Background(), SASLOptions{Mechanism: "GSSAPI"}); err == nil || !strings.Contains(err.Error(), "SCRAM-SHA-512") {
 		t.Errorf("an unknown mechanism: %v", err)
 	}
 	// SASLprep refuses a control character; the error must not quote it.
-	if _, err := BuildSASL(SASLOptions{Mechanism: SASLScramSHA256, Username: "u", Password: "secret\u0007x"}); err == nil || strings.Contains(err.Error(), "secret") {
+	if _, err := BuildSASL(context.Background(), SASLOptions{Mechanism: SASLScramSHA256, Username: "u", Password: "secret\u0007x"}); err == nil || strings.Contains(err.Error(), "secret") {
 		t.Errorf("a password SASLprep refuses: %v", err)
 	}
 }
@@ -203,5 +205,38 @@ func TestSASLFailuresArePermanent(t *testing.T) {
 		if authFailure(err) != nil {
 			t.Errorf("%v taken for an authentication failure", err)
 		}
+	}
+}
+
+// TestAWSMSKIAM: not tested against AWS (no AWS account here). It checks the
+// wiring: the mechanism takes the region and the credentials from the AWS
+// SDK's default chain and signs the kafka-cluster:Connect request that MSK
+// checks, for the broker's host.
+func TestAWSMSKIAM(t *testing.T) {
+	t.Setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
+	t.Setenv("AWS_SECRET_ACCESS_KEY", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY")
+	t.Setenv("AWS_CONFIG_FILE", filepath.Join(t.TempDir(), "none"))
+	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", filepath.Join(t.TempDir(), "none"))
+	t.Setenv("AWS_REGION", "")
+	t.Setenv("AWS_DEFAULT_REGION", "")
+	if _, err := BuildSASL(context.Background(), SASLOptions{Mechanism: SASLAWSMSKIAM}); err == nil || !strings.Contains(err.Error(), "no AWS region") {
+		t.Fatalf("without a region: %v", err)
+	}
+	mech, err := BuildSASL(context.Background(), SASLOptions{Mechanism: SASLAWSMSKIAM, AWSRegion: "eu-west-1"})
+	if err != nil || mech.Name() != "AWS_MSK_IAM" {
+		t.Fatalf("%v %v", mech, err)
+	}
+	ctx := sasl.WithMetadata(context.Background(), &sasl.Metadata{Host: "b-1.msk.example", Port: 9098})
+	_, ir, err := mech.Start(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var payload map[string]string
+	if err := json.Unmarshal(ir, &payload); err != nil {
+		t.Fatal(err)
+	}
+	if payload["action"] != "kafka-cluster:Connect" || payload["host"] != "b-1.msk.example" ||
+		!strings.HasPrefix(payload["x-amz-credential"], "AKIDEXAMPLE/") || !strings.Contains(payload["x-amz-credential"], "/eu-west-1/kafka-cluster/") || payload["x-amz-signature"] == "" {
+		t.Errorf("signed payload %v", payload)
 	}
 }

@@ -21,7 +21,7 @@ func check(ctx context.Context, path string, stdout io.Writer) error {
 		printResults(stdout, preflight.ConfigInvalid(err))
 		return usageError{errors.New("the configuration is not valid")}
 	}
-	kc, err := kafkaConfig(cfg)
+	kc, err := kafkaConfig(ctx, cfg)
 	if err != nil {
 		printResults(stdout, preflight.ConfigInvalid(err))
 		return usageError{errors.New("the configuration is not valid")}

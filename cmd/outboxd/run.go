@@ -38,7 +38,7 @@ func run(ctx context.Context, path string, proc *process) error {
 	var mon *health.Monitor
 	var srv *health.Server
 	rc := replicationConfig(cfg, conn, metrics)
-	sc, err := kafkaConfig(cfg)
+	sc, err := kafkaConfig(ctx, cfg)
 	if err != nil {
 		return usageError{err}
 	}
@@ -130,14 +130,14 @@ func replicationConfig(cfg config.Config, conn *pgconn.Config, metrics *health.M
 // kafkaConfig is how outboxd talks to Kafka, for the producer, the health
 // monitor and check alike: TLS files are read and SASL set up here, so a
 // bad file fails at start.
-func kafkaConfig(cfg config.Config) (sink.Config, error) {
+func kafkaConfig(ctx context.Context, cfg config.Config) (sink.Config, error) {
 	k := cfg.Kafka
 	tlsc, err := sink.BuildTLS(sink.TLSOptions{Enable: k.TLS.Enable, CAFile: k.TLS.CAFile, CertFile: k.TLS.CertFile, KeyFile: k.TLS.KeyFile,
 		ServerName: k.TLS.ServerName, MinVersion: k.TLS.MinVersion, InsecureSkipVerify: k.TLS.InsecureSkipVerify})
 	if err != nil {
 		return sink.Config{}, err
 	}
-	mech, err := sink.BuildSASL(sink.SASLOptions{Mechanism: k.SASL.Mechanism, Username: k.SASL.Username, Password: k.SASL.Password})
+	mech, err := sink.BuildSASL(ctx, sink.SASLOptions{Mechanism: k.SASL.Mechanism, Username: k.SASL.Username, Password: k.SASL.Password, AWSRegion: k.SASL.AWSRegion})
 	if err != nil {
 		return sink.Config{}, err
 	}
