@@ -184,14 +184,7 @@ func TestEnv(t *testing.T) {
 		}
 	}
 
-	dir := e.Dir
-	e.Cleanup()
-	if l := leftovers(t, dir); len(l) > 0 {
-		t.Fatalf("processes left after Cleanup: %v", l)
-	}
-	if _, err := os.Stat(dir); !os.IsNotExist(err) {
-		t.Fatalf("%s still exists (err %v)", dir, err)
-	}
+	cleanedUp(t, e)
 
 	// Cycle 2: PostgreSQL alone, wal_level=replica; Cleanup again leaves
 	// nothing behind.
@@ -200,8 +193,8 @@ func TestEnv(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(e2.Cleanup)
-	if e2.Dir == dir || e2.KafkaBrokers != "" {
-		t.Fatalf("second Start: dir %s (first %s), brokers %q", e2.Dir, dir, e2.KafkaBrokers)
+	if e2.Dir == e.Dir || e2.KafkaBrokers != "" {
+		t.Fatalf("second Start: dir %s (first %s), brokers %q", e2.Dir, e.Dir, e2.KafkaBrokers)
 	}
 	if dsn, err = e2.CreateDatabase("outboxd_test", ""); err != nil {
 		t.Fatal(err)
@@ -209,10 +202,19 @@ func TestEnv(t *testing.T) {
 	if lvl := walLevel(); lvl != "replica" {
 		t.Fatalf("wal_level = %q, want replica", lvl)
 	}
-	dir2 := e2.Dir
-	e2.Cleanup()
-	if l := leftovers(t, dir2); len(l) > 0 {
-		t.Fatalf("processes left after second Cleanup: %v", l)
+	cleanedUp(t, e2)
+}
+
+// cleanedUp runs Cleanup and requires that it leaves no process and no
+// state folder behind.
+func cleanedUp(t *testing.T, e *Env) {
+	t.Helper()
+	e.Cleanup()
+	if l := leftovers(t, e.Dir); len(l) > 0 {
+		t.Fatalf("processes left after Cleanup: %v", l)
+	}
+	if _, err := os.Stat(e.Dir); !os.IsNotExist(err) {
+		t.Fatalf("%s still exists (err %v)", e.Dir, err)
 	}
 }
 

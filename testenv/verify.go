@@ -15,24 +15,6 @@ import (
 	"github.com/segmentio/kafka-go"
 )
 
-// Event is one committed outbox row, as the Verifier needs it.
-type Event struct {
-	Key, Tipus string
-	// Pos is the row's place in its aggregate's commit order, from 1; 0
-	// leaves the row out of the order check.
-	Pos int64
-}
-
-// Txn is one committed transaction, as its writer saw it.
-type Txn struct {
-	// U is pg_current_wal_lsn() read on the writer's connection right after
-	// COMMIT returned: an upper bound of the commit record's end. 0 when it
-	// could not be read.
-	U   pglogrepl.LSN
-	At  time.Time // when COMMIT returned
-	IDs []string
-}
-
 // Verifier reads a topic from the beginning, while outboxd runs or after,
 // and holds what it read against what was committed (Final): every
 // committed row delivered, nothing else, a duplicate identical to the first
@@ -60,6 +42,24 @@ type Verifier struct {
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+}
+
+// Event is one committed outbox row, as the Verifier needs it.
+type Event struct {
+	Key, Tipus string
+	// Pos is the row's place in its aggregate's commit order, from 1; 0
+	// leaves the row out of the order check.
+	Pos int64
+}
+
+// Txn is one committed transaction, as its writer saw it.
+type Txn struct {
+	// U is pg_current_wal_lsn() read on the writer's connection right after
+	// COMMIT returned: an upper bound of the commit record's end. 0 when it
+	// could not be read.
+	U   pglogrepl.LSN
+	At  time.Time // when COMMIT returned
+	IDs []string
 }
 
 // delivery is the first record read for one id.
