@@ -169,7 +169,7 @@ func TestPublicationChangedUnderRunningOutboxd(t *testing.T) {
 		}
 		var body struct{ Reasons []string }
 		_ = json.Unmarshal(b, &body)
-		return code == 503 && len(body.Reasons) > 0 && strings.Contains(strings.Join(body.Reasons, ";"), "no longer covers public.outbox")
+		return code == 503 && len(body.Reasons) > 0 && strings.Contains(strings.Join(body.Reasons, ";"), "does not cover public.outbox")
 	})
 	if _, err := f.db.Exec(ctx, "ALTER PUBLICATION "+f.name+" ADD TABLE outbox"); err != nil {
 		t.Fatal(err)
