@@ -266,7 +266,7 @@ func (d *Daemon) Term(timeout time.Duration) error {
 		return errors.New("testenv: outboxd is not running")
 	}
 	d.PeakRSSKB()
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	_ = d.Signal(syscall.SIGTERM)
 	if exited, err := d.Exited(timeout); exited {
 		return err
 	}

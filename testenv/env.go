@@ -206,12 +206,6 @@ func (e *Env) KillKafka() error { return e.control("kafka.sh", "kill", e.Dir) }
 // and waits until it is ready; a no-op while it runs.
 func (e *Env) StartKafka() error { return e.control("kafka.sh", "start", e.Dir) }
 
-// StopPG stops PostgreSQL, mode "fast" or "immediate", keeping its data.
-func (e *Env) StopPG(mode string) error { return e.control("pg.sh", "stop", e.Dir, mode) }
-
-// StartPG starts PostgreSQL again on the same port; a no-op while it runs.
-func (e *Env) StartPG() error { return e.control("pg.sh", "start", e.Dir) }
-
 // RestartPG restarts PostgreSQL on the same port; mode is "fast" or
 // "immediate" (crash-like: no shutdown checkpoint, recovery on start).
 func (e *Env) RestartPG(mode string) error { return e.control("pg.sh", "restart", e.Dir, mode) }

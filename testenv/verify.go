@@ -166,14 +166,6 @@ func (v *Verifier) record(m kafka.Message) {
 	v.seen.Add(1)
 }
 
-// Seen reports whether id was delivered.
-func (v *Verifier) Seen(id string) bool {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	_, ok := v.first[id]
-	return ok
-}
-
 // Dups is how many duplicate records were read so far.
 func (v *Verifier) Dups() int {
 	v.mu.Lock()
