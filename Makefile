@@ -11,7 +11,8 @@ build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/outboxd ./cmd/outboxd
 
 # Unit tests and the integration tests against a real PostgreSQL 15 and a
-# real Apache Kafka, both started (and removed) by integration/*.sh.
+# real Apache Kafka, both started (and removed) by the test environment
+# (testenv/: its Go package and its scripts).
 test: test-kubernetes
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 20m ./...
@@ -29,7 +30,7 @@ unit:
 # Starts both services, runs outboxd on the km0 comandes schema, inserts a
 # few orders and prints what a consumer reads.
 demo:
-	bash integration/demo.sh
+	bash tools/demo/demo.sh
 
 clean:
 	rm -rf bin dist
@@ -53,10 +54,10 @@ image: dist
 # Benchmarks print numbers; they are not tests (docs/PERFORMANCE.md). Needs
 # the same tools as `make test`; starts and removes its own PostgreSQL and
 # Kafka; about 5 minutes with the defaults. Scale with ROWS=500000 REPEATS=5
-# DURATION=20s; more flags in BENCH_ARGS (go run ./integration/cmd/bench -h).
+# DURATION=20s; more flags in BENCH_ARGS (go run ./tools/bench -h).
 .PHONY: bench
 bench:
-	$(GO) run ./integration/cmd/bench -rows $${ROWS:-500000} -repeats $${REPEATS:-3} -duration $${DURATION:-5s} \
+	$(GO) run ./tools/bench -rows $${ROWS:-500000} -repeats $${REPEATS:-3} -duration $${DURATION:-5s} \
 		-rates $${RATES:-500,2000,10000} -out $${OUT:-bench-out} $(BENCH_ARGS)
 
 # Fault-injection scenarios (issue 4): kill -9, broker and PostgreSQL
@@ -65,4 +66,4 @@ bench:
 # CHAOS_ARGS="-short" or "-only 1,7" for a subset.
 .PHONY: chaos
 chaos:
-	$(GO) run ./integration/cmd/chaos -keep-logs $(CHAOS_ARGS)
+	$(GO) run ./tools/chaos -keep-logs $(CHAOS_ARGS)

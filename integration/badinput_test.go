@@ -4,28 +4,23 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/outboxd/outboxd/integration/testenv"
+	"github.com/outboxd/outboxd/testenv"
 )
 
 // looseSchema is an outbox without the seed's NOT NULL constraints and types:
 // what a careless service might have.
 const looseSchema = `CREATE TABLE outbox (id TEXT PRIMARY KEY, agregat TEXT, agregat_id TEXT, tipus TEXT, versio TEXT, carrega TEXT, creat_en TIMESTAMPTZ DEFAULT now());`
 
-const dlqRoute = `  - table: public.outbox
-    topic: %s
-    on_error: dead_letter
-    dead_letter_topic: %s
-`
+// dlqRoute routes the outbox table to topic, its bad rows to dlq.
+func dlqRoute(topic, dlq string) testenv.Route {
+	return testenv.Route{Table: "public.outbox", Topic: topic, More: testenv.Section{"on_error": "dead_letter", "dead_letter_topic": dlq}}
+}
 
 func consumeExactly(t *testing.T, topic string, want int) []kafka.Message {
 	t.Helper()
@@ -44,6 +39,45 @@ func consumeExactly(t *testing.T, topic string, want int) []kafka.Message {
 	return msgs
 }
 
+// TestBadRowStopsWithClearError: a row that cannot become a record (here a
+// versio that is not a number, in a table without the seed's types) stops
+// outboxd with an error naming the table, the column and the reason; the
+// rows before it are delivered and the slot does not pass it.
+func TestBadRowStopsWithClearError(t *testing.T) {
+	schema := `CREATE TABLE outbox (id TEXT PRIMARY KEY, agregat TEXT, agregat_id TEXT, tipus TEXT, versio TEXT, carrega TEXT, creat_en TIMESTAMPTZ DEFAULT now());`
+	f := newFixture(t, schema, map[string]int{"comandes": 1})
+	ctx := context.Background()
+	d := f.start(f.config(seedRoute(f.topic("comandes"))))
+	good := "INSERT INTO outbox (id, agregat, agregat_id, tipus, versio, carrega) VALUES ('%s', 'comanda', 'K-1', 'comanda.creada', '%s', '%s')"
+	if _, err := f.db.Exec(ctx, fmt.Sprintf(good, "ok-1", "2", `{"a": 1}`)); err != nil {
+		t.Fatal(err)
+	}
+	f.waitConfirmed(f.walLSN(), 30*time.Second)
+	before := f.walLSN()
+	if _, err := f.db.Exec(ctx, fmt.Sprintf(good, "bad-1", "dos", `{"a": 2}`)); err != nil {
+		t.Fatal(err)
+	}
+	err := d.exited(30 * time.Second)
+	if err == nil {
+		t.Fatal("outboxd exited 0 on a bad row")
+	}
+	log := d.Log()
+	for _, want := range []string{"public.outbox", `column "versio"`, `"dos" is not an integer`} {
+		if !strings.Contains(log, want) {
+			t.Errorf("the error does not say %q:\n%s", want, log)
+		}
+	}
+	if c, _ := f.slot(); c > before {
+		t.Errorf("the slot moved to %s, past the bad row at %s", c, before)
+	}
+	cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	msgs, _ := testenv.Consume(cctx, env.KafkaBrokers, f.topic("comandes"), 0)
+	if len(msgs) != 1 || header(msgs[0], "id_esdeveniment") != "ok-1" {
+		t.Errorf("want exactly the good row in Kafka, got %d records", len(msgs))
+	}
+}
+
 // TestDeadLetterBadRows: rows that cannot become records go to the route's
 // dead-letter topic, with the original key and the row, and headers naming
 // the reason, the table, the LSN and the time; the good rows around them
@@ -52,7 +86,7 @@ func consumeExactly(t *testing.T, topic string, want int) []kafka.Message {
 func TestDeadLetterBadRows(t *testing.T) {
 	f := newFixture(t, looseSchema, map[string]int{"comandes": 1, "comandes.dlq": 1})
 	ctx := context.Background()
-	d := f.start(daemonConfig{routes: fmt.Sprintf(dlqRoute, f.topic("comandes"), f.topic("comandes.dlq"))})
+	d := f.start(f.config(dlqRoute(f.topic("comandes"), f.topic("comandes.dlq"))))
 	ins := "INSERT INTO outbox (id, agregat, agregat_id, tipus, versio, carrega) VALUES ($1, 'comanda', $2, $3, $4, $5)"
 	big := `{"farciment": "` + strings.Repeat("x", 1200<<10) + `"}`
 	rows := []struct {
@@ -118,22 +152,10 @@ func TestDeadLetterBadRows(t *testing.T) {
 		}
 	}
 	f.waitConfirmed(end, 30*time.Second)
-	var st struct {
-		State    string `json:"state"`
-		Counters struct {
-			DeadLettered int `json:"dead_lettered"`
-		} `json:"counters"`
-	}
-	resp, err := http.Get("http://" + d.health + "/status")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_ = json.NewDecoder(resp.Body).Decode(&st)
-	resp.Body.Close()
-	if st.State != "streaming" || st.Counters.DeadLettered != 5 {
+	if st := d.status(); st.State != "streaming" || st.Counters.DeadLettered != 5 {
 		t.Fatalf("status after dead-lettering: %+v", st)
 	}
-	if log := d.logText(); strings.Count(log, "row dead-lettered") != 5 {
+	if log := d.Log(); strings.Count(log, "row dead-lettered") != 5 {
 		t.Errorf("want one warning per dead-lettered row:\n%s", log)
 	}
 	d.term()
@@ -145,7 +167,7 @@ func TestDeadLetterBadRows(t *testing.T) {
 func TestRenamedColumnDeadLettersThenRecovers(t *testing.T) {
 	f := newFixture(t, seedSchema, map[string]int{"comandes": 1, "dlq": 1})
 	ctx := context.Background()
-	d := f.start(daemonConfig{routes: fmt.Sprintf(dlqRoute, f.topic("comandes"), f.topic("dlq"))})
+	d := f.start(f.config(dlqRoute(f.topic("comandes"), f.topic("dlq"))))
 	w := newWriter(f, 30, 3, "outbox")
 	if err := w.txn(ctx, 2); err != nil {
 		t.Fatal(err)
@@ -181,7 +203,7 @@ func TestRenamedColumnDeadLettersThenRecovers(t *testing.T) {
 func TestTooLargeRowStops(t *testing.T) {
 	f := newFixture(t, seedSchema, map[string]int{"comandes": 1})
 	ctx := context.Background()
-	d := f.start(daemonConfig{routes: fmt.Sprintf(seedRoute, f.topic("comandes"))})
+	d := f.start(f.config(seedRoute(f.topic("comandes"))))
 	before := f.walLSN()
 	big := `{"farciment": "` + strings.Repeat("y", 1500<<10) + `"}`
 	if _, err := f.db.Exec(ctx, "INSERT INTO outbox (id, agregat, agregat_id, tipus, carrega) VALUES ('00000000-0000-4000-8000-0000000000d1', 'comanda', 'K', 'comanda.creada', $1)", big); err != nil {
@@ -190,88 +212,8 @@ func TestTooLargeRowStops(t *testing.T) {
 	if err := d.exited(30 * time.Second); err == nil {
 		t.Fatal("outboxd exited 0")
 	}
-	if log := d.logText(); !contains(log, "over kafka.batch_bytes") || !contains(log, "max.message.bytes") {
+	if log := d.Log(); !strings.Contains(log, "over kafka.batch_bytes") || !strings.Contains(log, "max.message.bytes") {
 		t.Fatalf("the error is not actionable:\n%s", log)
-	}
-	if c, _ := f.slot(); c > before {
-		t.Fatalf("the slot passed the row: %s > %s", c, before)
-	}
-}
-
-// TestPublicationChangedUnderRunningOutboxd: a publication that stops
-// covering the outbox turns readiness off with the fix; a dropped one stops
-// outboxd with a clear error.
-func TestPublicationChangedUnderRunningOutboxd(t *testing.T) {
-	f := newFixture(t, seedSchema, map[string]int{"comandes": 1})
-	ctx := context.Background()
-	d := f.start(daemonConfig{routes: fmt.Sprintf(seedRoute, f.topic("comandes"))})
-	if _, err := f.db.Exec(ctx, "ALTER PUBLICATION "+f.name+" DROP TABLE outbox"); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, 10*time.Second, "/readyz 503 naming the publication", func() bool {
-		resp, err := http.Get("http://" + d.health + "/readyz")
-		if err != nil {
-			return false
-		}
-		defer resp.Body.Close()
-		var body struct{ Reasons []string }
-		_ = json.NewDecoder(resp.Body).Decode(&body)
-		return resp.StatusCode == 503 && len(body.Reasons) > 0 && strings.Contains(strings.Join(body.Reasons, ";"), "no longer covers public.outbox")
-	})
-	if _, err := f.db.Exec(ctx, "ALTER PUBLICATION "+f.name+" ADD TABLE outbox"); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, 10*time.Second, "/readyz 200 again", func() bool { return d.code("/readyz") == 200 })
-
-	if _, err := f.db.Exec(ctx, "DROP PUBLICATION "+f.name); err != nil {
-		t.Fatal(err)
-	}
-	w := newWriter(f, 31, 3, "outbox")
-	if err := w.txn(ctx, 1); err != nil {
-		t.Fatal(err)
-	}
-	if err := d.exited(30 * time.Second); err == nil {
-		t.Fatal("outboxd exited 0 after its publication was dropped")
-	}
-	if log := d.logText(); !contains(log, "publication") || !contains(log, "does not exist") {
-		t.Fatalf("the error does not name the publication:\n%s", log)
-	}
-}
-
-// TestMissingTopicWithoutAutoCreationStops: on a broker that does not
-// auto-create topics, a route to a missing topic stops outboxd with an error
-// that names the topic and the fix, and the slot does not pass the row.
-func TestMissingTopicWithoutAutoCreationStops(t *testing.T) {
-	needEnv(t)
-	scripts, err := testenv.ScriptsDir()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	cmd := exec.Command("bash", filepath.Join(scripts, "kafka.sh"), "start", dir)
-	cmd.Env = append(os.Environ(), "KAFKA_AUTO_CREATE=false")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("start a broker without auto-creation: %v\n%s", err, out)
-	}
-	t.Cleanup(func() { _ = exec.Command("bash", filepath.Join(scripts, "kafka.sh"), "destroy", dir).Run() })
-	kenv, err := testenv.ReadEnvFile(filepath.Join(dir, "kafka.env"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := newFixture(t, seedSchema, nil)
-	ctx := context.Background()
-	topic := f.name + ".inexistent"
-	d := f.start(daemonConfig{routes: fmt.Sprintf(seedRoute, topic), brokers: kenv["OUTBOXD_KAFKA_BROKERS"]})
-	before := f.walLSN()
-	w := newWriter(f, 32, 2, "outbox")
-	if err := w.txn(ctx, 1); err != nil {
-		t.Fatal(err)
-	}
-	if err := d.exited(60 * time.Second); err == nil {
-		t.Fatal("outboxd exited 0")
-	}
-	if log := d.logText(); !contains(log, topic) || !contains(log, "does not exist") || !contains(log, "create it") {
-		t.Fatalf("the error does not name the topic and the fix:\n%s", log)
 	}
 	if c, _ := f.slot(); c > before {
 		t.Fatalf("the slot passed the row: %s > %s", c, before)

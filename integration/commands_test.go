@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
-	"github.com/outboxd/outboxd/integration/testenv"
+	"github.com/outboxd/outboxd/testenv"
 )
 
 // The operator commands (check, status, slot drop) run through the built
@@ -41,14 +41,16 @@ func (r cmdResult) line(prefix string) string {
 	return ""
 }
 
-// outboxd runs the binary with TEST_DSN=dsn in its environment.
+// outboxd runs the binary with dsn for the configuration's postgres.dsn.
 func outboxd(t *testing.T, dsn string, args ...string) cmdResult {
 	t.Helper()
-	cmd := exec.Command(binary, args...)
-	cmd.Env = append(os.Environ(), "TEST_DSN="+dsn)
+	cmd, err := testenv.Command(dsn, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
-	err := cmd.Run()
+	err = cmd.Run()
 	var exit *exec.ExitError
 	if err != nil && !errors.As(err, &exit) {
 		t.Fatalf("outboxd %v: %v", args, err)
@@ -56,15 +58,11 @@ func outboxd(t *testing.T, dsn string, args ...string) cmdResult {
 	return cmdResult{out.String(), errb.String(), cmd.ProcessState.ExitCode()}
 }
 
-// configFile writes the fixture's configuration (health on a free port
-// unless given) and returns its path.
-func (f *fixture) configFile(dc daemonConfig, health string) string {
+// configFile writes cfg and returns its path.
+func (f *fixture) configFile(cfg testenv.Config) string {
 	f.t.Helper()
-	if health == "" {
-		health = freePort(f.t)
-	}
 	path := filepath.Join(f.t.TempDir(), "outboxd.yaml")
-	if err := os.WriteFile(path, []byte(f.config(dc, health)), 0o600); err != nil {
+	if err := cfg.WriteFile(path); err != nil {
 		f.t.Fatal(err)
 	}
 	return path
@@ -82,11 +80,11 @@ func wantCheckFails(t *testing.T, r cmdResult, name string, want ...string) {
 		t.Fatalf("check: no FAIL %s line\n%s", name, r)
 	}
 	for _, w := range want {
-		if !contains(l, w) {
+		if !strings.Contains(l, w) {
 			t.Errorf("check: the FAIL %s line lacks %q: %s", name, w, l)
 		}
 	}
-	if !contains(l, " — fix: ") {
+	if !strings.Contains(l, " — fix: ") {
 		t.Errorf("check: the FAIL line has no fix hint: %s", l)
 	}
 }
@@ -96,8 +94,8 @@ func wantCheckFails(t *testing.T, r cmdResult, name string, want ...string) {
 // created) and after a clean stop (both exist).
 func TestCheckPassesOnAGoodSetup(t *testing.T) {
 	f := newFixture(t, seedSchema, map[string]int{"comandes": 3})
-	dc := daemonConfig{routes: fmt.Sprintf(seedRoute, f.topic("comandes"))}
-	path := f.configFile(dc, "")
+	dc := f.config(seedRoute(f.topic("comandes")))
+	path := f.configFile(dc)
 	allPass := func(r cmdResult, want ...string) {
 		t.Helper()
 		t.Logf("check:\n%s", r)
@@ -114,11 +112,11 @@ func TestCheckPassesOnAGoodSetup(t *testing.T) {
 			t.Errorf("%d lines, want at least 11 checks\n%s", len(lines), r)
 		}
 		for _, w := range want {
-			if !contains(r.stdout, w) {
+			if !strings.Contains(r.stdout, w) {
 				t.Errorf("output lacks %q\n%s", w, r)
 			}
 		}
-		if !contains(r.line("PASS database:"), "connected to postgres://postgres@") {
+		if !strings.Contains(r.line("PASS database:"), "connected to postgres://postgres@") {
 			t.Errorf("the database line does not show the DSN\n%s", r)
 		}
 	}
@@ -141,7 +139,7 @@ func TestCheckPassesOnAGoodSetup(t *testing.T) {
 	// when it auto-creates (outboxd's producer asks it to), and check itself
 	// does not create it.
 	missing := f.topic("absent")
-	allPass(outboxd(t, f.dsn, "check", "-c", f.configFile(daemonConfig{routes: fmt.Sprintf(seedRoute, missing)}, "")),
+	allPass(outboxd(t, f.dsn, "check", "-c", f.configFile(f.config(seedRoute(missing)))),
 		"PASS topic "+missing+": does not exist; will be created if the broker's auto.create.topics.enable is true")
 	if n := topicPartitions(t, missing); n != 0 {
 		t.Errorf("check created topic %s (%d partitions): it must only look", missing, n)
@@ -173,50 +171,17 @@ func topicPartitions(t *testing.T, topic string) int {
 // wal_level=replica.
 func TestCheckFailsOnWalLevelReplica(t *testing.T) {
 	needEnv(t)
-	scripts, err := testenv.ScriptsDir()
+	replica, err := testenv.Start(testenv.Options{NoKafka: true, WALLevel: "replica"})
+	if err != nil {
+		t.Fatalf("start a wal_level=replica cluster: %v", err)
+	}
+	t.Cleanup(replica.Cleanup)
+	dsn, err := replica.CreateDatabase("km0_replica", seedSchema)
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir, err := os.MkdirTemp("", "outboxd-replica-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chmod(dir, 0o755); err != nil { // the server runs as the postgres OS user
-		t.Fatal(err)
-	}
-	pgsh := filepath.Join(scripts, "pg.sh")
-	t.Cleanup(func() {
-		if out, err := exec.Command("bash", pgsh, "destroy", dir).CombinedOutput(); err != nil {
-			t.Errorf("destroy the replica cluster: %v\n%s", err, out)
-		}
-		os.RemoveAll(dir)
-	})
-	cmd := exec.Command("bash", pgsh, "start", dir)
-	cmd.Env = append(os.Environ(), "PG_WAL_LEVEL=replica")
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("start a wal_level=replica cluster: %v\n%s", err, out)
-	}
-	var dsn string
-	for _, l := range strings.Split(string(out), "\n") {
-		if v, ok := strings.CutPrefix(l, "OUTBOXD_PG_DSN="); ok {
-			dsn = v
-		}
-	}
-	if dsn == "" {
-		t.Fatalf("no OUTBOXD_PG_DSN in:\n%s", out)
-	}
-	conn, err := pgx.Connect(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := conn.Exec(context.Background(), seedSchema); err != nil {
-		t.Fatal(err)
-	}
-	conn.Close(context.Background())
-
 	f := &fixture{t: t, name: "km0_replica", dsn: dsn}
-	r := outboxd(t, dsn, "check", "-c", f.configFile(daemonConfig{routes: fmt.Sprintf(seedRoute, "km0_replica.comandes")}, ""))
+	r := outboxd(t, dsn, "check", "-c", f.configFile(f.config(seedRoute("km0_replica.comandes"))))
 	wantCheckFails(t, r, "wal_level", "wal_level is replica", "wal_level = logical", "restart")
 	if l := r.line("PASS table public.outbox:"); l == "" {
 		t.Errorf("the other checks still run after wal_level fails\n%s", r)
@@ -227,51 +192,47 @@ func TestCheckFailsOnWalLevelReplica(t *testing.T) {
 func TestCheckFails(t *testing.T) {
 	tests := []struct {
 		name  string
-		setup func(f *fixture) (daemonConfig, string) // config and the DSN outboxd uses
+		setup func(f *fixture) (testenv.Config, string) // config and the DSN outboxd uses
 		check string
 		want  []string
 	}{
-		{"MissingColumn", func(f *fixture) (daemonConfig, string) {
-			routes := fmt.Sprintf(seedRoute, f.topic("comandes")) + "    columns: {tipus: kind}\n"
-			return daemonConfig{routes: routes}, f.dsn
+		{"MissingColumn", func(f *fixture) (testenv.Config, string) {
+			route := seedRoute(f.topic("comandes"))
+			route.More = testenv.Section{"columns": "{tipus: kind}"}
+			return f.config(route), f.dsn
 		}, "table public.outbox", []string{"column kind (columns.tipus) does not exist", "set routes[].columns.tipus to one of: agregat, agregat_id"}},
-		{"TimestampWithoutTimeZone", func(f *fixture) (daemonConfig, string) {
+		{"TimestampWithoutTimeZone", func(f *fixture) (testenv.Config, string) {
 			mustExec(f, "ALTER TABLE outbox ALTER COLUMN creat_en TYPE timestamp")
-			return daemonConfig{routes: fmt.Sprintf(seedRoute, f.topic("comandes"))}, f.dsn
+			return f.config(seedRoute(f.topic("comandes"))), f.dsn
 		}, "table public.outbox", []string{"timestamp without time zone", "TYPE timestamptz"}},
-		{"RoleWithoutReplication", func(f *fixture) (daemonConfig, string) {
+		{"RoleWithoutReplication", func(f *fixture) (testenv.Config, string) {
 			role := f.name + "_norepl"
 			mustExec(f, fmt.Sprintf("CREATE ROLE %s LOGIN PASSWORD 'pw-norepl-9'", role))
 			mustExec(f, fmt.Sprintf("GRANT SELECT ON outbox TO %s", role))
 			f.t.Cleanup(func() { _, _ = f.mon.Exec(context.Background(), "DROP OWNED BY "+role+"; DROP ROLE IF EXISTS "+role) })
-			return daemonConfig{routes: fmt.Sprintf(seedRoute, f.topic("comandes"))}, roleDSN(f, role, "pw-norepl-9")
+			return f.config(seedRoute(f.topic("comandes"))), roleDSN(f, role, "pw-norepl-9")
 		}, "role", []string{"neither REPLICATION nor SUPERUSER", "REPLICATION (see sql/003_role.sql)"}},
-		{"MissingPublication", func(f *fixture) (daemonConfig, string) {
-			return daemonConfig{routes: fmt.Sprintf(seedRoute, f.topic("comandes")), postgres: "  create_publication: false\n"}, f.dsn
+		{"MissingPublication", func(f *fixture) (testenv.Config, string) {
+			cfg := f.config(seedRoute(f.topic("comandes")))
+			cfg.Postgres["create_publication"] = "false"
+			return cfg, f.dsn
 		}, "publication", []string{"does not exist and postgres.create_publication is false", "sql/002_publication.sql"}},
-		{"UnreachableBroker", func(f *fixture) (daemonConfig, string) {
-			return daemonConfig{routes: fmt.Sprintf(seedRoute, f.topic("comandes"))}, f.dsn
+		{"UnreachableBroker", func(f *fixture) (testenv.Config, string) {
+			cfg := f.config(seedRoute(f.topic("comandes")))
+			cfg.Brokers = freePort(f.t) // nothing listens there
+			return cfg, f.dsn
 		}, "kafka", []string{"0 of 1 brokers reachable", "refused"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t, seedSchema, map[string]int{"comandes": 1})
 			dc, dsn := tc.setup(f)
-			path := f.configFile(dc, "")
-			if tc.name == "UnreachableBroker" {
-				closed := freePort(t) // nothing listens there once freePort returns
-				data, _ := os.ReadFile(path)
-				data = bytes.Replace(data, []byte(`["`+env.KafkaBrokers+`"]`), []byte(`["`+closed+`"]`), 1)
-				if err := os.WriteFile(path, data, 0o600); err != nil {
-					t.Fatal(err)
-				}
-			}
-			r := outboxd(t, dsn, "check", "-c", path)
+			r := outboxd(t, dsn, "check", "-c", f.configFile(dc))
 			wantCheckFails(t, r, tc.check, tc.want...)
 			if l := r.line("PASS database:"); l == "" {
 				t.Errorf("no PASS database line\n%s", r)
 			}
-			if contains(r.stdout+r.stderr, "pw-norepl-9") {
+			if strings.Contains(r.stdout+r.stderr, "pw-norepl-9") {
 				t.Errorf("the password is in the output\n%s", r)
 			}
 		})
@@ -301,7 +262,7 @@ func TestCheckInvalidConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := outboxd(t, "", "check", "-c", path)
-	if r.code != 2 || !strings.HasPrefix(r.stdout, "FAIL config: ") || !contains(r.line("FAIL config:"), "line 2") {
+	if r.code != 2 || !strings.HasPrefix(r.stdout, "FAIL config: ") || !strings.Contains(r.line("FAIL config:"), "line 2") {
 		t.Fatalf("check on an invalid file:\n%s", r)
 	}
 }
@@ -310,12 +271,12 @@ func TestCheckInvalidConfig(t *testing.T) {
 // says what would be lost), drops with --yes, then reports it absent.
 func TestSlotDropCommand(t *testing.T) {
 	f := newFixture(t, seedSchema, map[string]int{"comandes": 1})
-	dc := daemonConfig{routes: fmt.Sprintf(seedRoute, f.topic("comandes"))}
-	path := f.configFile(dc, "")
+	dc := f.config(seedRoute(f.topic("comandes")))
+	path := f.configFile(dc)
 	d := f.start(dc)
 
 	r := outboxd(t, f.dsn, "slot", "drop", "-c", path, "--yes")
-	if r.code != 1 || !contains(r.stderr, "is active for PID") || !contains(r.stderr, "stop outboxd first") {
+	if r.code != 1 || !strings.Contains(r.stderr, "is active for PID") || !strings.Contains(r.stderr, "stop outboxd first") {
 		t.Fatalf("slot drop of an active slot:\n%s", r)
 	}
 	d.term()
@@ -330,8 +291,8 @@ func TestSlotDropCommand(t *testing.T) {
 	mustExec(f, "CREATE TABLE filler AS SELECT g FROM generate_series(1, 1000) g") // WAL after the confirmed position
 
 	r = outboxd(t, f.dsn, "slot", "drop", "-c", path)
-	if r.code != 2 || !contains(r.stdout, "WARNING") || !contains(r.stdout, "confirmed_flush_lsn "+confirmed.String()) ||
-		!contains(r.stdout, "of WAL written after it") || !contains(r.stderr, "without --yes") {
+	if r.code != 2 || !strings.Contains(r.stdout, "WARNING") || !strings.Contains(r.stdout, "confirmed_flush_lsn "+confirmed.String()) ||
+		!strings.Contains(r.stdout, "of WAL written after it") || !strings.Contains(r.stderr, "without --yes") {
 		t.Fatalf("slot drop without --yes:\n%s", r)
 	}
 	if !exists() {
@@ -339,7 +300,7 @@ func TestSlotDropCommand(t *testing.T) {
 	}
 
 	r = outboxd(t, f.dsn, "slot", "drop", "-c", path, "--yes")
-	if r.code != 0 || !contains(r.stdout, "dropped replication slot "+f.name) {
+	if r.code != 0 || !strings.Contains(r.stdout, "dropped replication slot "+f.name) {
 		t.Fatalf("slot drop --yes:\n%s", r)
 	}
 	if exists() {
@@ -347,7 +308,7 @@ func TestSlotDropCommand(t *testing.T) {
 	}
 
 	r = outboxd(t, f.dsn, "slot", "drop", "-c", path, "--yes")
-	if r.code != 1 || !contains(r.stderr, "does not exist") {
+	if r.code != 1 || !strings.Contains(r.stderr, "does not exist") {
 		t.Fatalf("slot drop of an absent slot:\n%s", r)
 	}
 }
@@ -356,10 +317,10 @@ func TestSlotDropCommand(t *testing.T) {
 // text and as JSON; an unreachable instance is exit 1.
 func TestStatusCommand(t *testing.T) {
 	f := newFixture(t, seedSchema, map[string]int{"comandes": 1})
-	dc := daemonConfig{routes: fmt.Sprintf(seedRoute, f.topic("comandes"))}
+	dc := f.config(seedRoute(f.topic("comandes")))
 	d := f.start(dc)
 
-	r := outboxd(t, f.dsn, "status", "--url", "http://"+d.health)
+	r := outboxd(t, f.dsn, "status", "--url", "http://"+d.Addr())
 	if r.code != 0 || !strings.HasPrefix(r.stdout, "state: streaming\n") {
 		t.Fatalf("status --url:\n%s", r)
 	}
@@ -369,19 +330,19 @@ func TestStatusCommand(t *testing.T) {
 		}
 	}
 	t.Logf("status:\n%s", r)
-	r = outboxd(t, f.dsn, "status", "-c", f.configFile(dc, d.health))
-	if r.code != 0 || !contains(r.stdout, "state: streaming") {
+	r = outboxd(t, f.dsn, "status", "-c", d.ConfigPath())
+	if r.code != 0 || !strings.Contains(r.stdout, "state: streaming") {
 		t.Fatalf("status -c:\n%s", r)
 	}
-	r = outboxd(t, f.dsn, "status", "--url", d.health, "--json")
+	r = outboxd(t, f.dsn, "status", "--url", d.Addr(), "--json")
 	var doc map[string]any
 	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &doc) != nil || doc["state"] != "streaming" {
 		t.Fatalf("status --json:\n%s", r)
 	}
 	d.term()
 
-	r = outboxd(t, f.dsn, "status", "--url", "http://"+d.health)
-	if r.code != 1 || !contains(r.stderr, "no outboxd answers at http://"+d.health+"/status") {
+	r = outboxd(t, f.dsn, "status", "--url", "http://"+d.Addr())
+	if r.code != 1 || !strings.Contains(r.stderr, "no outboxd answers at http://"+d.Addr()+"/status") {
 		t.Fatalf("status of a stopped instance:\n%s", r)
 	}
 }

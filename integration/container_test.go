@@ -17,7 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
-	"github.com/outboxd/outboxd/integration/testenv"
+	"github.com/outboxd/outboxd/testenv"
 )
 
 // The image's default configuration (examples/outboxd.yaml) names these.
@@ -40,16 +40,11 @@ func TestContainerImage(t *testing.T) {
 		t.Skip("SKIPPED: podman is not installed, so the container image is NOT built or run here " +
 			"(apt-get install podman runc, and default_ulimits = [] in /etc/containers/containers.conf; .ci/run does both)")
 	}
-	scripts, err := testenv.ScriptsDir()
+	root, err := testenv.Root()
 	if err != nil {
 		t.Fatal(err)
 	}
-	root := filepath.Dir(scripts)
-	schema, err := os.ReadFile(filepath.Join(root, "sql", "001_outbox.sql"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := newFixture(t, string(schema), nil)
+	f := newFixture(t, seedSchema, nil)
 	containerImageTest(t, podman, root, f.dsn, env.KafkaBrokers)
 }
 

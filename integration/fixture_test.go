@@ -1,0 +1,242 @@
+package integration_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxd/outboxd/testenv"
+)
+
+var dbSeq atomic.Int32
+
+// fixture is one test's database, slot, publication and topics.
+type fixture struct {
+	t      *testing.T
+	name   string
+	dsn    string
+	db     *pgx.Conn      // for the test's writer
+	mon    *pgx.Conn      // for observing the slot, concurrently with the writer
+	topics map[string]int // topic -> partitions
+}
+
+func newFixture(t *testing.T, schemaSQL string, topics map[string]int) *fixture {
+	t.Helper()
+	needEnv(t)
+	name := fmt.Sprintf("km0_t%d_%d", os.Getpid(), dbSeq.Add(1))
+	dsn, err := env.CreateDatabase(name, schemaSQL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	db, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mon, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fixture{t: t, name: name, dsn: dsn, db: db, mon: mon, topics: map[string]int{}}
+	t.Cleanup(func() {
+		// f's connections, which a test may have replaced after a restart.
+		f.mon.Close(context.Background())
+		// Drop the slot so a finished test retains no WAL; its walsender
+		// may take a moment to exit after outboxd was killed.
+		for i := 0; i < 50; i++ {
+			var left int
+			_, _ = f.db.Exec(context.Background(), "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active", f.name)
+			if err := f.db.QueryRow(context.Background(), "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", f.name).Scan(&left); err != nil || left == 0 {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		f.db.Close(context.Background())
+	})
+	for topic, n := range topics {
+		full := name + "." + topic
+		if err := env.CreateTopic(full, n); err != nil {
+			t.Fatal(err)
+		}
+		f.topics[full] = n
+	}
+	return f
+}
+
+func (f *fixture) topic(short string) string { return f.name + "." + short }
+
+// slot returns confirmed_flush_lsn and restart_lsn of the fixture's slot.
+func (f *fixture) slot() (confirmed, restart pglogrepl.LSN) {
+	f.t.Helper()
+	var c, r string
+	err := f.mon.QueryRow(context.Background(), "SELECT confirmed_flush_lsn::text, restart_lsn::text FROM pg_replication_slots WHERE slot_name = $1", f.name).Scan(&c, &r)
+	if err != nil {
+		f.t.Fatalf("read slot: %v", err)
+	}
+	cl, _ := pglogrepl.ParseLSN(c)
+	rl, _ := pglogrepl.ParseLSN(r)
+	return cl, rl
+}
+
+func (f *fixture) walLSN() pglogrepl.LSN {
+	f.t.Helper()
+	var s string
+	if err := f.mon.QueryRow(context.Background(), "SELECT pg_current_wal_lsn()::text").Scan(&s); err != nil {
+		f.t.Fatal(err)
+	}
+	l, _ := pglogrepl.ParseLSN(s)
+	return l
+}
+
+// waitConfirmed waits until the slot has confirmed at least lsn.
+func (f *fixture) waitConfirmed(lsn pglogrepl.LSN, timeout time.Duration) {
+	f.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		c, _ := f.slot()
+		if c >= lsn {
+			return
+		}
+		if time.Now().After(deadline) {
+			f.t.Fatalf("slot confirmed %s, still below %s after %s", c, lsn, timeout)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// config is outboxd on the fixture's database, slot and the test broker,
+// with short intervals so the tests run fast; a test changes what it needs.
+func (f *fixture) config(routes ...testenv.Route) testenv.Config {
+	return testenv.Config{
+		DSN: f.dsn, Brokers: env.KafkaBrokers, Slot: f.name, Routes: routes,
+		Postgres: testenv.Section{"status_interval": "200ms"},
+		Kafka:    testenv.Section{"partitioner": "murmur2", "linger": "2ms"},
+		Pipeline: testenv.Section{"backoff_min": "200ms", "backoff_max": "2s", "shutdown_timeout": "20s"},
+		Health:   testenv.Section{"poll_interval": "200ms"},
+		Log:      testenv.Section{"level": "debug"},
+	}
+}
+
+// seedRoute routes the seed's outbox table to topic.
+func seedRoute(topic string) testenv.Route {
+	return testenv.Route{Table: "public.outbox", Topic: topic}
+}
+
+// daemon is a testenv.Daemon whose failures end its test.
+type daemon struct {
+	*testenv.Daemon
+	t *testing.T
+}
+
+// start runs outboxd and waits until it is ready.
+func (f *fixture) start(cfg testenv.Config) *daemon {
+	f.t.Helper()
+	d := f.spawn(cfg)
+	d.waitReady(30 * time.Second)
+	return d
+}
+
+// spawn runs outboxd without waiting for it; the test's end kills it and,
+// when the test failed, prints its log.
+func (f *fixture) spawn(cfg testenv.Config) *daemon {
+	f.t.Helper()
+	td, err := testenv.StartDaemon(f.t.TempDir(), cfg)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	d := &daemon{Daemon: td, t: f.t}
+	f.t.Cleanup(func() {
+		d.Kill()
+		if f.t.Failed() {
+			f.t.Logf("outboxd log (%s):\n%s", d.LogPath(), d.Log())
+		}
+		d.Close()
+	})
+	return d
+}
+
+func (d *daemon) waitReady(timeout time.Duration) {
+	d.t.Helper()
+	if err := d.WaitReady(context.Background(), timeout); err != nil {
+		d.t.Fatal(err)
+	}
+}
+
+// kill is kill -9.
+func (d *daemon) kill() { d.Kill() }
+
+// term sends SIGTERM and requires exit status 0 within 60 s.
+func (d *daemon) term() {
+	d.t.Helper()
+	if err := d.Term(60 * time.Second); err != nil {
+		d.t.Fatalf("outboxd exit after SIGTERM: %v\n%s", err, d.Log())
+	}
+}
+
+// exited waits for the process to end by itself and returns its exit.
+func (d *daemon) exited(timeout time.Duration) error {
+	d.t.Helper()
+	exited, err := d.Exited(timeout)
+	if !exited {
+		d.t.Fatalf("outboxd still running after %s\n%s", timeout, d.Log())
+	}
+	return err
+}
+
+func (d *daemon) status() testenv.Status {
+	d.t.Helper()
+	st, err := d.Status(context.Background())
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	return st
+}
+
+// code is the status code of a health path.
+func (d *daemon) code(path string) int {
+	d.t.Helper()
+	code, _, err := d.Get(context.Background(), path)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	return code
+}
+
+// eventually polls cond every 100 ms until it holds or the timeout passes.
+func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("after %s: %s", timeout, what)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// freePort is a loopback address where nothing listens (yet).
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func lsn(t *testing.T, s string) pglogrepl.LSN {
+	t.Helper()
+	l, err := pglogrepl.ParseLSN(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}

@@ -1,0 +1,68 @@
+# shellcheck shell=bash
+# Shared helpers for pg.sh, kafka.sh and services.sh. Sourced, not executed.
+
+# Registry of loopback ports handed out by these scripts. A claim is a file
+# named after the port, created atomically (noclobber), containing the owning
+# state directory, so parallel test packages never pick the same port.
+OUTBOXD_PORT_REGISTRY="${OUTBOXD_PORT_REGISTRY:-/tmp/outboxd-ports}"
+
+die() { echo "error: $*" >&2; exit 1; }
+log() { echo "[$(basename "$0")] $*" >&2; }
+
+# abs_dir DIR: create DIR and print its absolute path.
+abs_dir() {
+  [[ -n "${1:-}" ]] || die "missing DIR argument"
+  mkdir -p "$1"
+  (cd "$1" && pwd -P)
+}
+
+# port_listening PORT: true when something accepts TCP on 127.0.0.1:PORT.
+port_listening() {
+  (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+
+# port_bound PORT: true when a socket is bound/listening on PORT (any state).
+port_bound() {
+  if command -v ss >/dev/null 2>&1; then
+    [[ -n "$(ss -Htan "( sport = :$1 )" 2>/dev/null)" ]] && return 0
+    return 1
+  fi
+  port_listening "$1"
+}
+
+# claim_port OWNER_DIR: prints a free loopback port (range 20000-32767, below
+# the Linux ephemeral range so client sockets don't squat on it between
+# restarts) and records the claim for OWNER_DIR.
+claim_port() {
+  local owner="$1" p i
+  mkdir -p "$OUTBOXD_PORT_REGISTRY" 2>/dev/null || true
+  chmod 1777 "$OUTBOXD_PORT_REGISTRY" 2>/dev/null || true
+  for ((i = 0; i < 200; i++)); do
+    p=$((20000 + (RANDOM * 32768 + RANDOM) % 12768))
+    port_bound "$p" && continue
+    if (set -o noclobber; echo "$owner" >"$OUTBOXD_PORT_REGISTRY/$p") 2>/dev/null; then
+      echo "$p"
+      return 0
+    fi
+  done
+  die "could not find a free loopback port"
+}
+
+# release_ports OWNER_DIR PORT...: drop claims held by OWNER_DIR.
+release_ports() {
+  local owner="$1" p f
+  shift
+  for p in "$@"; do
+    [[ -n "$p" ]] || continue
+    f="$OUTBOXD_PORT_REGISTRY/$p"
+    if [[ -f "$f" && "$(cat "$f" 2>/dev/null)" == "$owner" ]]; then
+      rm -f "$f"
+    fi
+  done
+}
+
+# read_env FILE KEY: prints KEY's value from a KEY=VALUE file (empty if absent).
+read_env() {
+  [[ -f "$1" ]] || return 0
+  sed -n "s/^$2=//p" "$1" | tail -n1
+}

@@ -1,0 +1,333 @@
+// Package testenv is outboxd's one test environment, used by the integration
+// tests, the chaos suite, the benchmarks and the demo. It starts, stops,
+// kills and restarts a real PostgreSQL and a real Apache Kafka on loopback
+// through the scripts in this folder (pg.sh, kafka.sh, services.sh: the only
+// place their configuration is written), builds the outboxd binary once per
+// process, runs it as a Daemon from a Config, holds the seed schema
+// (sql/001_outbox.sql), creates topics, consumes them, and verifies what a
+// consumer reads against what was committed.
+package testenv
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Options choose what Start starts. The zero value starts both services
+// with the settings the tests use.
+type Options struct {
+	NoPostgres, NoKafka bool // start only the other one
+
+	// WALLevel is PostgreSQL's wal_level: "" (logical) or "replica", for a
+	// test of outboxd's preflight check.
+	WALLevel string
+
+	// NoAutoCreateTopics sets the broker's auto.create.topics.enable=false.
+	NoAutoCreateTopics bool
+	// Listeners are client listeners the broker has besides its own.
+	Listeners []Listener
+}
+
+// Listener is an extra client listener of the broker: it binds a port of its
+// own and is advertised at Advertise, e.g. a TCP proxy in front of it, so a
+// client that bootstraps there keeps going through the proxy.
+type Listener struct {
+	Name      string // upper case, e.g. "PROXIED"
+	Advertise string // host:port
+}
+
+// Env is a running PostgreSQL and Kafka pair in its own state folder.
+type Env struct {
+	Dir          string // the scripts' state folder
+	PGDSN        string // postgres://postgres@127.0.0.1:PORT/postgres?sslmode=disable, "" without PostgreSQL
+	KafkaBrokers string // "127.0.0.1:PORT", "" without Kafka
+
+	attached bool // Cleanup leaves the services running (Attach)
+	mu       sync.Mutex
+	cleaned  bool
+}
+
+// Start starts the services in a fresh temporary folder and waits until
+// they are ready. Cleanup stops and removes them.
+func Start(o Options) (*Env, error) {
+	dir, err := os.MkdirTemp("", "outboxd-env-")
+	if err != nil {
+		return nil, err
+	}
+	// The PostgreSQL server runs as the postgres OS user and must traverse it.
+	if err := os.Chmod(dir, 0o755); err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, err
+	}
+	e := &Env{Dir: dir}
+	settings, err := o.environ()
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, err
+	}
+	switch {
+	case o.NoPostgres && o.NoKafka:
+		err = errors.New("testenv: Options start neither PostgreSQL nor Kafka")
+	case o.NoPostgres:
+		err = e.script(settings, "kafka.sh", "start", dir)
+	case o.NoKafka:
+		err = e.script(settings, "pg.sh", "start", dir)
+	default:
+		err = e.script(settings, "services.sh", "up", dir)
+	}
+	if err == nil {
+		err = e.load()
+	}
+	if err != nil {
+		e.Cleanup()
+		return nil, err
+	}
+	return e, nil
+}
+
+// environ is the scripts' settings for a first start.
+func (o Options) environ() ([]string, error) {
+	wal := "logical"
+	if o.WALLevel != "" {
+		wal = o.WALLevel
+	}
+	var ls []string
+	for _, l := range o.Listeners {
+		if l.Name == "" || l.Advertise == "" {
+			return nil, fmt.Errorf("testenv: listener %+v needs a Name and an Advertise address", l)
+		}
+		ls = append(ls, l.Name+"="+l.Advertise)
+	}
+	return []string{
+		"PG_WAL_LEVEL=" + wal,
+		"KAFKA_AUTO_CREATE=" + strconv.FormatBool(!o.NoAutoCreateTopics),
+		"KAFKA_LISTENERS=" + strings.Join(ls, ","),
+	}, nil
+}
+
+// Attach uses the services that `testenv/services.sh up dir` started and
+// left running (for repeated benchmark runs); Cleanup leaves them alone.
+func Attach(dir string) (*Env, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, err
+	}
+	e := &Env{Dir: abs, attached: true}
+	if err := e.load(); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// load reads the addresses the scripts wrote.
+func (e *Env) load() error {
+	pg, err := readEnvFile(filepath.Join(e.Dir, "pg.env"))
+	if err != nil {
+		return err
+	}
+	k, err := readEnvFile(filepath.Join(e.Dir, "kafka.env"))
+	if err != nil {
+		return err
+	}
+	e.PGDSN, e.KafkaBrokers = pg["OUTBOXD_PG_DSN"], k["OUTBOXD_KAFKA_BROKERS"]
+	if e.PGDSN == "" && e.KafkaBrokers == "" {
+		return fmt.Errorf("testenv: no service in %s (no pg.env, no kafka.env)", e.Dir)
+	}
+	return nil
+}
+
+// readEnvFile reads the KEY=VALUE lines the scripts write; a missing file
+// is an empty map.
+func readEnvFile(path string) (map[string]string, error) {
+	m := map[string]string{}
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return m, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if k, v, ok := strings.Cut(sc.Text(), "="); ok {
+			m[k] = v
+		}
+	}
+	return m, sc.Err()
+}
+
+// Cleanup stops and removes everything Start started. Safe to call twice;
+// it leaves attached services running.
+func (e *Env) Cleanup() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.attached || e.cleaned {
+		return
+	}
+	e.cleaned = true
+	if err := e.script(nil, "services.sh", "down", e.Dir); err != nil {
+		fmt.Fprintf(os.Stderr, "testenv: cleanup: %v\n", err)
+	}
+	_ = os.RemoveAll(e.Dir)
+}
+
+func (e *Env) control(script string, args ...string) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.cleaned {
+		return errors.New("testenv: the environment was cleaned up")
+	}
+	return e.script(nil, script, args...)
+}
+
+// StopKafka stops the broker (SIGTERM), keeping its data.
+func (e *Env) StopKafka() error { return e.control("kafka.sh", "stop", e.Dir) }
+
+// KillKafka kills the broker with SIGKILL, keeping its data.
+func (e *Env) KillKafka() error { return e.control("kafka.sh", "kill", e.Dir) }
+
+// StartKafka starts the broker again on the same ports, listeners and data
+// and waits until it is ready; a no-op while it runs.
+func (e *Env) StartKafka() error { return e.control("kafka.sh", "start", e.Dir) }
+
+// RestartPG restarts PostgreSQL on the same port; mode is "fast" or
+// "immediate" (crash-like: no shutdown checkpoint, recovery on start).
+func (e *Env) RestartPG(mode string) error { return e.control("pg.sh", "restart", e.Dir, mode) }
+
+// KafkaListener is the address ("127.0.0.1:port") the named extra listener
+// binds (Options.Listeners).
+func (e *Env) KafkaListener(name string) (string, error) {
+	k, err := readEnvFile(filepath.Join(e.Dir, "kafka.env"))
+	if err != nil {
+		return "", err
+	}
+	port := k["KAFKA_"+name+"_PORT"]
+	if port == "" {
+		return "", fmt.Errorf("testenv: the broker has no listener %s", name)
+	}
+	return "127.0.0.1:" + port, nil
+}
+
+// KafkaPID is the broker's process id.
+func (e *Env) KafkaPID() (int, error) {
+	b, err := os.ReadFile(filepath.Join(e.Dir, "kafka", "broker.pid"))
+	if err != nil {
+		return 0, fmt.Errorf("testenv: broker pid: %w", err)
+	}
+	return strconv.Atoi(strings.TrimSpace(string(b)))
+}
+
+// CreateDatabase creates database name (an existing one is fine), runs
+// schema in it when not empty, and returns its DSN (the postgres superuser).
+func (e *Env) CreateDatabase(name, schema string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, e.PGDSN)
+	if err != nil {
+		return "", fmt.Errorf("testenv: connect: %w", err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "42P04" { // duplicate_database
+			return "", fmt.Errorf("testenv: create database %q: %w", name, err)
+		}
+	}
+	u, err := url.Parse(e.PGDSN)
+	if err != nil {
+		return "", fmt.Errorf("testenv: parse DSN: %w", err)
+	}
+	u.Path, u.RawPath = "/"+name, ""
+	dsn := u.String()
+	if schema == "" {
+		return dsn, nil
+	}
+	db, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return "", fmt.Errorf("testenv: connect to %s: %w", name, err)
+	}
+	defer db.Close(context.Background())
+	if _, err := db.Exec(ctx, schema); err != nil {
+		return "", fmt.Errorf("testenv: schema of %s: %w", name, err)
+	}
+	return dsn, nil
+}
+
+// CreateTopic creates topic with the given partitions and waits until each
+// has a leader; an existing topic is fine.
+func (e *Env) CreateTopic(topic string, partitions int) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	return CreateTopic(ctx, e.KafkaBrokers, topic, partitions)
+}
+
+// script runs one of the scripts with extra environment.
+func (e *Env) script(extraEnv []string, name string, args ...string) error {
+	root, err := Root()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "bash", append([]string{filepath.Join(root, "testenv", name)}, args...)...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.Env = append(os.Environ(), extraEnv...)
+	cmd.WaitDelay = 5 * time.Second
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("testenv: %s %s: %w\n%s", name, strings.Join(args, " "), err, out.String())
+	}
+	return nil
+}
+
+var root struct {
+	once sync.Once
+	dir  string
+	err  error
+}
+
+// Root is the repository's top folder: found from this file's path, or, in
+// a binary built with -trimpath, by walking up from the working directory.
+func Root() (string, error) {
+	root.once.Do(func() {
+		ok := func(d string) bool {
+			_, err := os.Stat(filepath.Join(d, "testenv", "services.sh"))
+			return err == nil
+		}
+		if _, file, _, found := runtime.Caller(0); found {
+			if d := filepath.Dir(filepath.Dir(file)); ok(d) {
+				root.dir = d
+				return
+			}
+		}
+		if wd, err := os.Getwd(); err == nil {
+			for d := wd; ; d = filepath.Dir(d) {
+				if ok(d) {
+					root.dir = d
+					return
+				}
+				if filepath.Dir(d) == d {
+					break
+				}
+			}
+		}
+		root.err = errors.New("testenv: cannot find the outboxd repository (run from inside it)")
+	})
+	return root.dir, root.err
+}

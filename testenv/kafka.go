@@ -1,0 +1,204 @@
+package testenv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+)
+
+func splitBrokers(brokers string) []string {
+	var out []string
+	for _, b := range strings.Split(brokers, ",") {
+		if b = strings.TrimSpace(b); b != "" {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+// CreateTopic creates a topic via the cluster controller (replication factor
+// 1) and waits until all partitions have a leader. brokers is "h:p[,h:p...]".
+func CreateTopic(ctx context.Context, brokers, topic string, partitions int) error {
+	if partitions <= 0 {
+		partitions = 1
+	}
+	bs := splitBrokers(brokers)
+	if len(bs) == 0 {
+		return errors.New("testenv: no brokers")
+	}
+	create := func() error {
+		conn, err := kafka.DialContext(ctx, "tcp", bs[0])
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		ctrl, err := conn.Controller()
+		if err != nil {
+			return err
+		}
+		cc, err := kafka.DialContext(ctx, "tcp", net.JoinHostPort(ctrl.Host, fmt.Sprint(ctrl.Port)))
+		if err != nil {
+			return err
+		}
+		defer cc.Close()
+		err = cc.CreateTopics(kafka.TopicConfig{Topic: topic, NumPartitions: partitions, ReplicationFactor: 1})
+		if errors.Is(err, kafka.TopicAlreadyExists) {
+			return nil
+		}
+		return err
+	}
+	var err error
+	for {
+		if err = create(); err == nil {
+			break
+		}
+		if !sleepCtx(ctx, 200*time.Millisecond) {
+			return fmt.Errorf("testenv: create topic %q: %w (last error: %v)", topic, ctx.Err(), err)
+		}
+	}
+	for {
+		ps, err := readPartitions(ctx, bs[0], topic)
+		if err == nil && len(ps) >= partitions && allLed(ps) {
+			return nil
+		}
+		if !sleepCtx(ctx, 100*time.Millisecond) {
+			return fmt.Errorf("testenv: topic %q not ready: %w (last: %d partitions, err %v)", topic, ctx.Err(), len(ps), err)
+		}
+	}
+}
+
+func allLed(ps []kafka.Partition) bool {
+	for _, p := range ps {
+		if p.Leader.Host == "" || p.Leader.ID < 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func readPartitions(ctx context.Context, broker, topic string) ([]kafka.Partition, error) {
+	conn, err := kafka.DialContext(ctx, "tcp", broker)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		_ = conn.SetDeadline(dl)
+	} else {
+		_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	}
+	return conn.ReadPartitions(topic)
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// Consume reads all partitions of topic from the first offset (no consumer
+// group, one reader per partition) until want messages were read or ctx ends.
+// The result is sorted by partition, then offset, and carries Partition,
+// Offset, Key, Value, Headers and Time. If ctx ends first, the messages read
+// so far are returned together with an error. With want <= 0 it reads until
+// ctx ends and returns everything without error (useful to assert "exactly N,
+// no more": consume with a short deadline).
+func Consume(ctx context.Context, brokers, topic string, want int) ([]kafka.Message, error) {
+	bs := splitBrokers(brokers)
+	if len(bs) == 0 {
+		return nil, errors.New("testenv: no brokers")
+	}
+	var parts []kafka.Partition
+	for {
+		ps, err := readPartitions(ctx, bs[0], topic)
+		if err == nil && len(ps) > 0 {
+			parts = ps
+			break
+		}
+		if !sleepCtx(ctx, 200*time.Millisecond) {
+			if want <= 0 {
+				return nil, nil
+			}
+			return nil, fmt.Errorf("testenv: consume %q: no partitions: %w (last error: %v)", topic, ctx.Err(), err)
+		}
+	}
+
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ch := make(chan kafka.Message, 256)
+	var wg sync.WaitGroup
+	readers := make([]*kafka.Reader, 0, len(parts))
+	for _, p := range parts {
+		r := kafka.NewReader(kafka.ReaderConfig{
+			Brokers:   bs,
+			Topic:     topic,
+			Partition: p.ID,
+			MinBytes:  1,
+			MaxBytes:  16 << 20,
+			MaxWait:   100 * time.Millisecond,
+		})
+		if err := r.SetOffset(kafka.FirstOffset); err != nil {
+			cancel()
+			for _, rr := range append(readers, r) {
+				_ = rr.Close()
+			}
+			wg.Wait()
+			return nil, err
+		}
+		readers = append(readers, r)
+		wg.Add(1)
+		go func(r *kafka.Reader) {
+			defer wg.Done()
+			for {
+				m, err := r.ReadMessage(cctx)
+				if err != nil {
+					return
+				}
+				select {
+				case ch <- m:
+				case <-cctx.Done():
+					return
+				}
+			}
+		}(r)
+	}
+
+	var msgs []kafka.Message
+	var err error
+loop:
+	for want <= 0 || len(msgs) < want {
+		select {
+		case m := <-ch:
+			msgs = append(msgs, m)
+		case <-ctx.Done():
+			if want > 0 {
+				err = fmt.Errorf("testenv: consumed %d of %d messages from %q: %w", len(msgs), want, topic, ctx.Err())
+			}
+			break loop
+		}
+	}
+	cancel()
+	for _, r := range readers {
+		_ = r.Close()
+	}
+	wg.Wait()
+	sort.SliceStable(msgs, func(i, j int) bool {
+		if msgs[i].Partition != msgs[j].Partition {
+			return msgs[i].Partition < msgs[j].Partition
+		}
+		return msgs[i].Offset < msgs[j].Offset
+	})
+	return msgs, err
+}

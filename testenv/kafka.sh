@@ -1,0 +1,337 @@
+#!/usr/bin/env bash
+# Apache Kafka (KRaft, one combined broker+controller node) on loopback for
+# the tests, chaos, benchmarks and the demo. Jars come from kafka-fetch.sh.
+#
+#   kafka.sh start   DIR   format (once) + start, wait until ready, print env
+#   kafka.sh stop    DIR   SIGTERM, wait up to 30 s, then SIGKILL; keeps data
+#   kafka.sh kill    DIR   SIGKILL (crash tests); keeps data
+#   kafka.sh status  DIR   exit 0 when running (prints env)
+#   kafka.sh env     DIR   print DIR/kafka.env
+#   kafka.sh destroy DIR   stop and remove DIR/kafka, DIR/kafka.env
+#
+# State: DIR/kafka/{server.properties,data/,broker.log,broker.pid}.
+# DIR/kafka.env gets KAFKA_PORT, KAFKA_CONTROLLER_PORT, OUTBOXD_KAFKA_BROKERS,
+# the settings below, and KAFKA_<NAME>_PORT for each extra listener.
+# Settings read at the first start and kept in kafka.env, like the ports, so
+# a restarted broker keeps its addresses, topics and data:
+#   KAFKA_AUTO_CREATE  auto.create.topics.enable (default true)
+#   KAFKA_LISTENERS    extra client listeners, NAME=HOST:PORT[,NAME=HOST:PORT]:
+#                      each binds a port of its own and is advertised at
+#                      HOST:PORT (e.g. a TCP proxy in front of it). PLAINTEXT
+#                      (clients, inter-broker) is always there, as itself.
+# Knobs read at every start: KAFKA_HEAP_OPTS (default "-Xms256m -Xmx512m"),
+# KAFKA_LOG_LEVEL (default info), KAFKA_START_TIMEOUT (seconds, default 90).
+# All subcommands are idempotent.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=common.sh
+. "$HERE/common.sh"
+
+usage() {
+  sed -n '2,24p' "$0" >&2
+  exit 2
+}
+
+# The node. A cluster on loopback gives each node its own id, state folder
+# and ports, and lists every node's controller in the quorum voters.
+NODE_ID=1
+
+setup_dirs() {
+  DIR="$(abs_dir "$1")"
+  KD="$DIR/kafka"
+  ENVF="$DIR/kafka.env"
+  PROPS="$KD/server.properties"
+  PIDF="$KD/broker.pid"
+  LOGF="$KD/broker.log"
+}
+
+lock() {
+  exec 9>"$DIR/.kafka.lock"
+  flock 9
+}
+
+# broker_pid: prints the pid of this DIR's live broker, fails when none.
+broker_pid() {
+  local pid
+  [[ -f "$PIDF" ]] || return 1
+  pid="$(cat "$PIDF" 2>/dev/null || true)"
+  [[ -n "$pid" && -r "/proc/$pid/cmdline" ]] || return 1
+  # A zombie has an empty cmdline; a recycled pid has another one.
+  tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "kafka.Kafka $PROPS" || return 1
+  echo "$pid"
+}
+
+# The settings: PORT (PLAINTEXT), CPORT (CONTROLLER), AUTO_CREATE, and the
+# extra listeners as three parallel arrays: XNAME, XADV (its advertised
+# address) and XPORT (its own port).
+
+# load_settings: the settings kafka.env keeps; fails before the first start.
+load_settings() {
+  local i
+  PORT="$(read_env "$ENVF" KAFKA_PORT)"
+  CPORT="$(read_env "$ENVF" KAFKA_CONTROLLER_PORT)"
+  [[ -n "$PORT" && -n "$CPORT" ]] || return 1
+  AUTO_CREATE="$(read_env "$ENVF" KAFKA_AUTO_CREATE)"
+  parse_listeners "$(read_env "$ENVF" KAFKA_LISTENERS)"
+  for i in "${!XNAME[@]}"; do
+    XPORT[i]="$(read_env "$ENVF" "KAFKA_${XNAME[$i]}_PORT")"
+    [[ -n "${XPORT[$i]}" ]] || die "$ENVF lacks KAFKA_${XNAME[$i]}_PORT"
+  done
+}
+
+# first_settings: the settings of a first start, from the environment.
+first_settings() {
+  AUTO_CREATE="${KAFKA_AUTO_CREATE:-true}"
+  [[ "$AUTO_CREATE" == true || "$AUTO_CREATE" == false ]] || die "KAFKA_AUTO_CREATE must be true or false"
+  parse_listeners "${KAFKA_LISTENERS:-}"
+  claim_ports
+}
+
+# parse_listeners SPEC: fills XNAME and XADV from NAME=HOST:PORT,...
+parse_listeners() {
+  local items item name adv
+  XNAME=() XADV=() XPORT=()
+  IFS=',' read -ra items <<<"$1"
+  for item in "${items[@]}"; do
+    [[ -n "$item" ]] || continue
+    name="${item%%=*}" adv="${item#*=}"
+    [[ "$name" =~ ^[A-Z][A-Z0-9_]*$ && "$name" != PLAINTEXT && "$name" != CONTROLLER ]] ||
+      die "KAFKA_LISTENERS: bad listener name '$name' (upper case, not PLAINTEXT or CONTROLLER)"
+    [[ "$adv" =~ ^[^:=]+:[0-9]+$ ]] || die "KAFKA_LISTENERS: listener $name needs HOST:PORT, got '$adv'"
+    XNAME+=("$name") XADV+=("$adv")
+  done
+}
+
+all_ports() { echo "$PORT" "$CPORT" "${XPORT[@]}"; }
+
+claim_ports() {
+  local i
+  PORT="$(claim_port "$DIR")"
+  CPORT="$(claim_port "$DIR")"
+  for i in "${!XNAME[@]}"; do XPORT[i]="$(claim_port "$DIR")"; done
+}
+
+# new_ports: a port race on the very first start is retried with new ports.
+new_ports() {
+  # shellcheck disable=SC2046
+  release_ports "$DIR" $(all_ports)
+  claim_ports
+}
+
+write_env() {
+  local i spec=""
+  for i in "${!XNAME[@]}"; do spec+="${spec:+,}${XNAME[$i]}=${XADV[$i]}"; done
+  {
+    echo "KAFKA_PORT=$PORT"
+    echo "KAFKA_CONTROLLER_PORT=$CPORT"
+    echo "OUTBOXD_KAFKA_BROKERS=127.0.0.1:$PORT"
+    echo "KAFKA_AUTO_CREATE=$AUTO_CREATE"
+    echo "KAFKA_LISTENERS=$spec"
+    for i in "${!XNAME[@]}"; do echo "KAFKA_${XNAME[$i]}_PORT=${XPORT[$i]}"; done
+  } >"$ENVF"
+}
+
+print_env() { cat "$ENVF"; }
+
+write_props() {
+  # Every listener as name, security protocol, port and advertised address
+  # (none for the controller). A listener with another protocol (SSL,
+  # SASL_SSL, SASL_PLAINTEXT) also needs its listener.name.<name>.*
+  # properties (keystore, JAAS) below the list.
+  local names=(PLAINTEXT CONTROLLER) protos=(PLAINTEXT PLAINTEXT) ports=("$PORT" "$CPORT")
+  local advs=("127.0.0.1:$PORT" "") i listeners="" advertised="" protomap=""
+  for i in "${!XNAME[@]}"; do
+    names+=("${XNAME[$i]}") protos+=(PLAINTEXT) ports+=("${XPORT[$i]}") advs+=("${XADV[$i]}")
+  done
+  for i in "${!names[@]}"; do
+    listeners+="${listeners:+,}${names[$i]}://127.0.0.1:${ports[$i]}"
+    protomap+="${protomap:+,}${names[$i]}:${protos[$i]}"
+    if [[ -n "${advs[$i]}" ]]; then advertised+="${advertised:+,}${names[$i]}://${advs[$i]}"; fi
+  done
+  cat >"$PROPS" <<EOF
+# written by testenv/kafka.sh
+process.roles=broker,controller
+node.id=$NODE_ID
+controller.quorum.voters=$NODE_ID@127.0.0.1:$CPORT
+listeners=$listeners
+advertised.listeners=$advertised
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=$protomap
+log.dirs=$KD/data
+num.partitions=1
+default.replication.factor=1
+min.insync.replicas=1
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=10
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=10
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+auto.create.topics.enable=$AUTO_CREATE
+delete.topic.enable=true
+# Short broker session so a broker restarted after SIGKILL re-registers fast
+# (the controller rejects the new incarnation until the old session expires).
+broker.heartbeat.interval.ms=500
+broker.session.timeout.ms=3000
+EOF
+}
+
+gen_cluster_id() {
+  # 16 random bytes, base64url without padding (Kafka Uuid string form);
+  # avoid a leading '-' which would look like a CLI flag.
+  local id
+  while :; do
+    id="$(head -c16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n')"
+    [[ "$id" != -* && "$id" != AAAAAAAAAAAAAAAAAAAAA* ]] && break
+  done
+  echo "$id"
+}
+
+format_storage() {
+  [[ -f "$KD/data/meta.properties" ]] && return 0
+  local id
+  id="$(gen_cluster_id)"
+  java -XX:TieredStopAtLevel=1 -XX:+UseSerialGC -cp "$LIB/*" kafka.tools.StorageTool format -t "$id" -c "$PROPS" --ignore-formatted \
+    >"$KD/format.log" 2>&1 9>&- || { cat "$KD/format.log" >&2; die "kafka storage format failed"; }
+}
+
+launch() {
+  : >"$LOGF"
+  # shellcheck disable=SC2086
+  setsid java ${KAFKA_HEAP_OPTS:--Xms256m -Xmx512m} \
+    -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:+ExitOnOutOfMemoryError \
+    -Djava.awt.headless=true \
+    -Dorg.slf4j.simpleLogger.defaultLogLevel="${KAFKA_LOG_LEVEL:-info}" \
+    -Dorg.slf4j.simpleLogger.showDateTime=true \
+    "-Dorg.slf4j.simpleLogger.dateTimeFormat=yyyy-MM-dd'T'HH:mm:ss.SSS" \
+    -cp "$LIB/*" kafka.Kafka "$PROPS" \
+    </dev/null >>"$LOGF" 2>&1 9>&- &
+  echo $! >"$PIDF"
+}
+
+# all_listening: every port of the broker accepts connections.
+all_listening() {
+  local p
+  for p in $(all_ports); do port_listening "$p" || return 1; done
+}
+
+# any_listening: something already listens on one of the broker's ports.
+any_listening() {
+  local p
+  for p in $(all_ports); do port_listening "$p" && return 0; done
+  return 1
+}
+
+# wait_ready: 0 ready, 1 process died, 2 timeout.
+wait_ready() {
+  local deadline=$((SECONDS + ${KAFKA_START_TIMEOUT:-90}))
+  while ((SECONDS < deadline)); do
+    broker_pid >/dev/null || return 1
+    if grep -q "Kafka Server started" "$LOGF" 2>/dev/null && all_listening; then
+      return 0
+    fi
+    sleep 0.1
+  done
+  return 2
+}
+
+fail_with_log() {
+  echo "---- tail of $LOGF ----" >&2
+  tail -n 40 "$LOGF" >&2 || true
+  die "$1"
+}
+
+cmd_start() {
+  if broker_pid >/dev/null; then print_env; return; fi
+  LIB="$(bash "$HERE/kafka-fetch.sh")"
+  mkdir -p "$KD"
+  local first=0
+  if ! load_settings; then
+    first=1
+    first_settings
+  fi
+  local attempt rc t0=$SECONDS
+  for attempt in 1 2 3; do
+    if any_listening; then
+      if ((first)); then new_ports; continue; fi
+      die "a port of $(all_ports) on 127.0.0.1 is in use by another process (a stray broker for $DIR?)"
+    fi
+    write_env
+    write_props
+    format_storage
+    launch
+    rc=0
+    wait_ready || rc=$?
+    if ((rc == 0)); then
+      rm -f "$KD/format.log"
+      log "broker ready on 127.0.0.1:$PORT after $((SECONDS - t0)) s"
+      print_env
+      return 0
+    fi
+    if ((rc == 2)); then
+      stop_broker KILL
+      fail_with_log "Kafka did not become ready within ${KAFKA_START_TIMEOUT:-90} s"
+    fi
+    if ((first)) && ((attempt < 3)) && grep -q "Address already in use" "$LOGF"; then
+      log "port collision, picking other ports"
+      new_ports
+      continue
+    fi
+    fail_with_log "Kafka exited during startup"
+  done
+  die "Kafka failed to start"
+}
+
+# stop_broker TERM|KILL
+stop_broker() {
+  local pid i p
+  pid="$(broker_pid)" || { rm -f "$PIDF"; return 0; }
+  if [[ "$1" == TERM ]]; then
+    kill -TERM "$pid" 2>/dev/null || true
+    for ((i = 0; i < 300; i++)); do
+      broker_pid >/dev/null || break
+      sleep 0.1
+    done
+  fi
+  if broker_pid >/dev/null; then
+    [[ "$1" == TERM ]] && log "broker did not stop within 30 s, sending SIGKILL"
+    kill -KILL "$pid" 2>/dev/null || true
+    for ((i = 0; i < 100; i++)); do
+      broker_pid >/dev/null || break
+      sleep 0.1
+    done
+  fi
+  broker_pid >/dev/null && die "could not stop broker pid $pid"
+  # Wait for the listening socket to go away too.
+  p="$(read_env "$ENVF" KAFKA_PORT)"
+  for ((i = 0; i < 50; i++)); do
+    [[ -n "$p" ]] && port_listening "$p" || break
+    sleep 0.1
+  done
+  rm -f "$PIDF"
+}
+
+[[ $# -ge 2 ]] || usage
+cmd="$1"
+setup_dirs "$2"
+lock
+case "$cmd" in
+  start) cmd_start ;;
+  stop) stop_broker TERM ;;
+  kill) stop_broker KILL ;;
+  status)
+    if broker_pid >/dev/null; then print_env; else echo "stopped" >&2; exit 1; fi
+    ;;
+  env) [[ -f "$ENVF" ]] && print_env || die "no $ENVF" ;;
+  destroy)
+    stop_broker TERM
+    # shellcheck disable=SC2046
+    if load_settings; then release_ports "$DIR" $(all_ports); fi
+    rm -rf "$KD" "$ENVF" "$DIR/.kafka.lock"
+    ;;
+  *) usage ;;
+esac

@@ -1,0 +1,260 @@
+#!/usr/bin/env bash
+# Throwaway PostgreSQL 15 cluster on loopback for tests, the demo and benchmarks.
+#
+#   pg.sh start   DIR                    create (once) + start, print env
+#   pg.sh stop    DIR [fast|immediate]   stop, keep data (default fast)
+#   pg.sh restart DIR [fast|immediate]   stop, start again on the same port
+#   pg.sh status  DIR                    exit 0 when running (prints env)
+#   pg.sh env     DIR                    print DIR/pg.env
+#   pg.sh destroy DIR                    stop and remove DIR/pg, DIR/pg.env
+#
+# The cluster lives in DIR/pg (the data directory, also holding server.log).
+# DIR/pg.env gets PGHOST, PGPORT, PGUSER, OUTBOXD_PG_DSN, PGDATA_DIR.
+# The postgres role connects over TCP without password (trust); every other
+# role needs a SCRAM password. wal_level=logical, fsync=off.
+# PG_WAL_LEVEL (default logical) sets wal_level when the cluster is created,
+# e.g. PG_WAL_LEVEL=replica for a test of outboxd's preflight check.
+# All subcommands are idempotent. Run as root, the server runs as the
+# `postgres` OS user. PG_BINDIR overrides the PostgreSQL binaries folder.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=common.sh
+. "$HERE/common.sh"
+
+usage() {
+  sed -n '2,18p' "$0" >&2
+  exit 2
+}
+
+find_bindir() {
+  local d
+  if [[ -n "${PG_BINDIR:-}" ]]; then echo "$PG_BINDIR"; return; fi
+  if command -v pg_config >/dev/null 2>&1; then
+    d="$(pg_config --bindir 2>/dev/null || true)"
+    if [[ -x "$d/initdb" ]]; then echo "$d"; return; fi
+  fi
+  for d in /usr/lib/postgresql/15/bin /usr/lib/postgresql/*/bin; do
+    if [[ -x "$d/initdb" ]]; then echo "$d"; return; fi
+  done
+  die "PostgreSQL server binaries (initdb) not found; set PG_BINDIR"
+}
+
+BINDIR="$(find_bindir)"
+case "${PG_WAL_LEVEL:-logical}" in
+  logical | replica) ;;
+  *) die "PG_WAL_LEVEL must be logical or replica, not ${PG_WAL_LEVEL}" ;;
+esac
+
+# as_pg CMD...: run CMD as the postgres OS user when we are root.
+as_pg() {
+  if [[ $EUID -eq 0 ]]; then
+    (cd / && runuser -u postgres -- "$@")
+  else
+    "$@"
+  fi
+}
+
+setup_dirs() {
+  DIR="$(abs_dir "$1")"
+  PGD="$DIR/pg"
+  ENVF="$DIR/pg.env"
+  CONF="$PGD/outboxd.conf"
+}
+
+lock() {
+  exec 9>"$DIR/.pg.lock"
+  flock 9
+}
+
+initialized() { [[ -f "$PGD/.outboxd-ready" ]]; }
+
+running() {
+  initialized || return 1
+  as_pg "$BINDIR/pg_ctl" -D "$PGD" status >/dev/null 2>&1
+}
+
+conf_get() { # KEY
+  [[ -f "$CONF" ]] || return 0
+  sed -n "s/^$1 = '\{0,1\}\([^']*\)'\{0,1\}\$/\1/p" "$CONF" | tail -n1
+}
+
+sock_dir_for() {
+  # Unix socket paths are limited to 107 bytes; fall back to a short /tmp dir.
+  if (( ${#PGD} + 20 < 100 )); then
+    echo "$PGD"
+  else
+    echo "/tmp/outboxd-pg-$(printf '%s' "$PGD" | md5sum | cut -c1-12)"
+  fi
+}
+
+ensure_sock_dir() {
+  local s
+  s="$(conf_get unix_socket_directories)"
+  [[ -n "$s" && "$s" != "$PGD" ]] || return 0
+  mkdir -p "$s"
+  if [[ $EUID -eq 0 ]]; then chown postgres:postgres "$s"; fi
+  chmod 0700 "$s"
+}
+
+write_conf() { # PORT
+  local sock
+  sock="$(sock_dir_for)"
+  cat >"$CONF" <<EOF
+# written by testenv/pg.sh
+listen_addresses = '127.0.0.1'
+port = $1
+unix_socket_directories = '$sock'
+wal_level = ${PG_WAL_LEVEL:-logical}
+max_replication_slots = 16
+max_wal_senders = 16
+fsync = off
+password_encryption = 'scram-sha-256'
+logging_collector = off
+log_min_messages = warning
+EOF
+  if [[ $EUID -eq 0 ]]; then chown postgres:postgres "$CONF"; fi
+}
+
+init_cluster() {
+  local port
+  if [[ -d "$PGD" ]]; then
+    log "removing half-initialized $PGD"
+    rm -rf "$PGD"
+  fi
+  mkdir -p "$PGD"
+  chmod 0700 "$PGD"
+  if [[ $EUID -eq 0 ]]; then
+    chown postgres:postgres "$PGD"
+    # The server (postgres user) must be able to traverse DIR.
+    if ! runuser -u postgres -- test -x "$DIR"; then chmod o+x "$DIR"; fi
+    runuser -u postgres -- test -w "$PGD" ||
+      die "postgres OS user cannot reach $PGD (a parent folder is not traversable: chmod o+x it)"
+  fi
+  as_pg "$BINDIR/initdb" -D "$PGD" -U postgres -A trust -E UTF8 --locale=C \
+    --no-sync >"$DIR/pg-initdb.log" 2>&1 ||
+    { cat "$DIR/pg-initdb.log" >&2; die "initdb failed"; }
+  rm -f "$DIR/pg-initdb.log"
+  port="$(claim_port "$DIR")"
+  write_conf "$port"
+  echo "include 'outboxd.conf'" >>"$PGD/postgresql.conf"
+  cat >"$PGD/pg_hba.conf" <<'EOF'
+# written by testenv/pg.sh
+local   all          postgres                   trust
+host    all          postgres   127.0.0.1/32    trust
+host    replication  postgres   127.0.0.1/32    trust
+host    all          all        127.0.0.1/32    scram-sha-256
+host    replication  all        127.0.0.1/32    scram-sha-256
+EOF
+  touch "$PGD/.outboxd-ready"
+  if [[ $EUID -eq 0 ]]; then chown postgres:postgres "$PGD/.outboxd-ready"; fi
+}
+
+write_env() {
+  local port
+  port="$(conf_get port)"
+  cat >"$ENVF" <<EOF
+PGHOST=127.0.0.1
+PGPORT=$port
+PGUSER=postgres
+OUTBOXD_PG_DSN=postgres://postgres@127.0.0.1:$port/postgres?sslmode=disable
+PGDATA_DIR=$PGD
+EOF
+  cat "$ENVF"
+}
+
+start_server() {
+  local attempt port
+  for attempt in 1 2 3; do
+    ensure_sock_dir
+    if as_pg "$BINDIR/pg_ctl" -D "$PGD" -l "$PGD/server.log" -w -t 60 start \
+      >/dev/null 2>"$DIR/pg-ctl.err" 9>&-; then
+      rm -f "$DIR/pg-ctl.err"
+      break
+    fi
+    # A port collision before the first successful start: pick another port.
+    if [[ ! -f "$PGD/.outboxd-started" ]] &&
+      grep -qE 'could not (bind|create listen)|already in use' "$PGD/server.log" 2>/dev/null &&
+      (( attempt < 3 )); then
+      port="$(conf_get port)"
+      log "port $port is taken, picking another"
+      write_conf "$(claim_port "$DIR")"
+      release_ports "$DIR" "$port"
+      continue
+    fi
+    cat "$DIR/pg-ctl.err" >&2 || true
+    echo "---- tail of $PGD/server.log ----" >&2
+    tail -n 30 "$PGD/server.log" >&2 || true
+    die "PostgreSQL failed to start"
+  done
+  port="$(conf_get port)"
+  local i
+  for ((i = 0; i < 300; i++)); do
+    if "$BINDIR/pg_isready" -q -h 127.0.0.1 -p "$port" -U postgres -d postgres; then
+      touch "$PGD/.outboxd-started"
+      return 0
+    fi
+    sleep 0.1
+  done
+  tail -n 30 "$PGD/server.log" >&2 || true
+  die "PostgreSQL did not become ready on 127.0.0.1:$port"
+}
+
+cmd_start() {
+  if running; then write_env; return; fi
+  initialized || init_cluster
+  start_server
+  write_env
+}
+
+cmd_stop() { # MODE
+  local mode="${1:-fast}"
+  case "$mode" in fast | immediate | smart) ;; *) die "bad stop mode: $mode" ;; esac
+  running || return 0
+  as_pg "$BINDIR/pg_ctl" -D "$PGD" -m "$mode" -w -t 60 stop >/dev/null 9>&- ||
+    { running && die "PostgreSQL did not stop"; }
+}
+
+cmd_destroy() {
+  local sock port
+  if initialized && running; then
+    as_pg "$BINDIR/pg_ctl" -D "$PGD" -m fast -w -t 10 stop >/dev/null 2>&1 9>&- ||
+      as_pg "$BINDIR/pg_ctl" -D "$PGD" -m immediate -w -t 30 stop >/dev/null 2>&1 9>&- || true
+  fi
+  # Last resort: a postmaster still running on this data directory.
+  if [[ -f "$PGD/postmaster.pid" ]]; then
+    local pid
+    pid="$(head -n1 "$PGD/postmaster.pid" 2>/dev/null || true)"
+    if [[ -n "$pid" ]] && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$PGD"; then
+      kill -KILL "$pid" 2>/dev/null || true
+      sleep 0.5
+    fi
+  fi
+  sock="$(conf_get unix_socket_directories)"
+  port="$(conf_get port)"
+  [[ -z "$port" ]] && port="$(read_env "$ENVF" PGPORT)"
+  release_ports "$DIR" "$port"
+  if [[ -n "$sock" && "$sock" == /tmp/outboxd-pg-* ]]; then rm -rf "$sock"; fi
+  rm -rf "$PGD" "$ENVF" "$DIR/pg-ctl.err" "$DIR/pg-initdb.log"
+}
+
+[[ $# -ge 2 ]] || usage
+cmd="$1"
+setup_dirs "$2"
+lock
+case "$cmd" in
+  start) cmd_start ;;
+  stop) cmd_stop "${3:-fast}" ;;
+  restart)
+    initialized || die "no cluster in $PGD (run start first)"
+    cmd_stop "${3:-fast}"
+    start_server
+    write_env
+    ;;
+  status)
+    if running; then cat "$ENVF" 2>/dev/null || write_env; else echo "stopped" >&2; exit 1; fi
+    ;;
+  env) [[ -f "$ENVF" ]] && cat "$ENVF" || die "no $ENVF" ;;
+  destroy) cmd_destroy; rm -f "$DIR/.pg.lock" ;;
+  *) usage ;;
+esac

@@ -1,0 +1,535 @@
+// Command bench measures outboxd against real PostgreSQL 15 and Kafka 4.1
+// (started and removed by the project's scripts), side by side with the
+// pgoutput decode limit (pg_recvlogical) and with the seed's polling relay.
+// It is run by `make bench`; it is not a test.
+//
+//  1. Backlog drain: -rows outbox rows (~200-byte carrega, transactions of
+//  100. written while nothing reads them; then, in the same run and on
+//     the same backlog, pg_recvlogical on a second slot (the decode limit),
+//     outboxd on its slot (until every record is acknowledged by Kafka, then
+//     until the slot is confirmed) and the polling relay on the table.
+//  2. Steady latency: a paced writer at each -rates value, single-row and
+//     -txn-row transactions, for -duration each; latency from the row's
+//     clock_timestamp() (taken inside the inserting transaction, so just
+//     before its commit) to receipt by a kafka-go consumer; outboxd and the
+//     polling relay in turn.
+//  3. Cost: CPU seconds and peak RSS of outboxd (or the relay), of the Kafka
+//     broker, and of the walsender (or the relay's backend), from /proc.
+//
+// Every workload is repeated -repeats times; the table shows medians and
+// ratios measured within a run. Plots (SVG) and the table go to -out.
+//
+//	go run ./tools/bench -rows 500000 -repeats 5 -duration 20s
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"gopkg.in/yaml.v3"
+
+	"github.com/outboxd/outboxd/testenv"
+)
+
+type options struct {
+	rows       int
+	repeats    int
+	duration   time.Duration
+	rates      []int
+	txnSizes   []int
+	partitions int
+	out        string
+	perf       bool
+	skipDrain  bool
+	skipLat    bool
+	kafkaYAML  string // extra keys for outboxd's kafka section, for experiments
+	services   string // reuse the services of `services.sh up DIR` (development)
+	binary     string // a prebuilt outboxd instead of this tree's (A/B runs)
+	outboxEnv  string // extra environment for outboxd, "K=V,K=V" (e.g. GOMAXPROCS=1)
+	pipeYAML   string // keys for outboxd's pipeline section, for experiments
+
+	kafka, pipeline testenv.Section // kafkaYAML and pipeYAML, parsed
+}
+
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == "relay" {
+		if err := relayMain(os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "relay:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	var o options
+	var rates, txns string
+	flag.IntVar(&o.rows, "rows", 500000, "backlog size for the drain (env ROWS in make bench)")
+	flag.IntVar(&o.repeats, "repeats", 3, "repetitions of every workload; the table shows medians")
+	flag.DurationVar(&o.duration, "duration", 5*time.Second, "how long the writer runs at each rate")
+	flag.StringVar(&rates, "rates", "500,2000,10000", "writer rates, events/s")
+	flag.StringVar(&txns, "txn", "1,10", "rows per transaction in the latency workload")
+	flag.IntVar(&o.partitions, "partitions", 6, "topic partitions")
+	flag.StringVar(&o.out, "out", "bench-out", "folder for the plots and the table")
+	flag.BoolVar(&o.perf, "perf", true, "record a perf profile of outboxd during the first drain (when perf works)")
+	flag.BoolVar(&o.skipDrain, "no-drain", false, "skip the drain workload")
+	flag.BoolVar(&o.skipLat, "no-latency", false, "skip the latency workload")
+	flag.StringVar(&o.kafkaYAML, "outboxd-kafka", "", `extra keys for outboxd's kafka section, e.g. "batch_size: 100, compression: none" (default: outboxd's defaults)`)
+	flag.StringVar(&o.pipeYAML, "outboxd-pipeline", "", `keys for outboxd's pipeline section, e.g. "max_in_flight_events: 20000"`)
+	flag.StringVar(&o.outboxEnv, "outboxd-env", "", `extra environment for outboxd only, "K=V,K=V" (e.g. "GOMAXPROCS=2" to override outboxd's default)`)
+	flag.StringVar(&o.binary, "outboxd-bin", "", "run this outboxd binary instead of building the working tree's (to compare versions)")
+	flag.StringVar(&o.services, "services", "", "reuse the PostgreSQL and Kafka that `bash testenv/services.sh up DIR` started (left running; for repeated development runs)")
+	flag.Parse()
+	var err error
+	if o.rates, err = ints(rates); err == nil {
+		o.txnSizes, err = ints(txns)
+	}
+	if err == nil {
+		o.kafka, err = section(o.kafkaYAML)
+	}
+	if err == nil {
+		o.pipeline, err = section(o.pipeYAML)
+	}
+	if err == nil {
+		err = run(o)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func ints(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("bad number %q", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// section parses "key: value, key: value" (a YAML flow mapping's body)
+// into the keys of one section of outboxd's file.
+func section(s string) (testenv.Section, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	var doc yaml.Node
+	if err := yaml.Unmarshal([]byte("{"+s+"}"), &doc); err != nil {
+		return nil, fmt.Errorf("bad keys %q: %w", s, err)
+	}
+	m := doc.Content[0]
+	sec := testenv.Section{}
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		v, err := yaml.Marshal(m.Content[i+1])
+		if err != nil {
+			return nil, err
+		}
+		sec[m.Content[i].Value] = strings.TrimSpace(string(v))
+	}
+	return sec, nil
+}
+
+// bench holds what every workload needs.
+type bench struct {
+	o         options
+	env       *testenv.Env
+	self      string // this program, for the relay child
+	tmp       string
+	admin     *pgx.Conn
+	brokerPID int
+	log       io.Writer
+	// runTag suffixes database, slot and topic names on reused services, so
+	// a run never reads the topics of an earlier one.
+	runTag string
+
+	mu       sync.Mutex
+	children []*os.Process     // relay, pg_recvlogical: killed on an interrupt
+	daemons  []*testenv.Daemon // outboxd: killed on an interrupt
+}
+
+func (b *bench) child(p *os.Process) {
+	b.mu.Lock()
+	b.children = append(b.children, p)
+	b.mu.Unlock()
+}
+
+func run(o options) error {
+	if err := os.MkdirAll(o.out, 0o755); err != nil {
+		return err
+	}
+	tmp, err := os.MkdirTemp("", "outboxd-bench")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	b := &bench{o: o, tmp: tmp, log: os.Stderr}
+	if b.self, err = os.Executable(); err != nil {
+		return err
+	}
+	if o.binary == "" {
+		logf(b.log, "building outboxd")
+		defer testenv.RemoveBinary()
+		if _, err := testenv.Binary(); err != nil {
+			return err
+		}
+	}
+	if _, err := exec.LookPath(recvlogical()); err != nil {
+		return fmt.Errorf("pg_recvlogical not found (PostgreSQL 15 server binaries): %w", err)
+	}
+	if o.services != "" {
+		logf(b.log, "using the services of %s", o.services)
+		b.env, err = testenv.Attach(o.services)
+		b.runTag = fmt.Sprintf("_r%d", time.Now().Unix()%1000000)
+	} else {
+		logf(b.log, "starting PostgreSQL and Kafka")
+		b.env, err = testenv.Start(testenv.Options{})
+	}
+	if err != nil {
+		return err
+	}
+	defer b.env.Cleanup()
+	// An interrupt still removes the services and the processes started.
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-sig
+		logf(b.log, "interrupted: stopping what the bench started")
+		b.mu.Lock()
+		for _, p := range b.children {
+			_ = p.Kill()
+		}
+		for _, d := range b.daemons {
+			d.Kill()
+		}
+		b.mu.Unlock()
+		b.env.Cleanup()
+		os.Exit(130)
+	}()
+	ctx := context.Background()
+	if b.admin, err = pgx.Connect(ctx, b.env.PGDSN); err != nil {
+		return err
+	}
+	defer b.admin.Close(ctx)
+	if b.brokerPID, err = b.env.KafkaPID(); err != nil {
+		return err
+	}
+	var pgVersion string
+	if err := b.admin.QueryRow(ctx, "SHOW server_version").Scan(&pgVersion); err != nil {
+		return err
+	}
+	rep := &report{machine: machine(pgVersion, kafkaVersion()) + ", outboxd " + binaryNote(o.binary) + kafkaNote(o.kafkaYAML, o.pipeYAML, o.outboxEnv), o: o, idle: map[string][]float64{}}
+
+	all := []string{sysRecv, sysOutboxd, sysRelay}
+	if !o.skipDrain {
+		// A first, unreported drain warms the broker's JIT and the caches:
+		// without it the first outboxd drain runs 3-4 times slower.
+		if _, err := b.drain(ctx, "warm-up", 100, max(o.rows/4, 1000), all, false); err != nil {
+			return fmt.Errorf("warm-up drain: %w", err)
+		}
+		for i := 0; i < o.repeats; i++ {
+			d, err := b.drain(ctx, fmt.Sprintf("%d/%d", i+1, o.repeats), i, o.rows, all, false)
+			if err != nil {
+				return fmt.Errorf("drain %d: %w", i+1, err)
+			}
+			rep.drains = append(rep.drains, d)
+		}
+		if o.perf {
+			// The profile comes from an extra, unreported drain of at least
+			// 300k rows (enough samples): perf would perturb a measured one.
+			d, err := b.drain(ctx, "profiled", 101, max(o.rows, 300000), []string{sysOutboxd}, true)
+			if err != nil {
+				return fmt.Errorf("profiled drain: %w", err)
+			}
+			rep.profile = d.results[sysOutboxd].perfReport
+		}
+	}
+	if !o.skipLat {
+		for i := 0; i < o.repeats; i++ {
+			for _, sys := range []string{sysOutboxd, sysRelay} {
+				cells, idle, err := b.latency(ctx, sys, i)
+				if err != nil {
+					return fmt.Errorf("latency %s %d: %w", sys, i+1, err)
+				}
+				rep.cells = append(rep.cells, cells...)
+				rep.idle[sys] = append(rep.idle[sys], idle)
+			}
+		}
+	}
+	return rep.write(os.Stdout)
+}
+
+const (
+	sysRecv    = "pg_recvlogical"
+	sysOutboxd = "outboxd"
+	sysRelay   = "polling relay"
+)
+
+func logf(w io.Writer, format string, args ...any) {
+	fmt.Fprintf(w, "%s bench: %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, args...))
+}
+
+func recvlogical() string {
+	if out, err := exec.Command("pg_config", "--bindir").Output(); err == nil {
+		p := filepath.Join(strings.TrimSpace(string(out)), "pg_recvlogical")
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	if m, _ := filepath.Glob("/usr/lib/postgresql/*/bin/pg_recvlogical"); len(m) > 0 {
+		return m[len(m)-1]
+	}
+	return "pg_recvlogical"
+}
+
+func binaryNote(bin string) string {
+	if bin != "" {
+		return bin
+	}
+	return gitDescribe()
+}
+
+func kafkaVersion() string {
+	if v := os.Getenv("KAFKA_VERSION"); v != "" {
+		return v
+	}
+	home, _ := os.UserHomeDir()
+	if m, _ := filepath.Glob(filepath.Join(home, ".cache", "outboxd", "kafka-*")); len(m) == 1 {
+		return strings.TrimPrefix(filepath.Base(m[0]), "kafka-")
+	}
+	return "4.1.1"
+}
+
+// The seed's tables and an insert-only publication.
+func (b *bench) setupDB(ctx context.Context, name string) (string, *pgx.Conn, error) {
+	_, _ = b.admin.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
+	seed, err := testenv.SeedSchema()
+	if err != nil {
+		return "", nil, err
+	}
+	dsn, err := b.env.CreateDatabase(name, seed+"\nCREATE PUBLICATION "+name+" FOR TABLE outbox WITH (publish = 'insert');")
+	if err != nil {
+		return "", nil, err
+	}
+	db, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return "", nil, err
+	}
+	if err := b.env.CreateTopic(name, b.o.partitions); err != nil {
+		db.Close(ctx)
+		return "", nil, err
+	}
+	return dsn, db, nil
+}
+
+// dropDB removes a workload's slots and database to keep the disk small.
+func (b *bench) dropDB(ctx context.Context, name string) {
+	_, _ = b.admin.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = $1 AND NOT active", name)
+	_, _ = b.admin.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
+}
+
+// carregaSQL is a ~200-byte order as jsonb; extra adds fields.
+func carregaSQL(g, extra string) string {
+	return `jsonb_build_object('id', 'P-2026-' || lpad((` + g + `)::text, 6, '0'), 'client', 'anna', 'mercat', 'girona',
+	  'linies', jsonb_build_array(jsonb_build_object('producte', 'formatge-curat', 'quantitat', 2, 'preu_centims', 1450),
+	                              jsonb_build_object('producte', 'mel-de-romani', 'quantitat', 1, 'preu_centims', 890))` + extra + `)`
+}
+
+// startOutboxd runs outboxd on a slot with its default settings (only what
+// a deployment must set is set, plus the -outboxd-* experiments).
+func (b *bench) startOutboxd(name, dsn, slot string) (*testenv.Daemon, error) {
+	d, err := testenv.StartDaemon(b.tmp, testenv.Config{
+		DSN: dsn, Brokers: b.env.KafkaBrokers, Slot: slot,
+		Routes:   []testenv.Route{{Table: "public.outbox", Topic: name}},
+		Postgres: testenv.Section{"publication": name, "create_slot": "false", "create_publication": "false"},
+		Kafka:    b.o.kafka,
+		Pipeline: b.o.pipeline,
+		Log:      testenv.Section{"level": "warn"},
+		Bin:      b.o.binary,
+		Env:      envList(b.o.outboxEnv),
+	})
+	if err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	b.daemons = append(b.daemons, d)
+	b.mu.Unlock()
+	return d, nil
+}
+
+func envList(s string) []string {
+	if s == "" {
+		return nil
+	}
+	return strings.Split(s, ",")
+}
+
+// ackedEvents is counters.events of the daemon's /status: records acknowledged.
+func ackedEvents(ctx context.Context, d *testenv.Daemon) (uint64, bool) {
+	st, err := d.Status(ctx)
+	return st.Counters.Events, err == nil
+}
+
+// stopOutboxd stops it, passes on what it logged (warnings and errors) and
+// returns its exit.
+func (b *bench) stopOutboxd(d *testenv.Daemon) error {
+	var err error
+	if d.Running() {
+		err = d.Term(60 * time.Second)
+	} else {
+		_, err = d.Exited(0)
+	}
+	for _, l := range strings.Split(strings.TrimSpace(d.Log()), "\n") {
+		if l != "" && !strings.HasPrefix(l, "==== testenv:") {
+			fmt.Fprintf(b.log, "outboxd: %s\n", l)
+		}
+	}
+	return err
+}
+
+// exitedEarly says why outboxd is no longer running, with its log's end.
+func exitedEarly(d *testenv.Daemon) error {
+	_, err := d.Exited(0)
+	log := d.Log()
+	if len(log) > 3000 {
+		log = log[len(log)-3000:]
+	}
+	return fmt.Errorf("outboxd exited: %v\n%s", err, log)
+}
+
+// slotPID is the walsender serving a slot, 0 while none.
+func (b *bench) slotPID(ctx context.Context, slot string) int {
+	var pid *int32
+	_ = b.admin.QueryRow(ctx, "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1", slot).Scan(&pid)
+	if pid == nil {
+		return 0
+	}
+	return int(*pid)
+}
+
+// relayProc is the polling relay child process.
+type relayProc struct {
+	cmd    *exec.Cmd
+	count  chan int // every pass's running total
+	last   int
+	closed bool // stdout ended: the relay exited
+	waited bool
+}
+
+func (b *bench) startRelay(dsn, topic string) (*relayProc, error) {
+	sep := "?"
+	if strings.Contains(dsn, "?") {
+		sep = "&"
+	}
+	cmd := exec.Command(b.self, "relay", "-dsn", dsn+sep+"application_name=bench_relay", "-brokers", b.env.KafkaBrokers, "-topic", topic)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	b.child(cmd.Process)
+	r := &relayProc{cmd: cmd, count: make(chan int, 1024)}
+	go func() {
+		defer close(r.count)
+		buf := make([]byte, 0, 64)
+		one := make([]byte, 4096)
+		for {
+			n, err := out.Read(one)
+			for _, c := range one[:n] {
+				if c == '\n' {
+					v, _ := strconv.Atoi(string(buf))
+					select {
+					case r.count <- v:
+					default: // the bench is behind; a later total will do
+					}
+					buf = buf[:0]
+				} else {
+					buf = append(buf, c)
+				}
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return r, nil
+}
+
+// published drains the totals reported so far.
+func (r *relayProc) published() int {
+	for {
+		select {
+		case v, ok := <-r.count:
+			if !ok {
+				r.closed = true
+				return r.last
+			}
+			if v > r.last {
+				r.last = v
+			}
+		default:
+			return r.last
+		}
+	}
+}
+
+func (r *relayProc) stop() error {
+	if r == nil || r.waited {
+		return nil
+	}
+	r.waited = true
+	_ = r.cmd.Process.Signal(os.Interrupt)
+	for range r.count {
+	}
+	return r.cmd.Wait()
+}
+
+// backendPID is the server process of a client with that application_name.
+func (b *bench) backendPID(ctx context.Context, app string) int {
+	var pid int32
+	if err := b.admin.QueryRow(ctx, "SELECT pid FROM pg_stat_activity WHERE application_name = $1 LIMIT 1", app).Scan(&pid); err != nil {
+		return 0
+	}
+	return int(pid)
+}
+
+// gitDescribe names the code measured (the working tree, possibly dirty).
+func gitDescribe() string {
+	out, err := exec.Command("git", "describe", "--always", "--dirty").Output()
+	if err != nil {
+		return "(unknown revision)"
+	}
+	return strings.TrimSpace(string(out))
+}
+
+func kafkaNote(extra, pipeline, env string) string {
+	var parts []string
+	if extra != "" {
+		parts = append(parts, "kafka: {"+extra+"}")
+	}
+	if pipeline != "" {
+		parts = append(parts, "pipeline: {"+pipeline+"}")
+	}
+	if env != "" {
+		parts = append(parts, "env "+env)
+	}
+	if len(parts) == 0 {
+		return " (default settings)"
+	}
+	return " with " + strings.Join(parts, ", ")
+}
