@@ -12,10 +12,12 @@ build:
 
 # Unit tests and the integration tests against a real PostgreSQL 15 and a
 # real Apache Kafka, both started (and removed) by the test environment
-# (testenv/: its Go package and its scripts).
+# (testenv/: its Go package and its scripts); then the integration tests
+# again on PostgreSQL 17 (testenv/pg-fetch.sh fetches it once).
 test: test-kubernetes
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 20m ./...
+	OUTBOXD_PG_VERSION=17 $(GO) test -count=1 -timeout 20m ./integration/
 
 # deploy/kubernetes/*.yaml decoded strictly into the Kubernetes API types, in
 # a module of its own (outboxd's module does not depend on them).

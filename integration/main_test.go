@@ -9,9 +9,10 @@ import (
 	"github.com/outboxd/outboxd/testenv"
 )
 
-// These tests run the real outboxd binary against a real PostgreSQL 15 and a
-// real Apache Kafka broker, both started by the test environment (testenv),
-// and assert on what a consumer reads.
+// These tests run the real outboxd binary against a real PostgreSQL (15, or
+// the major version OUTBOXD_PG_VERSION names: 14 to 17) and a real Apache
+// Kafka broker, both started by the test environment (testenv), and assert
+// on what a consumer reads.
 
 var (
 	env        *testenv.Env
@@ -43,6 +44,12 @@ func runMain(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
+	major, err := env.PGMajor()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	fmt.Printf("integration: PostgreSQL %d (OUTBOXD_PG_VERSION=%q), Kafka at %s\n", major, os.Getenv("OUTBOXD_PG_VERSION"), env.KafkaBrokers)
 	if seedSchema, err = testenv.SeedSchema(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

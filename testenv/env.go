@@ -36,6 +36,9 @@ type Options struct {
 	// WALLevel is PostgreSQL's wal_level: "" (logical) or "replica", for a
 	// test of outboxd's preflight check.
 	WALLevel string
+	// PGVersion is PostgreSQL's major version, "14" to "17"; "" takes
+	// $OUTBOXD_PG_VERSION, and without it 15 (Debian's). See pg-fetch.sh.
+	PGVersion string
 
 	// NoAutoCreateTopics sets the broker's auto.create.topics.enable=false.
 	NoAutoCreateTopics bool
@@ -60,6 +63,7 @@ type Env struct {
 	attached bool // Cleanup leaves the services running (Attach)
 	mu       sync.Mutex
 	cleaned  bool
+	extra    []string // the state folders of standbys (ha.go), removed by Cleanup
 }
 
 // Start starts the services in a fresh temporary folder and waits until
@@ -113,7 +117,12 @@ func (o Options) environ() ([]string, error) {
 		}
 		ls = append(ls, l.Name+"="+l.Advertise)
 	}
+	pgVersion := o.PGVersion
+	if pgVersion == "" {
+		pgVersion = os.Getenv("OUTBOXD_PG_VERSION")
+	}
 	return []string{
+		"PG_VERSION=" + pgVersion,
 		"PG_WAL_LEVEL=" + wal,
 		"KAFKA_AUTO_CREATE=" + strconv.FormatBool(!o.NoAutoCreateTopics),
 		"KAFKA_LISTENERS=" + strings.Join(ls, ","),
@@ -181,6 +190,11 @@ func (e *Env) Cleanup() {
 		return
 	}
 	e.cleaned = true
+	for _, dir := range e.extra {
+		if err := e.script(nil, "pg.sh", "destroy", dir); err != nil {
+			fmt.Fprintf(os.Stderr, "testenv: cleanup: %v\n", err)
+		}
+	}
 	if err := e.script(nil, "services.sh", "down", e.Dir); err != nil {
 		fmt.Fprintf(os.Stderr, "testenv: cleanup: %v\n", err)
 	}
