@@ -93,3 +93,22 @@ func TestPublicationCheck(t *testing.T) {
 		})
 	}
 }
+
+// TestSlotCommands: the option list, the only syntax with FAILOVER
+// (PostgreSQL 17), only when asked for; the old syntax otherwise, which
+// PostgreSQL 14 needs.
+func TestSlotCommands(t *testing.T) {
+	for _, tc := range []struct{ got, want string }{
+		{catalog.CreateSlotCommand("outboxd_comandes", true), `CREATE_REPLICATION_SLOT "outboxd_comandes" LOGICAL pgoutput (SNAPSHOT 'nothing', FAILOVER true)`},
+		{catalog.CreateSlotCommand("outboxd_comandes", false), `CREATE_REPLICATION_SLOT "outboxd_comandes" LOGICAL pgoutput NOEXPORT_SNAPSHOT`},
+		{catalog.AlterSlotFailoverCommand("s", true), `ALTER_REPLICATION_SLOT "s" (FAILOVER true)`},
+		{catalog.AlterSlotFailoverCommand("s", false), `ALTER_REPLICATION_SLOT "s" (FAILOVER false)`},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("got %s, want %s", tc.got, tc.want)
+		}
+	}
+	if !(catalog.Server{Version: 170000}).FailoverSlots() || (catalog.Server{Version: 160009}).FailoverSlots() {
+		t.Error("failover slots are PostgreSQL 17's")
+	}
+}

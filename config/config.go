@@ -47,11 +47,15 @@ type Postgres struct {
 	Password string `yaml:"password"`
 	// PasswordFile names the file the password is read from at load time,
 	// one trailing newline dropped: a Kubernetes secret mounted as a file.
-	PasswordFile       string        `yaml:"password_file"`
-	Slot               string        `yaml:"slot"`                 // required, ^[a-z0-9_]{1,63}$
-	Publication        string        `yaml:"publication"`          // required
-	CreateSlot         bool          `yaml:"create_slot"`          // create the slot at start when absent
-	CreatePublication  bool          `yaml:"create_publication"`   // create the publication at start when absent
+	PasswordFile      string `yaml:"password_file"`
+	Slot              string `yaml:"slot"`               // required, ^[a-z0-9_]{1,63}$
+	Publication       string `yaml:"publication"`        // required
+	CreateSlot        bool   `yaml:"create_slot"`        // create the slot at start when absent
+	CreatePublication bool   `yaml:"create_publication"` // create the publication at start when absent
+	// FailoverSlot makes the slot a failover slot where the server has them
+	// (PostgreSQL 17+): created with FAILOVER, or altered to it, so that
+	// standbys with sync_replication_slots keep a copy (ignored before 17).
+	FailoverSlot       bool          `yaml:"failover_slot"`
 	StatusInterval     time.Duration `yaml:"status_interval"`      // standby status while data flows
 	IdleStatusInterval time.Duration `yaml:"idle_status_interval"` // standby status at least this often
 	ConnectTimeout     time.Duration `yaml:"connect_timeout"`
@@ -183,6 +187,7 @@ func Default() Config {
 		Postgres: Postgres{
 			CreateSlot:         true,
 			CreatePublication:  true,
+			FailoverSlot:       true,
 			StatusInterval:     100 * time.Millisecond,
 			IdleStatusInterval: 10 * time.Second,
 			ConnectTimeout:     10 * time.Second,

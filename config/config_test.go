@@ -62,6 +62,7 @@ func TestDefault(t *testing.T) {
 		Postgres: config.Postgres{
 			CreateSlot:         true,
 			CreatePublication:  true,
+			FailoverSlot:       true,
 			StatusInterval:     100 * time.Millisecond,
 			IdleStatusInterval: 10 * time.Second,
 			ConnectTimeout:     10 * time.Second,
@@ -171,6 +172,7 @@ func TestParseExamples(t *testing.T) {
 				Publication:        "outboxd_inventari",
 				CreateSlot:         false,
 				CreatePublication:  false,
+				FailoverSlot:       true,
 				StatusInterval:     500 * time.Millisecond,
 				IdleStatusInterval: 30 * time.Second,
 				ConnectTimeout:     5 * time.Second,

@@ -61,7 +61,7 @@ func checkPostgres(ctx context.Context, cfg config.Config) []Result {
 	}
 	out := []Result{pass("database", "connected to %s (PostgreSQL %s, database %s, role %s)", pg.RedactedDSN(), version, db, user)}
 	for _, check := range []func(context.Context, *pgx.Conn, config.Config) []Result{
-		checkWalLevel, checkCapacity, checkRole, checkTables, checkPublication, checkSlot,
+		checkWalLevel, checkCapacity, checkRole, checkTables, checkPublication, checkSlot, checkFailover,
 	} {
 		out = append(out, check(ctx, conn, cfg)...)
 	}
@@ -74,7 +74,7 @@ func databaseChecks(cfg config.Config) []string {
 	for _, r := range cfg.Routes {
 		names = append(names, "table "+r.Table)
 	}
-	return append(names, "publication", "slot")
+	return append(names, "publication", "slot", "failover")
 }
 
 func queryFailed(name string, err error) []Result {

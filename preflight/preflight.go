@@ -20,29 +20,31 @@ const (
 	Pass = "PASS"
 	Fail = "FAIL"
 	Skip = "SKIP" // not run because a check it depends on failed
+	// Warn is a risk outboxd runs with, not a failure: check still exits 0.
+	Warn = "WARN"
 )
 
 // Result is the outcome of one check.
 type Result struct {
 	Name   string // "wal_level", "table public.outbox", "topic comandes.esdeveniments"
 	Status string // Pass, Fail or Skip
-	Detail string // what was found (PASS) or what is wrong (FAIL)
-	Fix    string // FAIL only: what the operator should do
+	Detail string // what was found (PASS) or what is wrong (FAIL, WARN)
+	Fix    string // FAIL and WARN only: what the operator should do
 }
 
 // String is the result as one line: "PASS name: detail" or
-// "FAIL name: detail — fix: hint".
+// "FAIL name: detail — fix: hint" (WARN likewise).
 func (r Result) String() string {
-	if r.Status == Fail && r.Fix != "" {
+	if (r.Status == Fail || r.Status == Warn) && r.Fix != "" {
 		return fmt.Sprintf("%s %s: %s — fix: %s", r.Status, r.Name, r.Detail, r.Fix)
 	}
 	return fmt.Sprintf("%s %s: %s", r.Status, r.Name, r.Detail)
 }
 
-// Passed reports whether every result passed.
+// Passed reports whether every result passed (a warning passes).
 func Passed(results []Result) bool {
 	for _, r := range results {
-		if r.Status != Pass {
+		if r.Status != Pass && r.Status != Warn {
 			return false
 		}
 	}
@@ -75,6 +77,10 @@ func pass(name, format string, args ...any) Result {
 
 func fail(name, detail, fix string) Result {
 	return Result{Name: name, Status: Fail, Detail: detail, Fix: fix}
+}
+
+func warn(name, detail, fix string) Result {
+	return Result{Name: name, Status: Warn, Detail: detail, Fix: fix}
 }
 
 func skipped(name, because string) Result {

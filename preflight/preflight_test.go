@@ -73,8 +73,8 @@ func check(t *testing.T, got Result, status string, want ...string) {
 	if got.Status != status {
 		t.Fatalf("status %s, want %s: %s", got.Status, status, got)
 	}
-	if status == Fail && got.Fix == "" {
-		t.Errorf("a FAIL without a fix: %s", got)
+	if (status == Fail || status == Warn) && got.Fix == "" {
+		t.Errorf("a %s without a fix: %s", status, got)
 	}
 	for _, w := range want {
 		if !strings.Contains(got.String(), w) {
@@ -201,6 +201,7 @@ func TestResultLines(t *testing.T) {
 		{Result{"wal_level", Pass, "logical", ""}, "PASS wal_level: logical"},
 		{Result{"role", Fail, "no REPLICATION", "ALTER ROLE"}, "FAIL role: no REPLICATION — fix: ALTER ROLE"},
 		{Result{"slot", Skip, "skipped: the database is unreachable", ""}, "SKIP slot: skipped: the database is unreachable"},
+		{Result{"failover", Warn, "no failover slots", "upgrade"}, "WARN failover: no failover slots — fix: upgrade"},
 	} {
 		if got := tc.r.String(); got != tc.want {
 			t.Errorf("got %q, want %q", got, tc.want)
@@ -209,5 +210,8 @@ func TestResultLines(t *testing.T) {
 	inv := ConfigInvalid(errors.New("a: line 3: x\na: line 5: y"))
 	if inv[0].Status != Fail || strings.Contains(inv[0].String(), "\n") || Passed(inv) {
 		t.Errorf("ConfigInvalid: %v", inv)
+	}
+	if !Passed([]Result{{Status: Pass}, {Status: Warn}}) || Passed([]Result{{Status: Warn}, {Status: Skip}}) {
+		t.Error("a warning must pass, a skip must not")
 	}
 }

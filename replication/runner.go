@@ -32,11 +32,14 @@ import (
 type Config struct {
 	// Conn is the parsed connection (postgres.dsn and password); the
 	// runner copies it and makes it a replication connection.
-	Conn               *pgconn.Config
-	Slot               string
-	Publication        string
-	CreateSlot         bool
-	CreatePublication  bool
+	Conn              *pgconn.Config
+	Slot              string
+	Publication       string
+	CreateSlot        bool
+	CreatePublication bool
+	// FailoverSlot: on a server with failover slots (PostgreSQL 17+) the
+	// slot is created as one, and an existing slot is altered to match.
+	FailoverSlot       bool
 	Routes             []catalog.Route // what the publication must publish
 	StatusInterval     time.Duration
 	IdleStatusInterval time.Duration

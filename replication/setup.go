@@ -30,7 +30,7 @@ func (r *Runner) prepare(ctx context.Context, conn *pgconn.PgConn, mayCreateSlot
 	if err := r.ensurePublication(ctx, conn, srv.Version); err != nil {
 		return 0, err
 	}
-	return r.ensureSlot(ctx, conn, mayCreateSlot)
+	return r.ensureSlot(ctx, conn, srv, mayCreateSlot)
 }
 
 // ensurePublication creates the publication when absent (and allowed), and
@@ -73,7 +73,7 @@ func (r *Runner) ensurePublication(ctx context.Context, conn *pgconn.PgConn, ver
 	return nil
 }
 
-func (r *Runner) ensureSlot(ctx context.Context, conn *pgconn.PgConn, mayCreate bool) (pglogrepl.LSN, error) {
+func (r *Runner) ensureSlot(ctx context.Context, conn *pgconn.PgConn, srv catalog.Server, mayCreate bool) (pglogrepl.LSN, error) {
 	name := r.cfg.Slot
 	slot, err := catalog.ReadSlot(ctx, conn, name)
 	if err != nil {
@@ -83,14 +83,17 @@ func (r *Runner) ensureSlot(ctx context.Context, conn *pgconn.PgConn, mayCreate 
 		if !mayCreate {
 			return 0, Fatal(fmt.Errorf("replication slot %q does not exist (dropped while outboxd ran?): events committed since it was dropped are not in any slot; outboxd will not recreate it silently. Recreate it deliberately (restart with postgres.create_slot: true) after reconciling", name))
 		}
-		_, err := pglogrepl.CreateReplicationSlot(ctx, conn, name, "pgoutput", pglogrepl.CreateReplicationSlotOptions{Mode: pglogrepl.LogicalReplication, SnapshotAction: "NOEXPORT_SNAPSHOT"})
+		// A standby (decoding on a standby, PostgreSQL 16+) cannot create a
+		// failover slot: only a primary's slots are synchronised.
+		failover := r.cfg.FailoverSlot && srv.FailoverSlots() && !srv.InRecovery
+		_, err := pglogrepl.ParseCreateReplicationSlot(conn.Exec(ctx, catalog.CreateSlotCommand(name, failover)))
 		if err != nil {
 			if hasCode(err, "42501") {
 				return 0, Fatal(fmt.Errorf("create replication slot %q: %w: the role needs the REPLICATION attribute (ALTER ROLE ... REPLICATION, as a superuser)", name, err))
 			}
 			return 0, fmt.Errorf("create replication slot %q: %w", name, err)
 		}
-		r.log.Info("created replication slot", "slot", name)
+		r.log.Info("created replication slot", "slot", name, "failover", failover)
 		if slot, err = catalog.ReadSlot(ctx, conn, name); err != nil || slot == nil {
 			return 0, fmt.Errorf("read replication slot after creating it: %v", err)
 		}
@@ -103,7 +106,29 @@ func (r *Runner) ensureSlot(ctx context.Context, conn *pgconn.PgConn, mayCreate 
 	case slot.WALStatus == "lost":
 		return 0, Fatal(fmt.Errorf("replication slot %q has wal_status lost: the WAL it needed was removed (max_slot_wal_keep_size); events are missing; drop and recreate the slot after reconciling the outbox", name))
 	}
+	if err := r.alignFailover(ctx, conn, srv, slot); err != nil {
+		return 0, err
+	}
 	return slot.ConfirmedFlush, nil
+}
+
+// alignFailover makes an existing slot a failover slot, or not, as
+// postgres.failover_slot says, on a primary that has them: a slot created
+// without it (by hand, or by an outboxd before this setting) becomes one at
+// the next start. A slot in use by another instance is that instance's to change:
+// this one stands by.
+func (r *Runner) alignFailover(ctx context.Context, conn *pgconn.PgConn, srv catalog.Server, slot *catalog.Slot) error {
+	if !srv.FailoverSlots() || srv.InRecovery || slot.Failover == r.cfg.FailoverSlot {
+		return nil
+	}
+	if _, err := conn.Exec(ctx, catalog.AlterSlotFailoverCommand(slot.Name, r.cfg.FailoverSlot)).ReadAll(); err != nil {
+		if hasCode(err, "55006") { // replication slot is active for PID n
+			return &standbyError{err}
+		}
+		return fmt.Errorf("set failover %t on replication slot %q: %w", r.cfg.FailoverSlot, slot.Name, err)
+	}
+	r.log.Info("changed the slot's failover setting to match postgres.failover_slot", "slot", slot.Name, "failover", r.cfg.FailoverSlot)
+	return nil
 }
 
 func hasCode(err error, code string) bool {
