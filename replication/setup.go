@@ -81,7 +81,7 @@ func (r *Runner) ensureSlot(ctx context.Context, conn *pgconn.PgConn, srv catalo
 	}
 	if slot == nil {
 		if !mayCreate {
-			return 0, Fatal(fmt.Errorf("replication slot %q does not exist (dropped while outboxd ran?): events committed since it was dropped are not in any slot; outboxd will not recreate it silently. Recreate it deliberately (restart with postgres.create_slot: true) after reconciling", name))
+			return 0, Fatal(fmt.Errorf("replication slot %q does not exist (dropped while outboxd ran, or a failover to a standby that did not have it: before PostgreSQL 17 slots are not synchronised to standbys): events committed since it went are not in any slot; outboxd will not recreate it silently. Recreate it deliberately (restart with postgres.create_slot: true) after reconciling (README, Failover)", name))
 		}
 		// A standby (decoding on a standby, PostgreSQL 16+) cannot create a
 		// failover slot: only a primary's slots are synchronised.

@@ -405,9 +405,12 @@ cmd_kill() {
   pids="$pid $(ps -o pid= --ppid "$pid" | tr '\n' ' ')"
   # shellcheck disable=SC2086
   kill -KILL $pids 2>/dev/null || true
-  local i
+  # Dead once it is gone or a zombie (its sockets are closed by then; the
+  # reaping is its parent's business).
+  local i state
   for ((i = 0; i < 100; i++)); do
-    kill -0 "$pid" 2>/dev/null || return 0
+    state="$(cut -d' ' -f3 "/proc/$pid/stat" 2>/dev/null || true)"
+    [[ -z "$state" || "$state" == Z ]] && return 0
     sleep 0.05
   done
   die "postmaster $pid survived SIGKILL"

@@ -330,6 +330,7 @@ type Report struct {
 	Samples       int
 	Checked       int // transactions covered by a sample
 	Examples      []string
+	LostIDs       []string // every lost row's id
 }
 
 // String is the counts, without the examples.
@@ -389,6 +390,7 @@ func (v *Verifier) Final(committed map[string]Event, txns []Txn) Report {
 	for id, e := range committed {
 		if _, ok := v.first[id]; !ok {
 			rep.Lost++
+			rep.LostIDs = append(rep.LostIDs, id)
 			rep.example("lost: id %s (aggregate %s, position %d)", id, e.Key, e.Pos)
 		}
 	}

@@ -19,9 +19,9 @@ import (
 	"github.com/outboxd/outboxd/testenv"
 )
 
-// schema is the seed's plus the service's own state: each order row
+// Schema is the seed's plus the service's own state: each order row
 // carries the sequence number of its last event.
-func schema() (string, error) {
+func Schema() (string, error) {
 	seed, err := testenv.SeedSchema()
 	if err != nil {
 		return "", err
@@ -267,9 +267,9 @@ func (l *Load) txn(ctx context.Context, conn *pgx.Conn, rng *rand.Rand, w, n int
 	return nil
 }
 
-// committed reads the outbox table: each row's key, tipus and seq, its
+// Committed reads the outbox table: each row's key, tipus and seq, its
 // position in its aggregate's commit order.
-func committed(ctx context.Context, dsn string) (map[string]testenv.Event, error) {
+func Committed(ctx context.Context, dsn string) (map[string]testenv.Event, error) {
 	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		return nil, err

@@ -115,7 +115,7 @@ const partitions = 4
 // through the proxies) and starts reading the topic.
 func (h *Harness) setup(ctx context.Context, id string, res *Result) (*fixture, error) {
 	name := fmt.Sprintf("chaos_%s_%d", strings.ToLower(id), time.Now().UnixNano()%1e6)
-	sql, err := schema()
+	sql, err := Schema()
 	if err != nil {
 		return nil, err
 	}
@@ -257,7 +257,7 @@ func (f *fixture) check(ctx context.Context, txns []testenv.Txn, running bool) e
 		waitErr = err
 	}
 	f.ver.Stop()
-	events, err := committed(ctx, f.dsn)
+	events, err := Committed(ctx, f.dsn)
 	if err != nil {
 		return err
 	}
