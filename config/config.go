@@ -92,8 +92,11 @@ type Kafka struct {
 	// acknowledgement before the broker is presumed unreachable and the
 	// session restarts (replaying from the slot).
 	DeliveryTimeout time.Duration `yaml:"delivery_timeout"`
-	TLS             KafkaTLS      `yaml:"tls"`
-	SASL            KafkaSASL     `yaml:"sasl"`
+	// OnPartitionChange: follow | stop, when a topic's partition count
+	// changes while outboxd produces to it (sink.Config).
+	OnPartitionChange string    `yaml:"on_partition_change"`
+	TLS               KafkaTLS  `yaml:"tls"`
+	SASL              KafkaSASL `yaml:"sasl"`
 }
 
 // KafkaTLS secures every connection to the brokers.
@@ -195,15 +198,16 @@ func Default() Config {
 			ReceiveTimeout:     30 * time.Second,
 		},
 		Kafka: Kafka{
-			Partitioner:     "murmur2",
-			Compression:     "lz4",
-			Linger:          5 * time.Millisecond,
-			BatchSize:       1000,
-			BatchBytes:      1 << 20,
-			MaxAttempts:     10,
-			WriteTimeout:    10 * time.Second,
-			ClientID:        "outboxd",
-			DeliveryTimeout: 30 * time.Second,
+			Partitioner:       "murmur2",
+			Compression:       "lz4",
+			Linger:            5 * time.Millisecond,
+			BatchSize:         1000,
+			BatchBytes:        1 << 20,
+			MaxAttempts:       10,
+			WriteTimeout:      10 * time.Second,
+			ClientID:          "outboxd",
+			DeliveryTimeout:   30 * time.Second,
+			OnPartitionChange: "follow",
 		},
 		Pipeline: Pipeline{
 			MaxInFlightEvents: 5000,

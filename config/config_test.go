@@ -70,15 +70,16 @@ func TestDefault(t *testing.T) {
 			ReceiveTimeout:     30 * time.Second,
 		},
 		Kafka: config.Kafka{
-			Partitioner:     "murmur2",
-			Compression:     "lz4",
-			Linger:          5 * time.Millisecond,
-			BatchSize:       1000,
-			BatchBytes:      1048576,
-			MaxAttempts:     10,
-			WriteTimeout:    10 * time.Second,
-			ClientID:        "outboxd",
-			DeliveryTimeout: 30 * time.Second,
+			Partitioner:       "murmur2",
+			Compression:       "lz4",
+			Linger:            5 * time.Millisecond,
+			BatchSize:         1000,
+			BatchBytes:        1048576,
+			MaxAttempts:       10,
+			WriteTimeout:      10 * time.Second,
+			ClientID:          "outboxd",
+			DeliveryTimeout:   30 * time.Second,
+			OnPartitionChange: "follow",
 		},
 		Pipeline: config.Pipeline{
 			MaxInFlightEvents: 5000,
@@ -183,16 +184,17 @@ func TestParseExamples(t *testing.T) {
 				t.Errorf("postgres =\n%+v\nwant\n%+v", c.Postgres, wantPG)
 			}
 			wantKafka := config.Kafka{
-				Brokers:         []string{"kafka-1.internal:9092", "kafka-2.internal:9092", "kafka-3.internal:9092"},
-				Partitioner:     "crc32",
-				Compression:     "zstd",
-				Linger:          20 * time.Millisecond,
-				BatchSize:       500,
-				BatchBytes:      2097152,
-				MaxAttempts:     5,
-				WriteTimeout:    15 * time.Second,
-				ClientID:        "outboxd-inventari",
-				DeliveryTimeout: 30 * time.Second,
+				Brokers:           []string{"kafka-1.internal:9092", "kafka-2.internal:9092", "kafka-3.internal:9092"},
+				Partitioner:       "crc32",
+				Compression:       "zstd",
+				Linger:            20 * time.Millisecond,
+				BatchSize:         500,
+				BatchBytes:        2097152,
+				MaxAttempts:       5,
+				WriteTimeout:      15 * time.Second,
+				ClientID:          "outboxd-inventari",
+				DeliveryTimeout:   30 * time.Second,
+				OnPartitionChange: "follow",
 			}
 			if !reflect.DeepEqual(c.Kafka, wantKafka) {
 				t.Errorf("kafka =\n%+v\nwant\n%+v", c.Kafka, wantKafka)

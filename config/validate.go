@@ -68,6 +68,7 @@ func (c Config) Validate() error {
 	}
 	v.oneOf("kafka.partitioner", k.Partitioner, "murmur2", "crc32")
 	v.oneOf("kafka.compression", k.Compression, "none", "gzip", "snappy", "lz4", "zstd")
+	v.oneOf("kafka.on_partition_change", k.OnPartitionChange, "follow", "stop")
 	v.kafkaSecurity(k)
 	v.positive("kafka.linger", k.Linger)
 	v.positive("kafka.write_timeout", k.WriteTimeout)

@@ -33,6 +33,8 @@ func TestValidateErrors(t *testing.T) {
 			[]string{`line 4: postgres.tls.mode: "strict" is not one of disable, allow, prefer, require, verify-ca, verify-full`}},
 		{"bad partitioner", strings.Replace(minimal, "kafka:\n", "kafka:\n  partitioner: fnv\n", 1),
 			[]string{`line 7: kafka.partitioner: "fnv" is not one of murmur2, crc32`}},
+		{"bad partition change policy", strings.Replace(minimal, "kafka:\n", "kafka:\n  on_partition_change: rehash\n", 1),
+			[]string{`line 7: kafka.on_partition_change: "rehash" is not one of follow, stop`}},
 		{"bad compression", strings.Replace(minimal, "kafka:\n", "kafka:\n  compression: brotli\n", 1),
 			[]string{`line 7: kafka.compression: "brotli"`}},
 		{"bad log level", minimal + "log:\n  level: verbose\n",

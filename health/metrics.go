@@ -21,6 +21,8 @@ type Metrics struct {
 	produceTime   *prometheus.HistogramVec
 	commitToAck   prometheus.Histogram
 	lastProduce   *prometheus.GaugeVec
+	partitions    *prometheus.GaugeVec
+	partChanges   *prometheus.CounterVec
 
 	mu     sync.Mutex
 	topics map[string]*TopicStats
@@ -53,6 +55,10 @@ func NewMetrics() *Metrics {
 			Help: "Time from a transaction's commit in PostgreSQL to the acknowledgement of its last record.", Buckets: latencyBuckets}),
 		lastProduce: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "outboxd_last_produce_timestamp_seconds",
 			Help: "Unix time of the last acknowledged record, by topic."}, []string{"topic"}),
+		partitions: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "outboxd_topic_partitions",
+			Help: "Partitions of each topic, as the producer last learnt them (keys are hashed over this count)."}, []string{"topic"}),
+		partChanges: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_topic_partition_changes_total",
+			Help: "Times a topic's partition count changed while outboxd produced to it (some aggregates moved partition; kafka.on_partition_change)."}, []string{"topic"}),
 		topics: map[string]*TopicStats{},
 	}
 	build := outboxd.BuildInfo()
@@ -60,7 +66,7 @@ func NewMetrics() *Metrics {
 		Help:        "Always 1; the labels say which build is running.",
 		ConstLabels: prometheus.Labels{"version": build.Version, "goversion": build.GoVersion}})
 	buildInfo.Set(1)
-	m.reg.MustRegister(m.events, m.bytes, m.produceErrors, m.produceTime, m.commitToAck, m.lastProduce, buildInfo,
+	m.reg.MustRegister(m.events, m.bytes, m.produceErrors, m.produceTime, m.commitToAck, m.lastProduce, m.partitions, m.partChanges, buildInfo,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -90,6 +96,15 @@ func (m *Metrics) ObserveProduce(topic string, records int, bytes int64, latency
 	m.bytes.WithLabelValues(topic).Add(float64(bytes))
 	m.produceTime.WithLabelValues(topic).Observe(latency.Seconds())
 	m.lastProduce.WithLabelValues(topic).Set(float64(now.UnixNano()) / 1e9)
+}
+
+// ObservePartitions records a topic's partition count, first learnt (from
+// 0) or changed (sink.Config.Partitions).
+func (m *Metrics) ObservePartitions(topic string, from, to int) {
+	m.partitions.WithLabelValues(topic).Set(float64(to))
+	if from != 0 {
+		m.partChanges.WithLabelValues(topic).Inc()
+	}
 }
 
 // ObserveConfirm records one confirmed transaction's commit-to-ack latency

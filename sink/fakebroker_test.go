@@ -43,8 +43,11 @@ type fakeBroker struct {
 	// sent: compressed, without the record set's size prefix) as
 	// MESSAGE_TOO_LARGE, as a broker does over max.message.bytes.
 	maxBatchBytes int
+	// brokers, when set, are the brokers a metadata answer lists.
+	brokers []metadata.ResponseBroker
 
 	metaN int
+	addrs []string // the address of every request, in order
 
 	mu       sync.Mutex
 	requests []fakeRequest
@@ -53,6 +56,32 @@ type fakeBroker struct {
 type fakeRequest struct {
 	parts map[int32][]kafka.Message // records per partition, decoded
 	codes map[int32]int16           // the error code answered per partition
+}
+
+// setPartitions changes the topic's partition count, as kafka-topics.sh
+// --alter --partitions does.
+func (b *fakeBroker) setPartitions(n int) {
+	b.mu.Lock()
+	b.partitions = n
+	b.mu.Unlock()
+}
+
+// partitionOf is the partition each value was received in (its first
+// delivery).
+func (b *fakeBroker) partitionOf() map[string]int32 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := map[string]int32{}
+	for _, r := range b.requests {
+		for id, ms := range r.parts {
+			for _, m := range ms {
+				if _, ok := out[string(m.Value)]; !ok {
+					out[string(m.Value)] = id
+				}
+			}
+		}
+	}
+	return out
 }
 
 // values lists the values the broker received, request by request.
@@ -92,7 +121,10 @@ func (b *fakeBroker) received(acceptedOnly bool) [][]string {
 	return out
 }
 
-func (b *fakeBroker) RoundTrip(ctx context.Context, _ net.Addr, req protocol.Message) (protocol.Message, error) {
+func (b *fakeBroker) RoundTrip(ctx context.Context, addr net.Addr, req protocol.Message) (protocol.Message, error) {
+	b.mu.Lock()
+	b.addrs = append(b.addrs, addr.String())
+	b.mu.Unlock()
 	switch r := req.(type) {
 	case *metadata.Request:
 		if b.meta != nil {
@@ -106,7 +138,9 @@ func (b *fakeBroker) RoundTrip(ctx context.Context, _ net.Addr, req protocol.Mes
 				return &metadata.Response{Topics: []metadata.ResponseTopic{{Name: r.TopicNames[0], ErrorCode: code}}}, nil
 			}
 		}
+		b.mu.Lock()
 		n := max(b.partitions, 1)
+		b.mu.Unlock()
 		ps := make([]metadata.ResponsePartition, n)
 		for i := range ps {
 			ps[i] = metadata.ResponsePartition{PartitionIndex: int32(i), LeaderID: 1}
@@ -114,7 +148,7 @@ func (b *fakeBroker) RoundTrip(ctx context.Context, _ net.Addr, req protocol.Mes
 				ps[i].LeaderID = b.leaders(i)
 			}
 		}
-		return &metadata.Response{Topics: []metadata.ResponseTopic{{Name: r.TopicNames[0], Partitions: ps}}}, nil
+		return &metadata.Response{Brokers: b.brokers, Topics: []metadata.ResponseTopic{{Name: r.TopicNames[0], Partitions: ps}}}, nil
 	case *rawproduce.Request:
 		if b.block != nil {
 			select {

@@ -5,7 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -43,7 +46,7 @@ func (p *Producer) resolveTopics(now time.Time) time.Duration {
 	}
 	var names []string
 	for name, t := range p.topics {
-		if t.fetched.IsZero() || now.Sub(t.fetched) > metadataTTL {
+		if t.fetched.IsZero() || now.Sub(t.fetched) > p.metadataTTL {
 			names = append(names, name)
 		}
 	}
@@ -130,7 +133,7 @@ func (p *Producer) topicFailure(t *topic, err error) error {
 func (p *Producer) metadata(ctx context.Context, name string) (*meta.ResponseTopic, error) {
 	mctx, cancel := context.WithTimeout(ctx, p.cfg.WriteTimeout)
 	defer cancel()
-	res, err := p.rt.RoundTrip(mctx, p.addr, &meta.Request{TopicNames: []string{name}, AllowAutoTopicCreation: true})
+	res, err := p.rt.RoundTrip(mctx, p.bootstrap(), &meta.Request{TopicNames: []string{name}, AllowAutoTopicCreation: true})
 	if err != nil {
 		return nil, err
 	}
@@ -138,6 +141,7 @@ func (p *Producer) metadata(ctx context.Context, name string) (*meta.ResponseTop
 	if !ok {
 		return nil, fmt.Errorf("unexpected metadata response %T", res)
 	}
+	p.learnBrokers(m.Brokers)
 	for i := range m.Topics {
 		t := &m.Topics[i]
 		if t.Name != name {
@@ -159,6 +163,39 @@ func (p *Producer) metadata(ctx context.Context, name string) (*meta.ResponseTop
 	return nil, kafka.UnknownTopicOrPartition
 }
 
+// bootstrap is the addresses the Transport asks for metadata.
+func (p *Producer) bootstrap() net.Addr {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.addr
+}
+
+// learnBrokers adds the brokers a metadata answer lists to the addresses
+// the producer bootstraps from. kafka-go's Transport asks only those for
+// metadata (it keeps the last layout it got when none answers), where the
+// Java client asks any broker it knows: with one broker in kafka.brokers
+// and that broker down, outboxd would never learn the new leaders.
+func (p *Producer) learnBrokers(brokers []meta.ResponseBroker) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	addrs := strings.Split(p.addr.String(), ",")
+	known := map[string]bool{}
+	for _, a := range addrs {
+		known[a] = true
+	}
+	n := len(addrs)
+	for _, b := range brokers {
+		if a := net.JoinHostPort(b.Host, strconv.Itoa(int(b.Port))); !known[a] {
+			known[a] = true
+			addrs = append(addrs, a)
+		}
+	}
+	if len(addrs) > n {
+		p.addr = kafka.TCP(addrs...)
+		p.log.Debug("metadata from every broker the cluster lists, not only kafka.brokers", "brokers", strings.Join(addrs, ","))
+	}
+}
+
 // applyTopic records a topic's layout. Called with mu held.
 func (p *Producer) applyTopic(mt *meta.ResponseTopic, now time.Time) {
 	t := p.topics[mt.Name]
@@ -167,6 +204,12 @@ func (p *Producer) applyTopic(mt *meta.ResponseTopic, now time.Time) {
 		p.topics[mt.Name] = t
 	}
 	t.fetched = now
+	before := len(t.ids)
+	defer func() {
+		if after := len(t.ids); after != before {
+			p.partitionsChanged(t.name, before, after)
+		}
+	}()
 	for _, pm := range mt.Partitions {
 		id := int(pm.PartitionIndex)
 		pt := t.parts[id]
@@ -198,4 +241,31 @@ func (p *Producer) refreshLeaders(bs []*batch) {
 		p.applyTopic(mt, time.Now())
 		p.mu.Unlock()
 	}
+}
+
+// partitionsChanged: topic went from `from` partitions (0: first learnt) to
+// `to`. Keys are hashed over the partition count, so a change moves some
+// aggregates to another partition mid-stream: their earlier events stay
+// in the old one, a consumer may read them after the later ones. The Java
+// producer follows silently; outboxd follows loudly, or stops before any
+// record takes the new layout (Config.OnPartitionChange). Called with mu
+// held.
+func (p *Producer) partitionsChanged(topic string, from, to int) {
+	if p.cfg.Partitions != nil {
+		p.cfg.Partitions(topic, from, to)
+	}
+	if from == 0 {
+		return
+	}
+	if p.cfg.OnPartitionChange == PartitionsStop {
+		if p.fenced == nil {
+			p.fenced = fenceError(&RecordError{Topic: topic, Reason: fmt.Sprintf(
+				"the topic went from %d to %d partitions while outboxd produced to it: keys are hashed over the partition count, so some aggregates would move to another partition mid-stream (kafka.on_partition_change: stop). Everything acknowledged before is confirmed; start outboxd again to go on with %d partitions (letting consumers drain the old layout first if they need an aggregate's events in order across the change), or set kafka.on_partition_change: follow",
+				from, to, to)})
+		}
+		p.log.Error("topic partition count changed; stopping before any record takes the new layout", "topic", topic, "from", from, "to", to)
+		return
+	}
+	p.log.Warn("topic partition count changed: keys are hashed over the new count from the next record on, so some aggregates move to another partition mid-stream (their earlier events stay in the old one; kafka.on_partition_change: stop stops instead)",
+		"topic", topic, "from", from, "to", to)
 }

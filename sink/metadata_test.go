@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/protocol/metadata"
 
 	"github.com/outboxd/outboxd"
 )
@@ -159,5 +161,102 @@ func TestMetadataRefusalStops(t *testing.T) {
 				t.Errorf("%d produce requests for a refused topic", n)
 			}
 		})
+	}
+}
+
+// TestPartitionsAdded: partitions added to a topic while records flow.
+// follow: the records after the change are hashed over the new count (an
+// aggregate may move), said by Partitions (the metric) and a warning; the
+// records before it stay where they were. stop: no record is sent with the
+// new layout; the producer is fenced with a RecordError that names the
+// change, so outboxd stops instead of replaying.
+func TestPartitionsAdded(t *testing.T) {
+	// Keys that murmur2 puts in another partition out of 8 than out of 4.
+	var keys []string
+	for i := 0; len(keys) < 5; i++ {
+		k := fmt.Sprintf("P-%d", i)
+		bal := &kafka.Murmur2Balancer{Consistent: true}
+		if bal.Balance(kafka.Message{Key: []byte(k)}, 0, 1, 2, 3) != bal.Balance(kafka.Message{Key: []byte(k)}, 0, 1, 2, 3, 4, 5, 6, 7) {
+			keys = append(keys, k)
+		}
+	}
+	for _, policy := range []string{PartitionsFollow, PartitionsStop} {
+		t.Run(policy, func(t *testing.T) {
+			b := &fakeBroker{partitions: 4}
+			type change struct{ from, to int }
+			var mu sync.Mutex
+			var changes []change
+			p := testProducer(t, b, Config{Linger: time.Millisecond, MaxAttempts: 1, OnPartitionChange: policy,
+				Partitions: func(_ string, from, to int) { mu.Lock(); changes = append(changes, change{from, to}); mu.Unlock() }})
+			p.metadataTTL = 20 * time.Millisecond
+			before := newAckRecorder(len(keys))
+			for _, k := range keys {
+				produceOne(t, p, rec(before, k, "before-"+k))
+			}
+			before.wait(t)
+			b.setPartitions(8)
+			mu.Lock()
+			n := len(changes)
+			mu.Unlock()
+			deadline := time.Now().Add(5 * time.Second)
+			for n < 2 && time.Now().Before(deadline) {
+				p.poke() // the sender reads metadata on its rounds
+				time.Sleep(10 * time.Millisecond)
+				mu.Lock()
+				n = len(changes)
+				mu.Unlock()
+			}
+			mu.Lock()
+			got := fmt.Sprint(changes)
+			mu.Unlock()
+			if got != "[{0 4} {4 8}]" {
+				t.Fatalf("partition counts told: %s", got)
+			}
+			after := newAckRecorder(len(keys))
+			var errs []error
+			for _, k := range keys {
+				errs = append(errs, p.Produce(rec(after, k, "after-"+k)))
+			}
+			after.wait(t)
+			at := b.partitionOf()
+			bal := &kafka.Murmur2Balancer{Consistent: true}
+			for i, k := range keys {
+				if want := int32(bal.Balance(kafka.Message{Key: []byte(k)}, 0, 1, 2, 3)); at["before-"+k] != want {
+					t.Errorf("%s before the change in partition %d, want %d", k, at["before-"+k], want)
+				}
+				moved := int32(bal.Balance(kafka.Message{Key: []byte(k)}, 0, 1, 2, 3, 4, 5, 6, 7))
+				if policy == PartitionsFollow {
+					if errs[i] != nil || after.get("after-"+k) != nil || at["after-"+k] != moved {
+						t.Errorf("%s after the change: produce %v, ack %v, partition %d, want %d", k, errs[i], after.get("after-"+k), at["after-"+k], moved)
+					}
+					continue
+				}
+				var re *RecordError
+				if err := after.get("after-" + k); !errors.As(err, &re) || !strings.Contains(err.Error(), "went from 4 to 8 partitions") {
+					t.Errorf("%s after the change: %v, want a RecordError naming the change", k, err)
+				}
+				if _, sent := at["after-"+k]; sent {
+					t.Errorf("%s was sent with the new layout", k)
+				}
+			}
+		})
+	}
+}
+
+// TestBootstrapFromEveryBroker: after the first metadata answer, requests
+// go to the configured brokers and every broker the cluster lists, so that
+// kafka-go's Transport can still read metadata when the one broker in
+// kafka.brokers is down.
+func TestBootstrapFromEveryBroker(t *testing.T) {
+	b := &fakeBroker{brokers: []metadata.ResponseBroker{{NodeID: 1, Host: "fake", Port: 9092}, {NodeID: 2, Host: "kafka-2", Port: 9093}}}
+	p := testProducer(t, b, Config{Linger: time.Millisecond, MaxAttempts: 1})
+	r := newAckRecorder(1)
+	produceOne(t, p, rec(r, "P-1", "a"))
+	r.wait(t)
+	b.mu.Lock()
+	addrs := append([]string(nil), b.addrs...)
+	b.mu.Unlock()
+	if len(addrs) < 2 || addrs[0] != "fake:9092" || addrs[len(addrs)-1] != "fake:9092,kafka-2:9093" {
+		t.Errorf("request addresses %q: want fake:9092 first, then fake:9092,kafka-2:9093", addrs)
 	}
 }

@@ -50,6 +50,17 @@ type Config struct {
 	// no authentication (BuildTLS, BuildSASL).
 	TLS  *tls.Config
 	SASL sasl.Mechanism
+	// OnPartitionChange is what a topic whose partition count changes while
+	// records flow does: PartitionsFollow (the Java producer's behaviour:
+	// keys are hashed over the new count from the next record on, so some
+	// aggregates move to another partition, said by a warning) or
+	// PartitionsStop (the producer is fenced with a RecordError before any
+	// record takes the new layout: outboxd stops, having confirmed what was
+	// acknowledged, and an operator decides).
+	OnPartitionChange string
+	// Partitions, when set, is told a topic's partition count when the
+	// producer first learns it (from 0) and whenever it changes.
+	Partitions func(topic string, from, to int)
 	// Observe, when set, is told the outcome of every partition batch, and
 	// of every record failed before it reached a batch: its topic, records,
 	// key and value bytes, the time since its first record was handed over,
@@ -64,11 +75,13 @@ type Producer struct {
 	cfg       Config
 	rt        kafka.RoundTripper
 	transport *kafka.Transport // nil when rt was given (tests)
-	addr      net.Addr
+	addr      net.Addr         // the bootstrap brokers (mu: learnBrokers adds to them)
 	bal       kafka.Balancer
 	codec     compress.Codec // nil: no compression
 	log       hclog.Logger
 	topicWait time.Duration
+	// metadataTTL is metadataTTL (metadata.go); tests shorten it.
+	metadataTTL time.Duration
 
 	ctx    context.Context // cancelled when Close gives up
 	cancel context.CancelFunc
@@ -113,6 +126,13 @@ func balancer(name string) (kafka.Balancer, error) {
 	return nil, fmt.Errorf("unknown partitioner %q (want murmur2 or crc32)", name)
 }
 
+// What a producer does when a topic's partition count changes
+// (Config.OnPartitionChange).
+const (
+	PartitionsFollow = "follow"
+	PartitionsStop   = "stop"
+)
+
 // New builds a producer for cfg.Brokers. It does not connect until the
 // first record.
 func New(cfg Config, log hclog.Logger) (*Producer, error) {
@@ -127,12 +147,19 @@ func NewWithTransport(cfg Config, log hclog.Logger, rt kafka.RoundTripper) (*Pro
 	if err != nil {
 		return nil, err
 	}
+	switch cfg.OnPartitionChange {
+	case PartitionsFollow, PartitionsStop:
+	case "":
+		cfg.OnPartitionChange = PartitionsFollow
+	default:
+		return nil, fmt.Errorf("unknown partition change policy %q (want %s or %s)", cfg.OnPartitionChange, PartitionsFollow, PartitionsStop)
+	}
 	cd, err := codec(cfg.Compression)
 	if err != nil {
 		return nil, err
 	}
 	p := &Producer{cfg: cfg, rt: rt, addr: kafka.TCP(cfg.Brokers...), bal: bal, codec: cd, log: log,
-		kick: make(chan struct{}, 1), done: make(chan struct{}), topics: map[string]*topic{}, topicWait: topicWait}
+		kick: make(chan struct{}, 1), done: make(chan struct{}), topics: map[string]*topic{}, topicWait: topicWait, metadataTTL: metadataTTL}
 	if rt == nil {
 		p.transport = newTransport(cfg)
 		p.rt = p.transport

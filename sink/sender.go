@@ -351,7 +351,7 @@ func (p *Producer) request(todo []*batch, idx []int, errs []error) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(p.ctx, p.cfg.WriteTimeout)
-	res, err := p.rt.RoundTrip(ctx, p.addr, req)
+	res, err := p.rt.RoundTrip(ctx, p.bootstrap(), req)
 	cancel()
 	if err != nil && p.ctx.Err() != nil {
 		// kafka-go returns on cancellation while its connection may still

@@ -33,6 +33,11 @@ import (
 type Options struct {
 	NoPostgres, NoKafka bool // start only the other one
 
+	// Dir is the state folder, known before the services start (a cluster's
+	// proxies read addresses in it: ClusterDir); "" makes a temporary one.
+	// Cleanup removes it.
+	Dir string
+
 	// WALLevel is PostgreSQL's wal_level: "" (logical) or "replica", for a
 	// test of outboxd's preflight check.
 	WALLevel string
@@ -44,6 +49,11 @@ type Options struct {
 	NoAutoCreateTopics bool
 	// Listeners are client listeners the broker has besides its own.
 	Listeners []Listener
+	// KafkaNodes above 1 starts a cluster of that many brokers and a KRaft
+	// controller (cluster.go, kafka-cluster.sh) instead of one broker;
+	// Brokers are per-broker settings of a cluster, by broker id (1..n).
+	KafkaNodes int
+	Brokers    map[int]BrokerOptions
 }
 
 // Listener is an extra client listener of the broker: it binds a port of its
@@ -69,7 +79,13 @@ type Env struct {
 // Start starts the services in a fresh temporary folder and waits until
 // they are ready. Cleanup stops and removes them.
 func Start(o Options) (*Env, error) {
-	dir, err := os.MkdirTemp("", "outboxd-env-")
+	dir := o.Dir
+	var err error
+	if dir == "" {
+		dir, err = os.MkdirTemp("", "outboxd-env-")
+	} else {
+		err = os.MkdirAll(dir, 0o755)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -87,6 +103,8 @@ func Start(o Options) (*Env, error) {
 	switch {
 	case o.NoPostgres && o.NoKafka:
 		err = errors.New("testenv: Options start neither PostgreSQL nor Kafka")
+	case o.NoPostgres && o.KafkaNodes > 1:
+		err = e.script(settings, "kafka-cluster.sh", "start", dir)
 	case o.NoPostgres:
 		err = e.script(settings, "kafka.sh", "start", dir)
 	case o.NoKafka:
@@ -110,23 +128,36 @@ func (o Options) environ() ([]string, error) {
 	if o.WALLevel != "" {
 		wal = o.WALLevel
 	}
-	var ls []string
-	for _, l := range o.Listeners {
-		if l.Name == "" || l.Advertise == "" {
-			return nil, fmt.Errorf("testenv: listener %+v needs a Name and an Advertise address", l)
-		}
-		ls = append(ls, l.Name+"="+l.Advertise)
+	ls, err := listenerSpec(o.Listeners)
+	if err != nil {
+		return nil, err
 	}
 	pgVersion := o.PGVersion
 	if pgVersion == "" {
 		pgVersion = os.Getenv("OUTBOXD_PG_VERSION")
 	}
-	return []string{
-		"PG_VERSION=" + pgVersion,
-		"PG_WAL_LEVEL=" + wal,
-		"KAFKA_AUTO_CREATE=" + strconv.FormatBool(!o.NoAutoCreateTopics),
-		"KAFKA_LISTENERS=" + strings.Join(ls, ","),
-	}, nil
+	cluster, err := o.clusterEnviron()
+	if err != nil {
+		return nil, err
+	}
+	return append(cluster,
+		"PG_VERSION="+pgVersion,
+		"PG_WAL_LEVEL="+wal,
+		"KAFKA_AUTO_CREATE="+strconv.FormatBool(!o.NoAutoCreateTopics),
+		"KAFKA_LISTENERS="+ls,
+	), nil
+}
+
+// listenerSpec is kafka.sh's KAFKA_LISTENERS for ls.
+func listenerSpec(ls []Listener) (string, error) {
+	var specs []string
+	for _, l := range ls {
+		if l.Name == "" || l.Advertise == "" {
+			return "", fmt.Errorf("testenv: listener %+v needs a Name and an Advertise address", l)
+		}
+		specs = append(specs, l.Name+"="+l.Advertise)
+	}
+	return strings.Join(specs, ","), nil
 }
 
 // Attach uses the services that `testenv/services.sh up dir` started and
@@ -288,7 +319,7 @@ func (e *Env) CreateDatabase(name, schema string) (string, error) {
 func (e *Env) CreateTopic(topic string, partitions int) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	return CreateTopic(ctx, e.KafkaBrokers, topic, partitions)
+	return createTopic(ctx, e.KafkaBrokers, topic, partitions, e.replicationFactor())
 }
 
 // script runs one of the scripts with extra environment.

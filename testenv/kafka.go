@@ -26,6 +26,12 @@ func splitBrokers(brokers string) []string {
 // CreateTopic creates a topic via the cluster controller (replication factor
 // 1) and waits until all partitions have a leader. brokers is "h:p[,h:p...]".
 func CreateTopic(ctx context.Context, brokers, topic string, partitions int) error {
+	return createTopic(ctx, brokers, topic, partitions, 1)
+}
+
+// createTopic creates a topic with rf replicas of each partition and waits
+// until every partition has a leader and rf replicas in sync.
+func createTopic(ctx context.Context, brokers, topic string, partitions, rf int) error {
 	if partitions <= 0 {
 		partitions = 1
 	}
@@ -48,7 +54,7 @@ func CreateTopic(ctx context.Context, brokers, topic string, partitions int) err
 			return err
 		}
 		defer cc.Close()
-		err = cc.CreateTopics(kafka.TopicConfig{Topic: topic, NumPartitions: partitions, ReplicationFactor: 1})
+		err = cc.CreateTopics(kafka.TopicConfig{Topic: topic, NumPartitions: partitions, ReplicationFactor: rf})
 		if errors.Is(err, kafka.TopicAlreadyExists) {
 			return nil
 		}
@@ -65,7 +71,7 @@ func CreateTopic(ctx context.Context, brokers, topic string, partitions int) err
 	}
 	for {
 		ps, err := readPartitions(ctx, bs[0], topic)
-		if err == nil && len(ps) >= partitions && allLed(ps) {
+		if err == nil && len(ps) >= partitions && allLed(ps, rf) {
 			return nil
 		}
 		if !sleepCtx(ctx, 100*time.Millisecond) {
@@ -74,9 +80,9 @@ func CreateTopic(ctx context.Context, brokers, topic string, partitions int) err
 	}
 }
 
-func allLed(ps []kafka.Partition) bool {
+func allLed(ps []kafka.Partition, rf int) bool {
 	for _, p := range ps {
-		if p.Leader.Host == "" || p.Leader.ID < 0 {
+		if p.Leader.Host == "" || p.Leader.ID < 0 || len(p.Isr) < rf {
 			return false
 		}
 	}

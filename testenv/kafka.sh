@@ -34,8 +34,10 @@ usage() {
 }
 
 # The node. A cluster on loopback gives each node its own id, state folder
-# and ports, and lists every node's controller in the quorum voters.
+# and ports, and lists every node's controller in the quorum voters
+# (kafka-cluster.sh; the node settings below).
 NODE_ID=1
+NODE_ROLES=broker,controller
 
 setup_dirs() {
   DIR="$(abs_dir "$1")"
@@ -78,6 +80,7 @@ load_settings() {
     XPORT[i]="$(read_env "$ENVF" "KAFKA_${XNAME[$i]}_PORT")"
     [[ -n "${XPORT[$i]}" ]] || die "$ENVF lacks KAFKA_${XNAME[$i]}_PORT"
   done
+  node_load_settings
 }
 
 # first_settings: the settings of a first start, from the environment.
@@ -85,6 +88,7 @@ first_settings() {
   AUTO_CREATE="${KAFKA_AUTO_CREATE:-true}"
   [[ "$AUTO_CREATE" == true || "$AUTO_CREATE" == false ]] || die "KAFKA_AUTO_CREATE must be true or false"
   parse_listeners "${KAFKA_LISTENERS:-}"
+  node_first_settings
   claim_ports
 }
 
@@ -108,7 +112,7 @@ all_ports() { echo "$PORT" "$CPORT" "${XPORT[@]}"; }
 claim_ports() {
   local i
   PORT="$(claim_port "$DIR")"
-  CPORT="$(claim_port "$DIR")"
+  CPORT="${NODE_CPORT:-$(claim_port "$DIR")}"
   for i in "${!XNAME[@]}"; do XPORT[i]="$(claim_port "$DIR")"; done
 }
 
@@ -182,7 +186,9 @@ EOF
 
 gen_cluster_id() {
   # 16 random bytes, base64url without padding (Kafka Uuid string form);
-  # avoid a leading '-' which would look like a CLI flag.
+  # avoid a leading '-' which would look like a CLI flag. A cluster's
+  # nodes share the one kafka-cluster.sh made.
+  if [[ -n "${NODE_CLUSTER_ID:-}" ]]; then echo "$NODE_CLUSTER_ID"; return; fi
   local id
   while :; do
     id="$(head -c16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n')"
@@ -216,7 +222,7 @@ launch() {
 # all_listening: every port of the broker accepts connections.
 all_listening() {
   local p
-  for p in $(all_ports); do port_listening "$p" || return 1; done
+  for p in $(listen_ports); do port_listening "$p" || return 1; done
 }
 
 # any_listening: something already listens on one of the broker's ports.
@@ -262,6 +268,7 @@ cmd_start() {
     fi
     write_env
     write_props
+    write_node_props
     format_storage
     launch
     rc=0
@@ -313,6 +320,91 @@ stop_broker() {
     sleep 0.1
   done
   rm -f "$PIDF"
+}
+
+# ---- a node of a cluster (kafka-cluster.sh) ----
+# Read at the first start, kept in DIR/kafka/node.env, and written after
+# the single-node properties above, which they override (in a properties
+# file the last value of a key wins):
+#   KAFKA_NODE_ID              node.id (default 1)
+#   KAFKA_PROCESS_ROLES        broker,controller (default), broker or controller
+#   KAFKA_CONTROLLER_PORT      the controller listener's port, claimed by the
+#                              caller, so that every node knows every voter
+#                              before any starts
+#   KAFKA_VOTERS               controller.quorum.voters as this node sees them
+#                              (ID@HOST:PORT,...; a proxy's address, say)
+#   KAFKA_CLUSTER_ID           the cluster's id, the same on every node
+#   KAFKA_REPLICATION_FACTOR   default and internal topics' replication factor
+#   KAFKA_MIN_ISR              min.insync.replicas (internal topics' too)
+#   KAFKA_INTER_BROKER_LISTENER  the listener this node reaches the others on
+#                              (default PLAINTEXT; an extra listener advertised
+#                              at a proxy puts a proxy between two brokers)
+# Unclean leader election stays off (Kafka's default, written out).
+
+node_first_settings() {
+  [[ -n "${KAFKA_NODE_ID:-}" ]] || return 0
+  [[ "$KAFKA_NODE_ID" =~ ^[0-9]+$ ]] || die "KAFKA_NODE_ID must be a number"
+  case "${KAFKA_PROCESS_ROLES:=broker,controller}" in
+    broker,controller | broker | controller) ;;
+    *) die "KAFKA_PROCESS_ROLES must be broker,controller, broker or controller" ;;
+  esac
+  [[ -n "${KAFKA_VOTERS:-}" && -n "${KAFKA_CLUSTER_ID:-}" ]] || die "a cluster node needs KAFKA_VOTERS and KAFKA_CLUSTER_ID"
+  mkdir -p "$KD"
+  cat >"$KD/node.env" <<EOF
+NODE_ID=$KAFKA_NODE_ID
+NODE_ROLES=$KAFKA_PROCESS_ROLES
+NODE_CPORT=${KAFKA_CONTROLLER_PORT:-}
+NODE_VOTERS=$KAFKA_VOTERS
+NODE_CLUSTER_ID=$KAFKA_CLUSTER_ID
+NODE_RF=${KAFKA_REPLICATION_FACTOR:-1}
+NODE_MIN_ISR=${KAFKA_MIN_ISR:-1}
+NODE_IBL=${KAFKA_INTER_BROKER_LISTENER:-PLAINTEXT}
+EOF
+  node_load_settings
+}
+
+node_load_settings() {
+  local k
+  [[ -f "$KD/node.env" ]] || return 0
+  for k in NODE_ID NODE_ROLES NODE_CPORT NODE_VOTERS NODE_CLUSTER_ID NODE_RF NODE_MIN_ISR NODE_IBL; do
+    printf -v "$k" '%s' "$(read_env "$KD/node.env" "$k")"
+  done
+}
+
+# listen_ports: the ports this node binds (a broker has no controller
+# listener, a controller only that one).
+listen_ports() {
+  case "$NODE_ROLES" in
+    broker) echo "$PORT" "${XPORT[@]}" ;;
+    controller) echo "$CPORT" ;;
+    *) all_ports ;;
+  esac
+}
+
+write_node_props() {
+  [[ -f "$KD/node.env" ]] || return 0
+  local listeners
+  listeners="$(sed -n 's/^listeners=//p' "$PROPS" | head -n1)"
+  case "$NODE_ROLES" in
+    broker) listeners="$(tr ',' '\n' <<<"$listeners" | grep -v '^CONTROLLER://' | paste -sd,)" ;;
+    controller) listeners="CONTROLLER://127.0.0.1:$CPORT" ;;
+  esac
+  {
+    echo "# a node of a cluster (kafka-cluster.sh): these override the above"
+    echo "process.roles=$NODE_ROLES"
+    echo "listeners=$listeners"
+    if [[ "$NODE_ROLES" == controller ]]; then echo "advertised.listeners="; fi
+    echo "inter.broker.listener.name=$NODE_IBL"
+    echo "controller.quorum.voters=$NODE_VOTERS"
+    echo "default.replication.factor=$NODE_RF"
+    echo "min.insync.replicas=$NODE_MIN_ISR"
+    echo "offsets.topic.replication.factor=$NODE_RF"
+    echo "transaction.state.log.replication.factor=$NODE_RF"
+    echo "transaction.state.log.min.isr=$NODE_MIN_ISR"
+    echo "share.coordinator.state.topic.replication.factor=$NODE_RF"
+    echo "share.coordinator.state.topic.min.isr=$NODE_MIN_ISR"
+    echo "unclean.leader.election.enable=false"
+  } >>"$PROPS"
 }
 
 [[ $# -ge 2 ]] || usage

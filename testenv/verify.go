@@ -327,10 +327,15 @@ type Report struct {
 	Unknown       int // records whose id was not committed
 	Mismatch      int // records whose key or tipus differ from the row's
 	LSNViolations int // confirmed_flush_lsn passed a record Kafka did not hold yet
-	Samples       int
-	Checked       int // transactions covered by a sample
-	Examples      []string
-	LostIDs       []string // every lost row's id
+	// Moved counts the aggregates whose first deliveries are in more than
+	// one partition (partitions added mid-stream); the order check then
+	// holds only where the partitions' order is the move's (murmur2 over a
+	// doubled count moves a key from p to p or p+n).
+	Moved    int
+	Samples  int
+	Checked  int // transactions covered by a sample
+	Examples []string
+	LostIDs  []string // every lost row's id
 }
 
 // String is the counts, without the examples.
@@ -373,6 +378,7 @@ func (v *Verifier) Final(committed map[string]Event, txns []Txn) Report {
 		delivery
 	}
 	var firsts []first
+	parts := map[string]map[int]bool{} // aggregate -> partitions of its first deliveries
 	for id, d := range v.first {
 		e, ok := committed[id]
 		if !ok {
@@ -381,11 +387,20 @@ func (v *Verifier) Final(committed map[string]Event, txns []Txn) Report {
 			continue
 		}
 		rep.Distinct++
+		if parts[e.Key] == nil {
+			parts[e.Key] = map[int]bool{}
+		}
+		parts[e.Key][d.partition] = true
 		if d.key != e.Key || d.tipus != e.Tipus {
 			rep.Mismatch++
 			rep.example("mismatch: id %s read with key %q tipus %q, the row has %q and %q", id, d.key, d.tipus, e.Key, e.Tipus)
 		}
 		firsts = append(firsts, first{id, d})
+	}
+	for _, ps := range parts {
+		if len(ps) > 1 {
+			rep.Moved++
+		}
 	}
 	for id, e := range committed {
 		if _, ok := v.first[id]; !ok {

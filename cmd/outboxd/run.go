@@ -43,6 +43,7 @@ func run(ctx context.Context, path string, proc *process) error {
 		return usageError{err}
 	}
 	sc.Observe = metrics.ObserveProduce
+	sc.Partitions = metrics.ObservePartitions
 	if cfg.Kafka.TLS.InsecureSkipVerify {
 		log.Warn("kafka.tls.insecure_skip_verify is true: the brokers' certificates are NOT verified; anyone on the path can read and change the events")
 	}
@@ -145,7 +146,7 @@ func kafkaConfig(ctx context.Context, cfg config.Config) (sink.Config, error) {
 		Brokers: k.Brokers, Partitioner: k.Partitioner, Compression: k.Compression,
 		Linger: k.Linger, BatchSize: k.BatchSize, BatchBytes: k.BatchBytes,
 		MaxAttempts: k.MaxAttempts, WriteTimeout: k.WriteTimeout, ClientID: k.ClientID,
-		TLS: tlsc, SASL: mech,
+		OnPartitionChange: k.OnPartitionChange, TLS: tlsc, SASL: mech,
 	}, nil
 }
 

@@ -31,6 +31,7 @@ func TestChaosShort(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := &Harness{Env: env, Dir: t.TempDir(), Short: true, Logf: t.Logf}
+	defer h.Close()
 	only := os.Getenv("CHAOS_SCENARIOS") // e.g. "1,7"
 	var results []Result
 	for _, s := range Scenarios() {

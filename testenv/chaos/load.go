@@ -51,6 +51,7 @@ type Load struct {
 	Aggregates int
 	Total      int     // rows to commit
 	Rate       float64 // rows per second over all writers; 0 = as fast as possible
+	TxnRows    int     // rows per transaction; 0: 1 to 500, mostly small (txnSize)
 	Prefix     string  // aggregate id prefix
 	Logf       func(string, ...any)
 
@@ -177,7 +178,11 @@ func (l *Load) writer(ctx context.Context, w int) error {
 		}
 	}()
 	for ctx.Err() == nil {
-		n := l.reserve(txnSize(rng))
+		size := l.TxnRows
+		if size <= 0 {
+			size = txnSize(rng)
+		}
+		n := l.reserve(size)
 		if n == 0 {
 			return nil
 		}

@@ -24,7 +24,7 @@ import (
 // up meanwhile is then closed by the proxy, as the peer's RST would.
 type Proxy struct {
 	ln     net.Listener
-	target string
+	target func() (string, error) // where a new connection goes
 
 	mu      sync.Mutex
 	gate    chan struct{} // closed while bytes may flow
@@ -62,6 +62,12 @@ func NewProxy(target string) (*Proxy, error) {
 }
 
 func newProxyOn(ln net.Listener, target string) *Proxy {
+	return newLazyProxy(ln, func() (string, error) { return target, nil })
+}
+
+// newLazyProxy forwards each new connection to where target says at that
+// moment: a broker's port, known only once its script picked it.
+func newLazyProxy(ln net.Listener, target func() (string, error)) *Proxy {
 	p := &Proxy{ln: ln, target: target, gate: make(chan struct{}), conns: map[*link]struct{}{}}
 	close(p.gate)
 	p.wg.Add(1)
@@ -109,7 +115,11 @@ func (p *Proxy) serve(l *link) {
 	if !p.wait(l) {
 		return
 	}
-	up, err := net.DialTimeout("tcp", p.target, 5*time.Second)
+	addr, err := p.target()
+	if err != nil {
+		return // not known yet: refused
+	}
+	up, err := net.DialTimeout("tcp", addr, 5*time.Second)
 	if err != nil {
 		return // the client sees the connection close, like a refusal
 	}

@@ -14,12 +14,23 @@ import (
 	"github.com/outboxd/outboxd/testenv"
 )
 
-// Harness runs scenarios against one Env.
+// Harness runs scenarios against one Env, and the cluster scenarios
+// against a Kafka cluster it starts when the first of them runs.
 type Harness struct {
 	Env   *Env
 	Dir   string // configs and outboxd logs
 	Short bool   // the CI subset's sizes
 	Logf  func(string, ...any)
+
+	cluster *ClusterEnv
+}
+
+// Close stops what the harness started (the cluster).
+func (h *Harness) Close() {
+	if h.cluster != nil {
+		h.cluster.Close()
+		h.cluster = nil
+	}
 }
 
 // Result is one row of the table.
@@ -67,6 +78,15 @@ type Scenario struct {
 	Run  func(ctx context.Context, h *Harness, res *Result) error
 }
 
+// kafkaSide is where a scenario's topic lives: the single broker behind
+// its proxy, or the cluster.
+type kafkaSide struct {
+	createTopic func(topic string, partitions int) error
+	outboxd     string // kafka.brokers for outboxd
+	read        string // the verifier's brokers
+	readParts   int    // the partitions the verifier reads; 0: the topic's
+}
+
 // Scenarios lists every scenario in table order.
 func Scenarios() []Scenario {
 	return []Scenario{
@@ -82,6 +102,11 @@ func Scenarios() []Scenario {
 		{"5", "one txn of 500,000 rows", false, bigTxnScenario},
 		{"6", "SIGTERM under load, restart", true, termScenario},
 		{"7", "slot dropped by an operator", true, slotDropScenario},
+		{"8a", "cluster: leader of the busiest partitions kill -9", true, leaderKillScenario},
+		{"8b", "cluster: controlled shutdown and restart", false, controlledShutdownScenario},
+		{"8c", "cluster: two brokers down at once", false, twoDownScenario},
+		{"8d", "cluster: a broker cut off from the others", false, isolateScenario},
+		{"8e", "cluster: partitions added", false, partitionsAddedScenario},
 	}
 }
 
@@ -98,15 +123,16 @@ func (h *Harness) RunScenario(ctx context.Context, s Scenario) Result {
 
 // fixture is one scenario's database, slot, topic, outboxd, load and verifier.
 type fixture struct {
-	h       *Harness
-	res     *Result
-	name    string
-	dsn     string // direct, for the writers and the checks
-	daemon  *testenv.Daemon
-	ver     *testenv.Verifier
-	records *records
-	load    *Load
-	loadCh  chan error
+	h        *Harness
+	res      *Result
+	name     string
+	dsn      string // direct, for the writers and the checks
+	daemon   *testenv.Daemon
+	ver      *testenv.Verifier
+	records  *records
+	load     *Load
+	loadCh   chan error
+	stopLoad context.CancelFunc // a steady load's end
 }
 
 const partitions = 4
@@ -114,6 +140,11 @@ const partitions = 4
 // setup makes a scenario's database, topic and outboxd (product defaults,
 // through the proxies) and starts reading the topic.
 func (h *Harness) setup(ctx context.Context, id string, res *Result) (*fixture, error) {
+	return h.setupOn(ctx, id, res, partitions, kafkaSide{createTopic: h.Env.CreateTopic, outboxd: h.Env.KafkaProxy.Addr(), read: h.Env.KafkaBrokers})
+}
+
+// setupOn is setup with the topic on k, of n partitions.
+func (h *Harness) setupOn(ctx context.Context, id string, res *Result, n int, k kafkaSide) (*fixture, error) {
 	name := fmt.Sprintf("chaos_%s_%d", strings.ToLower(id), time.Now().UnixNano()%1e6)
 	sql, err := Schema()
 	if err != nil {
@@ -123,23 +154,35 @@ func (h *Harness) setup(ctx context.Context, id string, res *Result) (*fixture, 
 	if err != nil {
 		return nil, err
 	}
-	if err := h.Env.CreateTopic(name, partitions); err != nil {
+	if err := k.createTopic(name, n); err != nil {
 		return nil, err
 	}
 	d, err := testenv.NewDaemon(h.Dir, testenv.Config{
-		DSN: h.Env.ProxiedDSN(name), Brokers: h.Env.KafkaProxy.Addr(), Slot: name,
+		DSN: h.Env.ProxiedDSN(name), Brokers: k.outboxd, Slot: name,
 		Routes:   []testenv.Route{{Table: "public.outbox", Topic: name}},
 		Pipeline: testenv.Section{"shutdown_timeout": "30s"},
-		Log:      testenv.Section{"level": "info"},
+		Log:      testenv.Section{"level": logLevel()},
 	})
 	if err != nil {
 		return nil, err
 	}
 	res.Log = d.LogPath()
 	recs := &records{}
-	v := &testenv.Verifier{Brokers: h.Env.KafkaBrokers, Topic: name, Partitions: partitions, Check: recs.check, DSN: dsn, Slot: name}
+	if k.readParts == 0 {
+		k.readParts = n
+	}
+	v := &testenv.Verifier{Brokers: k.read, Topic: name, Partitions: k.readParts, Check: recs.check, DSN: dsn, Slot: name}
 	v.Start(ctx)
 	return &fixture{h: h, res: res, name: name, dsn: dsn, daemon: d, ver: v, records: recs}, nil
+}
+
+// logLevel is outboxd's log level in the scenarios: info, or
+// $CHAOS_LOG_LEVEL (debug shows every retry).
+func logLevel() string {
+	if l := os.Getenv("CHAOS_LOG_LEVEL"); l != "" {
+		return l
+	}
+	return "info"
 }
 
 func (f *fixture) startLoad(ctx context.Context, total int, rate float64) {

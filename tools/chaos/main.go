@@ -59,6 +59,7 @@ func run() int {
 		return 1
 	}
 	h := &chaos.Harness{Env: env, Dir: dir, Short: *short, Logf: logf}
+	defer h.Close()
 	var results []chaos.Result
 	failed := false
 	start := time.Now()
