@@ -64,8 +64,18 @@ bench:
 
 # Fault-injection scenarios (issue 4): kill -9, broker and PostgreSQL
 # outages, network cuts and blackholes, a 500,000-row transaction, SIGTERM,
-# a dropped slot. Prints the table of docs/CHAOS.md; takes about 15 minutes.
+# a dropped slot; and on a three-broker cluster (issue 12) a leader killed,
+# a controlled shutdown, two brokers down, a broker cut off, partitions
+# added. Prints the table of docs/CHAOS.md; takes about 25 minutes.
 # CHAOS_ARGS="-short" or "-only 1,7" for a subset.
 .PHONY: chaos
 chaos:
 	$(GO) run ./tools/chaos -keep-logs $(CHAOS_ARGS)
+
+# PostgreSQL 14, 15, 16 and 17 (testenv/pg-fetch.sh fetches 14, 16 and 17
+# once): the integration suite (the failover test included) and the chaos
+# suite's PostgreSQL restarts (scenario 3) on each; writes docs/MATRIX.md.
+# About 20 minutes. MATRIX_ARGS="-versions 16,17 -chaos 3,1" for others.
+.PHONY: matrix
+matrix:
+	$(GO) run ./tools/matrix $(MATRIX_ARGS)

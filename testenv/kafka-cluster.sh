@@ -84,7 +84,7 @@ node() {
   KAFKA_NODE_ID="$id" KAFKA_PROCESS_ROLES="$roles" KAFKA_VOTERS="0@$addr" KAFKA_CLUSTER_ID="$CLUSTER_ID" \
     KAFKA_CONTROLLER_PORT="$cport" KAFKA_REPLICATION_FACTOR="$RF" KAFKA_MIN_ISR="$((RF > 1 ? RF - 1 : 1))" \
     KAFKA_LISTENERS="$ls" KAFKA_INTER_BROKER_LISTENER="$ibl" \
-    bash "$HERE/kafka.sh" "$sub" "$(node_dir "$id")"
+    bash "$HERE/kafka.sh" "$sub" "$(node_dir "$id")" 8>&- # a broker must not hold the cluster's lock
 }
 
 write_env() {
@@ -108,7 +108,7 @@ write_env() {
 start_all() {
   local id pids=() rc=0
   for ((id = 0; id <= NODES; id++)); do
-    node "$id" start >/dev/null 8>&- &
+    node "$id" start >/dev/null &
     pids+=($!)
   done
   for id in "${!pids[@]}"; do wait "${pids[$id]}" || rc=$?; done
@@ -140,7 +140,7 @@ case "$cmd" in
       # controller), then the controller.
       pids=()
       for ((id = 1; id <= NODES; id++)); do
-        node "$id" stop 8>&- &
+        node "$id" stop &
         pids+=($!)
       done
       rc=0

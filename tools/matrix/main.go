@@ -1,0 +1,213 @@
+// Command matrix runs the integration suite, and the chaos suite's
+// PostgreSQL restart scenario, on each supported PostgreSQL version
+// (testenv/pg-fetch.sh) and writes what it found to docs/MATRIX.md:
+// `make matrix`.
+//
+//	go run ./tools/matrix [-versions 14,15,16,17] [-chaos 3] [-out docs/MATRIX.md]
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"runtime"
+	"sort"
+	"strings"
+	"time"
+)
+
+func main() {
+	os.Exit(run())
+}
+
+// result is one version's run.
+type result struct {
+	version           string
+	pass, fail, skip  []string
+	skipWhy           map[string]string
+	elapsed, chaosDur time.Duration
+	failover          []string // the failover test's FAILOVER lines
+	chaos             []string // the chaos scenarios' table rows and notes
+	chaosOK           bool
+	err               string
+}
+
+func run() int {
+	versions := flag.String("versions", "14,15,16,17", "PostgreSQL major versions")
+	scenarios := flag.String("chaos", "3", "chaos scenarios to run on each version (CHAOS_SCENARIOS); empty: none")
+	out := flag.String("out", "docs/MATRIX.md", "where the results go")
+	flag.Parse()
+	var results []result
+	failed := false
+	start := time.Now()
+	for _, v := range strings.Split(*versions, ",") {
+		v = strings.TrimSpace(v)
+		fmt.Fprintf(os.Stderr, "%s matrix: PostgreSQL %s: integration suite\n", time.Now().Format("15:04:05"), v)
+		r := integration(v)
+		if *scenarios != "" {
+			fmt.Fprintf(os.Stderr, "%s matrix: PostgreSQL %s: chaos %s\n", time.Now().Format("15:04:05"), v, *scenarios)
+			chaos(v, *scenarios, &r)
+		}
+		failed = failed || len(r.fail) > 0 || r.err != "" || (*scenarios != "" && !r.chaosOK)
+		fmt.Fprintf(os.Stderr, "%s matrix: PostgreSQL %s: %d passed, %d failed, %d skipped %s\n", time.Now().Format("15:04:05"), v, len(r.pass), len(r.fail), len(r.skip), r.err)
+		results = append(results, r)
+	}
+	f, err := os.Create(*out)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	write(f, results, *scenarios, time.Since(start))
+	if err := f.Close(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	fmt.Fprintf(os.Stderr, "matrix: wrote %s\n", *out)
+	if failed {
+		return 1
+	}
+	return 0
+}
+
+// event is one line of go test -json.
+type event struct {
+	Action, Test, Output string
+	Elapsed              float64
+}
+
+func gotest(version string, env []string, args ...string) (*exec.Cmd, io.ReadCloser, error) {
+	cmd := exec.Command("go", append([]string{"test", "-count=1", "-json"}, args...)...)
+	cmd.Env = append(append(os.Environ(), "OUTBOXD_PG_VERSION="+version), env...)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, nil, err
+	}
+	return cmd, out, cmd.Start()
+}
+
+func integration(version string) result {
+	r := result{version: version, skipWhy: map[string]string{}}
+	t0 := time.Now()
+	cmd, out, err := gotest(version, nil, "-timeout", "30m", "./integration/")
+	if err != nil {
+		r.err = err.Error()
+		return r
+	}
+	output := map[string][]string{}
+	sc := bufio.NewScanner(out)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		var e event
+		if json.Unmarshal(sc.Bytes(), &e) != nil || e.Test == "" {
+			continue
+		}
+		if strings.Contains(e.Test, "/") { // subtests: their parents count
+			continue
+		}
+		switch e.Action {
+		case "output":
+			output[e.Test] = append(output[e.Test], e.Output)
+			if i := strings.Index(e.Output, "FAILOVER PG"); i >= 0 {
+				r.failover = append(r.failover, strings.TrimSpace(e.Output[i:]))
+			}
+		case "pass":
+			r.pass = append(r.pass, e.Test)
+		case "fail":
+			r.fail = append(r.fail, e.Test)
+		case "skip":
+			r.skip = append(r.skip, e.Test)
+			for _, l := range output[e.Test] {
+				if i := strings.Index(l, "SKIPPED"); i >= 0 {
+					r.skipWhy[e.Test] = strings.TrimSpace(l[i:])
+				}
+			}
+		}
+	}
+	if err := cmd.Wait(); err != nil && len(r.fail) == 0 {
+		r.err = fmt.Sprintf("go test: %v", err)
+	}
+	r.elapsed = time.Since(t0)
+	return r
+}
+
+func chaos(version, scenarios string, r *result) {
+	t0 := time.Now()
+	cmd, out, err := gotest(version, []string{"CHAOS_SCENARIOS=" + scenarios}, "-v", "-timeout", "30m", "-run", "^TestChaosShort$", "./testenv/chaos/")
+	if err != nil {
+		r.chaos = append(r.chaos, "could not run: "+err.Error())
+		return
+	}
+	sc := bufio.NewScanner(out)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	table := false
+	for sc.Scan() {
+		var e event
+		if json.Unmarshal(sc.Bytes(), &e) != nil || e.Action != "output" {
+			continue
+		}
+		l := strings.TrimRight(e.Output, "\n")
+		t := strings.TrimSpace(l)
+		if strings.HasPrefix(t, "| scenario |") {
+			table = true
+		}
+		if table && (strings.HasPrefix(t, "|") || strings.HasPrefix(t, "- ")) {
+			r.chaos = append(r.chaos, t)
+		}
+	}
+	r.chaosOK = cmd.Wait() == nil
+	r.chaosDur = time.Since(t0)
+}
+
+func write(w io.Writer, results []result, scenarios string, took time.Duration) {
+	host, _ := os.Hostname()
+	fmt.Fprintf(w, "# PostgreSQL version matrix (`make matrix`)\n\n")
+	fmt.Fprintf(w, "Written by `go run ./tools/matrix` on %s (%s, %d CPUs, %s; %s in all). Every figure is from that run: timings on a shared machine are upper bounds. What differs between the versions, and why, is in [POSTGRES.md](POSTGRES.md).\n\n",
+		time.Now().UTC().Format("2006-01-02 15:04 UTC"), host, runtime.NumCPU(), runtime.Version(), took.Round(time.Second))
+	fmt.Fprintf(w, "| PostgreSQL | integration tests | passed | failed | skipped | took | chaos %s |\n| --- | --- | ---: | ---: | ---: | ---: | --- |\n", scenarios)
+	for _, r := range results {
+		verdict := "ok"
+		if len(r.fail) > 0 || r.err != "" {
+			verdict = "FAIL"
+		}
+		chaos := "–"
+		if scenarios != "" {
+			chaos = fmt.Sprintf("ok (%s)", r.chaosDur.Round(time.Second))
+			if !r.chaosOK {
+				chaos = "FAIL"
+			}
+		}
+		fmt.Fprintf(w, "| %s | %s | %d | %d | %d | %s | %s |\n", r.version, verdict, len(r.pass), len(r.fail), len(r.skip), r.elapsed.Round(time.Second), chaos)
+	}
+	for _, r := range results {
+		fmt.Fprintf(w, "\n## PostgreSQL %s\n\n", r.version)
+		if r.err != "" {
+			fmt.Fprintf(w, "- error: %s\n", r.err)
+		}
+		if len(r.fail) > 0 {
+			fmt.Fprintf(w, "- failed: %s\n", strings.Join(r.fail, ", "))
+		}
+		sort.Strings(r.skip)
+		for _, s := range r.skip {
+			fmt.Fprintf(w, "- skipped %s: %s\n", s, r.skipWhy[s])
+		}
+		for _, l := range r.failover {
+			fmt.Fprintf(w, "- %s\n", l)
+		}
+		if len(r.chaos) > 0 {
+			fmt.Fprintf(w, "\nChaos (`CHAOS_SCENARIOS=%s`, short sizes):\n\n", scenarios)
+			for _, l := range r.chaos {
+				if strings.HasPrefix(l, "|") {
+					fmt.Fprintln(w, l)
+				} else {
+					fmt.Fprintf(w, "\n%s", l)
+				}
+			}
+			fmt.Fprintln(w)
+		}
+	}
+}
