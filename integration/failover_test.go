@@ -3,6 +3,7 @@ package integration_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -100,9 +101,13 @@ func TestFailover(t *testing.T) {
 	}
 	d.waitReady(30 * time.Second)
 
-	load := &chaos.Load{DSN: dsn, Writers: 4, Aggregates: 300, Total: 6000, Rate: 300, Prefix: "F-"}
+	// The load runs until the test has seen outboxd recover, whatever the
+	// failover took.
+	lctx, stopLoad := context.WithCancel(ctx)
+	defer stopLoad()
+	load := &chaos.Load{DSN: dsn, Writers: 4, Aggregates: 300, Total: math.MaxInt32, Rate: 300, Prefix: "F-"}
 	loadDone := make(chan error, 1)
-	go func() { loadDone <- load.Run(ctx) }()
+	go func() { loadDone <- load.Run(lctx) }()
 
 	// Before the failure: what check says, and on 17 the standby's copy of
 	// the slot following the primary's.
@@ -163,6 +168,8 @@ func TestFailover(t *testing.T) {
 		d.waitReady(30 * time.Second)
 		t.Logf("outboxd stopped after the failover (slot missing) and was restarted %.1f s after the kill", slotCreated.Sub(killed).Seconds())
 	}
+	time.Sleep(3 * time.Second) // rows after the recovery too
+	stopLoad()
 	if err := <-loadDone; err != nil {
 		t.Fatalf("load: %v", err)
 	}

@@ -197,7 +197,7 @@ func standbyViews(v failoverView, slot string) (problems, notes []string) {
 			problems = append(problems, fmt.Sprintf("standby %s has hot_standby_feedback = off (its copy of the slot can be invalidated)", h.addr))
 		case len(v.srv.SynchronizedStandbySlots) > 0 && !slices.Contains(v.srv.SynchronizedStandbySlots, h.srv.PrimarySlotName):
 			problems = append(problems, fmt.Sprintf("standby %s streams from slot %q, which synchronized_standby_slots does not list", h.addr, h.srv.PrimarySlotName))
-		case h.slot == nil || !h.slot.Synced:
+		case h.slot == nil || !h.slot.Synced || h.slot.ConfirmedFlush == 0: // a copy being made has no position yet
 			problems = append(problems, fmt.Sprintf("standby %s has no synchronised copy of slot %s yet", h.addr, slot))
 		default:
 			behind := ""

@@ -54,6 +54,8 @@ func TestEvalFailover(t *testing.T) {
 			others: []hostView{with(synced, func(h *hostView) { h.srv.PrimarySlotName = "other" })}}, Warn, []string{`streams from slot "other"`}},
 		{"17, no copy yet", pg, failoverView{srv: waiting, slot: slot, standbySlots: kept,
 			others: []hostView{with(synced, func(h *hostView) { h.slot = nil })}}, Warn, []string{"no synchronised copy of slot s yet"}},
+		{"17, a copy without a position yet", pg, failoverView{srv: waiting, slot: slot, standbySlots: kept,
+			others: []hostView{with(synced, func(h *hostView) { h.slot = &catalog.Slot{Name: "s", Failover: true, Synced: true} })}}, Warn, []string{"no synchronised copy of slot s yet"}},
 		{"17, another primary in the DSN", pg, failoverView{srv: waiting, slot: slot, standbySlots: kept,
 			others: []hostView{with(synced, func(h *hostView) { h.srv.InRecovery = false })}}, Warn, []string{"is not a standby"}},
 		{"17, standby unreachable", pg, failoverView{srv: waiting, slot: slot, standbySlots: kept,
