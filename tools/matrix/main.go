@@ -29,6 +29,7 @@ type result struct {
 	version           string
 	pass, fail, skip  []string
 	skipWhy           map[string]string
+	failOut           map[string][]string // the end of a failed test's output
 	elapsed, chaosDur time.Duration
 	failover          []string // the failover test's FAILOVER lines
 	chaos             []string // the chaos scenarios' table rows and notes
@@ -91,7 +92,7 @@ func gotest(version string, env []string, args ...string) (*exec.Cmd, io.ReadClo
 }
 
 func integration(version string) result {
-	r := result{version: version, skipWhy: map[string]string{}}
+	r := result{version: version, skipWhy: map[string]string{}, failOut: map[string][]string{}}
 	t0 := time.Now()
 	cmd, out, err := gotest(version, nil, "-timeout", "30m", "./integration/")
 	if err != nil {
@@ -119,6 +120,8 @@ func integration(version string) result {
 			r.pass = append(r.pass, e.Test)
 		case "fail":
 			r.fail = append(r.fail, e.Test)
+			out := output[e.Test]
+			r.failOut[e.Test] = out[max(0, len(out)-15):]
 		case "skip":
 			r.skip = append(r.skip, e.Test)
 			for _, l := range output[e.Test] {
@@ -188,8 +191,8 @@ func write(w io.Writer, results []result, scenarios string, took time.Duration) 
 		if r.err != "" {
 			fmt.Fprintf(w, "- error: %s\n", r.err)
 		}
-		if len(r.fail) > 0 {
-			fmt.Fprintf(w, "- failed: %s\n", strings.Join(r.fail, ", "))
+		for _, t := range r.fail {
+			fmt.Fprintf(w, "- failed: %s\n\n```\n%s```\n\n", t, strings.Join(r.failOut[t], ""))
 		}
 		sort.Strings(r.skip)
 		for _, s := range r.skip {
