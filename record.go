@@ -27,6 +27,9 @@ type Record struct {
 	Key     []byte
 	Value   []byte
 	Headers []Header
+	// Time is the record's timestamp in milliseconds since the epoch; 0
+	// means the time it is produced (the Java client's CreateTime).
+	Time int64
 	// Refusable says the caller handles a refusal of this record: when the
 	// broker refuses it for its own content (too large for the topic, even
 	// alone in its batch), the producer reports a *RefusedError through Ack

@@ -118,13 +118,46 @@ type KafkaSASL struct {
 	PasswordFile string `yaml:"password_file"`
 }
 
-// Route sends the inserts of one outbox table to one topic.
+// Route sends the changes of one source, an outbox table or the logical
+// messages of one prefix, to Kafka: one record per change it takes. A table
+// may have several routes: one without a filter takes every row, the others
+// the rows their filters match (docs/ROUTING.md).
 type Route struct {
-	Table   string  `yaml:"table"`   // "schema.table"
-	Schema  string  `yaml:"-"`       // derived from Table
-	Name    string  `yaml:"-"`       // derived from Table
-	Topic   string  `yaml:"topic"`   // Kafka topic name
-	Columns Columns `yaml:"columns"` // column names in the outbox table
+	// Table is "schema.table" in SQL identifier syntax: unquoted names are
+	// lowercase, a quoted one ("Vendes", "Outbox.Events") is taken as it
+	// is. Schema and Name are the two names, unquoted.
+	Table  string `yaml:"table"`
+	Schema string `yaml:"-"` // derived from Table
+	Name   string `yaml:"-"` // derived from Table
+	// Message, instead of Table, routes the transactional logical
+	// messages written with pg_logical_emit_message(true, Message, ...).
+	Message string `yaml:"message"`
+	// Preset: "" (the contract's record, km0) or "debezium" (Debezium's
+	// outbox EventRouter: its columns, topic and record).
+	Preset string `yaml:"preset"`
+	// Topic is a Kafka topic name or a template of {column} placeholders;
+	// TopicFallback takes the rows whose rendered name is not valid.
+	Topic         string `yaml:"topic"`
+	TopicFallback string `yaml:"topic_fallback"`
+	// Filter: the route takes only the rows matching every condition.
+	Filter Match `yaml:"filter"`
+	// Overrides: the first matching one sends the row to its topic, or
+	// drops it on purpose.
+	Overrides []Override `yaml:"overrides"`
+	Columns   Columns    `yaml:"columns"` // column names in the outbox table
+	// Value: "" (the envelope) or "payload" (the payload column alone).
+	Value string `yaml:"value"`
+	// KeyConverter and ValueConverter: "" (string: the text as it is) or
+	// "json" (a JSON string, as Kafka Connect's JsonConverter writes one).
+	KeyConverter   string  `yaml:"key_converter"`
+	ValueConverter string  `yaml:"value_converter"`
+	Fields         []Field `yaml:"fields"` // more columns, into headers or the envelope
+	Trace          Trace   `yaml:"trace"`
+	// PositionHeaders adds outboxd.commit_lsn and outboxd.txn_index.
+	PositionHeaders bool `yaml:"position_headers"`
+	// Timestamp names the column that becomes the record's timestamp;
+	// "": the time it is produced.
+	Timestamp string `yaml:"timestamp"`
 	// OnError says what a row that cannot become a record does: "stop"
 	// (default) stops outboxd with the error; "dead_letter" writes it to
 	// DeadLetterTopic and goes on.
@@ -132,14 +165,54 @@ type Route struct {
 	DeadLetterTopic string `yaml:"dead_letter_topic"`
 }
 
-// Columns names the columns of an outbox table.
+// Match is a condition on a row, written as a mapping of column names to a
+// value or a list of values: every column holds one of its values (as
+// PostgreSQL prints it; NULL never matches).
+type Match []Condition
+
+// Condition is one column of a Match.
+type Condition struct {
+	Column string
+	Values []string
+}
+
+// Override sends the rows matching When to Topic, or drops them.
+type Override struct {
+	When  Match  `yaml:"when"`
+	Topic string `yaml:"topic"` // a topic or a template
+	Drop  bool   `yaml:"drop"`
+}
+
+// Field places one more column into a header or into the envelope, under a
+// name: exactly one of Header and Envelope.
+type Field struct {
+	Column   string `yaml:"column"`
+	Header   string `yaml:"header"`
+	Envelope string `yaml:"envelope"`
+}
+
+// Trace names the columns of the W3C trace context: traceparent and
+// tracestate, or span_context (a serialized java.util.Properties holding
+// them, Debezium's tracingspancontext).
+type Trace struct {
+	Traceparent string `yaml:"traceparent"`
+	Tracestate  string `yaml:"tracestate"`
+	SpanContext string `yaml:"span_context"`
+	// Optional: the column may be missing (the Debezium preset's default).
+	Optional bool `yaml:"-"`
+}
+
+// Columns names the columns of an outbox table (or the members of a
+// logical message's JSON).
 type Columns struct {
 	ID        string `yaml:"id"`
 	AgregatID string `yaml:"agregat_id"`
 	Tipus     string `yaml:"tipus"`
 	Versio    string `yaml:"versio"` // "": no such column, versio is always 1 (YAML: "-")
 	Carrega   string `yaml:"carrega"`
-	CreatEn   string `yaml:"creat_en"`
+	// CreatEn "": none (YAML: "-"), only for a message route (data_ms is
+	// the commit time) or with value: payload.
+	CreatEn string `yaml:"creat_en"`
 }
 
 // Route.OnError values.

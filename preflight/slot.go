@@ -23,15 +23,6 @@ type publication struct {
 	notOwned             []string // routed tables the role does not own
 }
 
-// catalogRoutes is what the publication must publish, route by route.
-func catalogRoutes(cfg config.Config) []catalog.Route {
-	out := make([]catalog.Route, len(cfg.Routes))
-	for i, r := range cfg.Routes {
-		out[i] = catalog.Route{Table: catalog.Table{Schema: r.Schema, Name: r.Name}, Columns: r.Columns.Mapped()}
-	}
-	return out
-}
-
 func checkPublication(ctx context.Context, conn *pgx.Conn, cfg config.Config) []Result {
 	var version int
 	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
@@ -66,7 +57,7 @@ func checkPublication(ctx context.Context, conn *pgx.Conn, cfg config.Config) []
 // outboxd will create it.
 func evalPublication(cfg config.Config, p publication) Result {
 	name := cfg.Postgres.Publication
-	routes := catalogRoutes(cfg)
+	routes := cfg.CatalogRoutes()
 	if !p.Exists {
 		const sqlFile = "run sql/002_publication.sql as the tables' owner"
 		create := catalog.CreateSQL(name, routes)

@@ -66,8 +66,11 @@ func BenchmarkStream(b *testing.B) {
 					commit = m
 				}
 			}
-			router := envelope.NewRouter("comandes", []envelope.Route{{Schema: "public", Table: "outbox", Topic: "comandes.esdeveniments",
+			router, err := envelope.NewRouter("comandes", []envelope.Route{{Schema: "public", Table: "outbox", Topic: "comandes.esdeveniments",
 				Columns: envelope.Columns{ID: "id", AgregatID: "agregat_id", Tipus: "tipus", Versio: "versio", Carrega: "carrega", CreatEn: "creat_en"}}}, 0)
+			if err != nil {
+				b.Fatal(err)
+			}
 			prod, err := sink.NewWithTransport(sink.Config{Brokers: []string{"null:9092"}, Partitioner: "murmur2", Compression: comp, Linger: 5 * time.Millisecond,
 				BatchSize: 1000, BatchBytes: 1 << 20, MaxAttempts: 1, WriteTimeout: time.Second}, hclog.NewNullLogger(), nullBroker{partitions: 6})
 			if err != nil {
@@ -75,7 +78,7 @@ func BenchmarkStream(b *testing.B) {
 			}
 			defer prod.Close(context.Background())
 			tracker := NewTracker(pglogrepl.LSN(1), 10000, 64<<20)
-			s := &stream{r: &Runner{router: router, log: hclog.NewNullLogger()}, prod: prod, tracker: tracker, relations: map[uint32]*envelope.Binding{}}
+			s := &stream{r: &Runner{router: router, log: hclog.NewNullLogger()}, prod: prod, tracker: tracker, relations: map[uint32][]*envelope.Binding{}}
 			buf := make([]byte, 0, 4096)
 			feed := func(m []byte) {
 				buf = append(buf[:0], m...)

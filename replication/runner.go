@@ -123,6 +123,7 @@ type Runner struct {
 	// Counters a stream adds to as it goes.
 	txns         atomic.Uint64
 	deadLettered atomic.Uint64
+	dropped      atomic.Uint64
 	statusSentAt atomic.Int64 // unix nanoseconds of the last standby status
 }
 
@@ -140,6 +141,9 @@ type Status struct {
 	Txns      uint64 // transactions received since start (replays included)
 	// DeadLettered counts rows sent to a dead-letter topic (replays included).
 	DeadLettered uint64
+	// Dropped counts changes a route's override dropped on purpose
+	// (replays included).
+	Dropped uint64
 	// LastStatusSent is when the last standby status went to the server;
 	// WALSenderTimeout is the server's wal_sender_timeout (0: none).
 	LastStatusSent   time.Time
@@ -178,7 +182,7 @@ func (r *Runner) Status() Status {
 			st.Confirmed = st.Tracker.Confirmed
 		}
 	}
-	st.Txns, st.DeadLettered = r.txns.Load(), r.deadLettered.Load()
+	st.Txns, st.DeadLettered, st.Dropped = r.txns.Load(), r.deadLettered.Load(), r.dropped.Load()
 	if ns := r.statusSentAt.Load(); ns != 0 {
 		st.LastStatusSent = time.Unix(0, ns)
 	}

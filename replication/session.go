@@ -91,6 +91,6 @@ func (r *Runner) session(ctx context.Context, first bool) (progressed bool, err 
 	// Wake a blocked read at once when a stop is requested.
 	stopWake := context.AfterFunc(ctx, func() { _ = conn.Conn().SetReadDeadline(time.Now()) })
 	defer stopWake()
-	s := &stream{r: r, conn: conn, prod: prod, tracker: tracker, relations: map[uint32]*envelope.Binding{}, sentFlush: start}
+	s := &stream{r: r, conn: conn, prod: prod, tracker: tracker, relations: map[uint32][]*envelope.Binding{}, sentFlush: start}
 	return true, s.run(ctx)
 }

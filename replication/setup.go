@@ -30,6 +30,15 @@ func (r *Runner) prepare(ctx context.Context, conn *pgconn.PgConn, mayCreateSlot
 	if err := r.ensurePublication(ctx, conn, srv.Version); err != nil {
 		return 0, err
 	}
+	// A column a route reads and the table lacks would fail every row:
+	// stop now, naming the configuration line.
+	problems, err := catalog.CheckColumns(ctx, conn, r.cfg.Routes)
+	if err != nil {
+		return 0, err
+	}
+	if len(problems) > 0 {
+		return 0, Fatal(fmt.Errorf("routes: %s: correct the configuration or the table", strings.Join(problems, "; ")))
+	}
 	return r.ensureSlot(ctx, conn, mayCreateSlot)
 }
 

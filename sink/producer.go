@@ -149,8 +149,13 @@ func NewWithTransport(cfg Config, log hclog.Logger, rt kafka.RoundTripper) (*Pro
 // the producer.
 func (p *Producer) Produce(r *outboxd.Record) error {
 	now := time.Now()
-	// The record's CreateTime, as the Java client sets it.
-	if err := p.add(r, now, now.UnixMilli()); err != nil {
+	// The record's CreateTime, as the Java client sets it, unless the
+	// record carries its own.
+	ts := r.Time
+	if ts == 0 {
+		ts = now.UnixMilli()
+	}
+	if err := p.add(r, now, ts); err != nil {
 		p.failRecord(r, now, err)
 		return err
 	}

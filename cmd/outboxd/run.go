@@ -10,7 +10,6 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/outboxd/outboxd/catalog"
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/envelope"
 	"github.com/outboxd/outboxd/health"
@@ -62,7 +61,10 @@ func run(ctx context.Context, path string, proc *process) error {
 			Routes: rc.Routes, Brokers: cfg.Kafka.Brokers, Probe: probe, Interval: cfg.Health.PollInterval}, log.Named("health"))
 		rc.OnStreaming = mon.PollNow
 	}
-	runner := buildRunner(cfg, rc, sc, log)
+	runner, err := buildRunner(cfg, rc, sc, log)
+	if err != nil {
+		return usageError{err}
+	}
 	if mon != nil {
 		// Bound now, so a port clash fails at start.
 		srv, err = health.Listen(cfg.Health.Listen, runner, mon, metrics,
@@ -98,28 +100,11 @@ func run(ctx context.Context, path string, proc *process) error {
 	return runErr
 }
 
-// routes turns the configured routes into the envelope's and the catalog's.
-func routes(cfg config.Config) ([]envelope.Route, []catalog.Route) {
-	er := make([]envelope.Route, len(cfg.Routes))
-	cr := make([]catalog.Route, len(cfg.Routes))
-	for i, r := range cfg.Routes {
-		cols := envelope.Columns{ID: r.Columns.ID, AgregatID: r.Columns.AgregatID, Tipus: r.Columns.Tipus,
-			Versio: r.Columns.Versio, Carrega: r.Columns.Carrega, CreatEn: r.Columns.CreatEn}
-		er[i] = envelope.Route{Schema: r.Schema, Table: r.Name, Topic: r.Topic, Columns: cols}
-		if r.OnError == config.OnErrorDeadLetter {
-			er[i].DeadLetterTopic = r.DeadLetterTopic
-		}
-		cr[i] = catalog.Route{Table: catalog.Table{Schema: r.Schema, Name: r.Name}, Columns: r.Columns.Mapped()}
-	}
-	return er, cr
-}
-
 func replicationConfig(cfg config.Config, conn *pgconn.Config, metrics *health.Metrics) replication.Config {
-	_, cr := routes(cfg)
 	p, pl := cfg.Postgres, cfg.Pipeline
 	return replication.Config{
 		Conn: conn, Slot: p.Slot, Publication: p.Publication, CreateSlot: p.CreateSlot, CreatePublication: p.CreatePublication,
-		Routes: cr, StatusInterval: p.StatusInterval, IdleStatusInterval: p.IdleStatusInterval,
+		Routes: cfg.CatalogRoutes(), StatusInterval: p.StatusInterval, IdleStatusInterval: p.IdleStatusInterval,
 		MaxInFlightEvents: pl.MaxInFlightEvents, MaxInFlightBytes: pl.MaxInFlightBytes, ShutdownTimeout: pl.ShutdownTimeout,
 		BackoffMin: pl.BackoffMin, BackoffMax: pl.BackoffMax, StandbyRetry: p.StandbyRetry,
 		ReceiveTimeout: p.ReceiveTimeout, DeliveryTimeout: cfg.Kafka.DeliveryTimeout,
@@ -151,9 +136,12 @@ func kafkaConfig(ctx context.Context, cfg config.Config) (sink.Config, error) {
 
 // buildRunner makes the replication runner, with a Kafka producer per
 // session.
-func buildRunner(cfg config.Config, rc replication.Config, sc sink.Config, log hclog.Logger) *replication.Runner {
-	er, _ := routes(cfg)
+func buildRunner(cfg config.Config, rc replication.Config, sc sink.Config, log hclog.Logger) (*replication.Runner, error) {
+	router, err := envelope.NewRouter(cfg.Origen, cfg.EnvelopeRoutes(), int(cfg.Kafka.BatchBytes))
+	if err != nil {
+		return nil, fmt.Errorf("routes: %w", err)
+	}
 	sinkLog := log.Named("sink")
 	newProducer := func() (replication.Producer, error) { return sink.New(sc, sinkLog) }
-	return replication.NewRunner(rc, envelope.NewRouter(cfg.Origen, er, int(cfg.Kafka.BatchBytes)), newProducer, log.Named("replication"))
+	return replication.NewRunner(rc, router, newProducer, log.Named("replication")), nil
 }
