@@ -61,13 +61,13 @@ func (c *Config) routeFromYAML(i int) []error {
 		defaults = &d
 	}
 	if r.Preset == PresetDebezium {
-		if !set("value") {
+		if r.Value == "" {
 			r.Value = ValuePayload
 		}
-		if !set("topic") {
+		if r.Topic == "" {
 			r.Topic = DebeziumTopic
 		}
-		if !set("trace") {
+		if r.Trace == (Trace{}) {
 			r.Trace = Trace{SpanContext: DebeziumSpanContext, Optional: true}
 		}
 	}

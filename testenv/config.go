@@ -32,10 +32,12 @@ type Config struct {
 // would be written after "key: ": "200ms", "false", "{id: id, tipus: type}".
 type Section map[string]string
 
-// Route is one entry of routes: a table, its topic, and more keys such as
-// on_error, dead_letter_topic or columns.
+// Route is one entry of routes: a table (or, with Message, the logical
+// messages of a prefix), its topic, and more keys such as on_error,
+// dead_letter_topic or columns.
 type Route struct {
 	Table, Topic string
+	Message      string // instead of Table
 	More         Section
 }
 
@@ -51,7 +53,11 @@ func (c Config) YAML() string {
 	section(&b, "kafka", "  ", Section{"brokers": "[" + strings.Join(brokers, ", ") + "]"}, c.Kafka)
 	b.WriteString("routes:\n")
 	for _, r := range c.Routes {
-		fmt.Fprintf(&b, "  - table: %s\n", r.Table)
+		if r.Message != "" {
+			fmt.Fprintf(&b, "  - message: %s\n", r.Message)
+		} else {
+			fmt.Fprintf(&b, "  - table: %s\n", r.Table)
+		}
 		section(&b, "", "    ", Section{"topic": r.Topic}, r.More)
 	}
 	section(&b, "pipeline", "  ", nil, c.Pipeline)
