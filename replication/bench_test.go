@@ -73,42 +73,53 @@ func BenchmarkStream(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			prod, err := sink.NewWithTransport(sink.Config{Brokers: []string{"null:9092"}, Partitioner: "murmur2", Compression: comp, Linger: 5 * time.Millisecond,
-				BatchSize: 1000, BatchBytes: 1 << 20, MaxAttempts: 1, WriteTimeout: time.Second}, hclog.NewNullLogger(), nullBroker{partitions: 6})
-			if err != nil {
-				b.Fatal(err)
+			benchStream(b, router, comp, rel, begin, ins, commit, 1)
+		})
+	}
+}
+
+// benchStream streams change b.N times through router, the stream and the
+// producer (compression comp, a broker that acknowledges at once), in
+// transactions of 100 opened by begin and closed by commit, after the
+// setup message; records is how many records one change makes.
+func benchStream(b *testing.B, router *envelope.Router, comp string, setup, begin, change, commit []byte, records int) {
+	prod, err := sink.NewWithTransport(sink.Config{Brokers: []string{"null:9092"}, Partitioner: "murmur2", Compression: comp, Linger: 5 * time.Millisecond,
+		BatchSize: 1000, BatchBytes: 1 << 20, MaxAttempts: 1, WriteTimeout: time.Second}, hclog.NewNullLogger(), nullBroker{partitions: 6})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer prod.Close(context.Background())
+	tracker := NewTracker(pglogrepl.LSN(1), 10000, 64<<20)
+	s := &stream{r: &Runner{router: router, log: hclog.NewNullLogger()}, prod: prod, tracker: tracker, relations: map[uint32][]*envelope.Binding{}}
+	buf := make([]byte, 0, 4096)
+	feed := func(m []byte) {
+		buf = append(buf[:0], m...)
+		if err := s.handleMessage(buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+	feed(setup)
+	b.SetBytes(int64(len(change)))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if i%100 == 0 {
+			if i > 0 {
+				feed(commit)
 			}
-			defer prod.Close(context.Background())
-			tracker := NewTracker(pglogrepl.LSN(1), 10000, 64<<20)
-			s := &stream{r: &Runner{router: router, log: hclog.NewNullLogger()}, prod: prod, tracker: tracker, relations: map[uint32][]*envelope.Binding{}}
-			buf := make([]byte, 0, 4096)
-			feed := func(m []byte) {
-				buf = append(buf[:0], m...)
-				if err := s.handleMessage(buf); err != nil {
-					b.Fatal(err)
-				}
-			}
-			feed(rel)
-			b.SetBytes(int64(len(ins)))
-			b.ReportAllocs()
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				if i%100 == 0 {
-					if i > 0 {
-						feed(commit)
-					}
-					for tracker.Full(0) {
-						<-tracker.Wake()
-					}
-					feed(begin)
-				}
-				feed(ins)
-			}
-			feed(commit)
-			for tracker.State().Open > 0 {
+			for tracker.Full(0) {
 				<-tracker.Wake()
 			}
-		})
+			feed(begin)
+		}
+		feed(change)
+	}
+	feed(commit)
+	for tracker.State().Open > 0 {
+		<-tracker.Wake()
+	}
+	if records > 1 {
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*records), "ns/record")
 	}
 }
 
@@ -178,42 +189,7 @@ func BenchmarkStreamRouted(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			prod, err := sink.NewWithTransport(sink.Config{Brokers: []string{"null:9092"}, Partitioner: "murmur2", Compression: "lz4", Linger: 5 * time.Millisecond,
-				BatchSize: 1000, BatchBytes: 1 << 20, MaxAttempts: 1, WriteTimeout: time.Second}, hclog.NewNullLogger(), nullBroker{partitions: 6})
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer prod.Close(context.Background())
-			tracker := NewTracker(pglogrepl.LSN(1), 10000, 64<<20)
-			s := &stream{r: &Runner{router: router, log: hclog.NewNullLogger()}, prod: prod, tracker: tracker, relations: map[uint32][]*envelope.Binding{}}
-			buf := make([]byte, 0, 4096)
-			feed := func(m []byte) {
-				buf = append(buf[:0], m...)
-				if err := s.handleMessage(buf); err != nil {
-					b.Fatal(err)
-				}
-			}
-			feed(rel)
-			b.SetBytes(int64(len(w.change)))
-			b.ReportAllocs()
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				if i%100 == 0 {
-					if i > 0 {
-						feed(commit)
-					}
-					for tracker.Full(0) {
-						<-tracker.Wake()
-					}
-					feed(begin)
-				}
-				feed(w.change)
-			}
-			feed(commit)
-			for tracker.State().Open > 0 {
-				<-tracker.Wake()
-			}
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*w.records), "ns/record")
+			benchStream(b, router, "lz4", rel, begin, w.change, commit, w.records)
 		})
 	}
 }
