@@ -107,9 +107,10 @@ func TestDebeziumDocumentedShape(t *testing.T) {
 
 // TestDebeziumNulls: a NULL payload gives a null value (Debezium's
 // tombstone, whatever route.tombstone.on.empty.payload says, when the value
-// is the payload alone) and, with envelope fields, "payload": null; a NULL
-// aggregateid a null key; a tracingspancontext column, when the table has
-// one, becomes the traceparent header.
+// is the payload alone; JsonConverter's JSON null) and, with envelope
+// fields, "payload": null; a NULL aggregateid a null key; a
+// tracingspancontext column, when the table has one, becomes the
+// traceparent header.
 func TestDebeziumNulls(t *testing.T) {
 	r := debeziumRouter(t, "")
 	rec := publish(t, r, debeziumTable, debeziumRow(nil, nil))[0]
@@ -120,6 +121,13 @@ func TestDebeziumNulls(t *testing.T) {
 	row[2] = tuple(nil)[0]
 	if rec := publish(t, r, debeziumTable, row)[0]; rec.Key != nil {
 		t.Errorf("a NULL aggregateid: key %q, want null", rec.Key)
+	}
+	// JsonConverter writes the null of an optional schema as JSON: null.
+	r = debeziumRouter(t, "    key_converter: json\n    value_converter: json\n")
+	row = debeziumRow(nil, nil)
+	row[2] = tuple(nil)[0]
+	if rec := publish(t, r, debeziumTable, row)[0]; string(rec.Value) != "null" || string(rec.Key) != "null" {
+		t.Errorf("NULLs through JsonConverter: key %q value %q, want null and null", rec.Key, rec.Value)
 	}
 	r = debeziumRouter(t, "    value_converter: json\n    fields: [{column: type, envelope: eventType}]\n")
 	if rec := publish(t, r, debeziumTable, debeziumRow(nil, nil))[0]; string(rec.Value) != `{"payload":null,"eventType":"OrderCreated"}` {
@@ -136,5 +144,24 @@ func TestDebeziumNulls(t *testing.T) {
 	rec = publish(t, r, basic, tuple(s(dbzID), s("order"), s("1"), s("OrderCreated"), s(dbzPayload)))[0]
 	if len(rec.Headers) != 1 || rec.Topic != dbzTopic {
 		t.Errorf("basic table: topic %s headers %v", rec.Topic, headers(rec))
+	}
+}
+
+// TestConnectStringEscapes: value_converter: json escapes as Kafka Connect's
+// JsonConverter (Jackson) does, as a real Debezium run shows
+// (integration/debezium_compare_test.go): the short escapes, \u00XX in upper
+// case, a character outside the BMP as two escaped surrogates, the rest as
+// it is.
+func TestConnectStringEscapes(t *testing.T) {
+	r := debeziumRouter(t, "    value_converter: json\n")
+	in := "diu \"hola\"\nadéu \\ 😀 \b\f\r\t\x01\x1f\x7f \u2028 / <>"
+	rec := publish(t, r, debeziumTable, debeziumRow(s(in), nil))[0]
+	want := `"diu \"hola\"\nadéu \\ \uD83D\uDE00 \b\f\r\t\u0001\u001F` + "\x7f \u2028" + ` / <>"`
+	if string(rec.Value) != want {
+		t.Errorf("got  %s\nwant %s", rec.Value, want)
+	}
+	var back string
+	if err := json.Unmarshal(rec.Value, &back); err != nil || back != in {
+		t.Errorf("does not decode to the payload: %q %v", back, err)
 	}
 }

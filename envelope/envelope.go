@@ -137,7 +137,7 @@ func (r *Router) Build(b *Binding, row []Column, pos Position, sc *Scratch) (out
 			return outboxd.Record{}, Publish, err
 		}
 	}
-	rec, verdict, err := r.build(v, pos, sc)
+	rec, verdict, err := r.build(&v, pos, sc)
 	if err != nil {
 		var re *RowError
 		if errors.As(err, &re) {
@@ -178,7 +178,7 @@ func (v *view) parse(row []Column, sc *Scratch) error {
 }
 
 // col is route column i's value, nil when the column is absent.
-func (v view) col(i int) *Column {
+func (v *view) col(i int) *Column {
 	if i < 0 {
 		return nil
 	}
@@ -190,7 +190,7 @@ func (v view) col(i int) *Column {
 }
 
 // text is the text value of role's column, nil when absent or NULL.
-func (v view) text(role int) []byte {
+func (v *view) text(role int) []byte {
 	if v.b.rt == nil {
 		return nil
 	}
@@ -201,13 +201,13 @@ func (v view) text(role int) []byte {
 	return c.Data
 }
 
-func (v view) rowError(i int, reason string) error {
+func (v *view) rowError(i int, reason string) error {
 	return &RowError{Table: v.b.Name, Column: v.b.rt.cols[i], Reason: reason, Message: v.b.message}
 }
 
 // value is route column i's text; null reports a NULL (an error unless
 // nullable).
-func (v view) value(i int, nullable bool) (val []byte, null bool, err error) {
+func (v *view) value(i int, nullable bool) (val []byte, null bool, err error) {
 	c := v.col(i)
 	switch {
 	case c == nil && v.b.rt.optional[i]:
@@ -233,13 +233,13 @@ func (v view) value(i int, nullable bool) (val []byte, null bool, err error) {
 }
 
 // isJSON: route column i's text is JSON as it stands.
-func (v view) isJSON(i int) bool {
+func (v *view) isJSON(i int) bool {
 	return v.b.message || v.b.oid[i] == oidJSON || v.b.oid[i] == oidJSONB
 }
 
 // matches reports whether every condition holds. A column the filter needs
 // must exist.
-func (v view) matches(conds []condition) (bool, error) {
+func (v *view) matches(conds []condition) (bool, error) {
 	for k := range conds {
 		c := &conds[k]
 		val, null, err := v.value(c.col, true)
@@ -262,7 +262,7 @@ func oneOf(v []byte, values []string) bool {
 	return false
 }
 
-func (r *Router) build(v view, pos Position, sc *Scratch) (outboxd.Record, Verdict, error) {
+func (r *Router) build(v *view, pos Position, sc *Scratch) (outboxd.Record, Verdict, error) {
 	rt := v.b.rt
 	if ok, err := v.matches(rt.filter); err != nil || !ok {
 		return outboxd.Record{}, Filtered, err
@@ -305,9 +305,12 @@ func (r *Router) build(v view, pos Position, sc *Scratch) (outboxd.Record, Verdi
 	if err != nil {
 		return outboxd.Record{}, Publish, err
 	}
-	if key != nil && rt.KeyJSON {
-		sc.key = appendString(sc.key[:0], key)
+	switch {
+	case rt.KeyJSON && key != nil:
+		sc.key = appendConnectString(sc.key[:0], key)
 		key = sc.key
+	case rt.KeyJSON:
+		key = jsonNull // JsonConverter writes a null of an optional schema so
 	}
 	headers, err := v.headers(id, tipus, pos, sc)
 	if err != nil {
@@ -333,7 +336,7 @@ func (r *Router) build(v view, pos Position, sc *Scratch) (outboxd.Record, Verdi
 
 // topic renders the template for the change: a name that is not a valid
 // topic goes to the route's fallback, or makes the change a bad row.
-func (r *Router) topic(v view, t *template, sc *Scratch) (string, error) {
+func (r *Router) topic(v *view, t *template, sc *Scratch) (string, error) {
 	if t.parts == nil {
 		return t.static, nil
 	}
@@ -360,7 +363,7 @@ func (r *Router) topic(v view, t *template, sc *Scratch) (string, error) {
 	return r.fallback(v, fmt.Sprintf("the topic template gives %q, which is not a valid Kafka topic name (letters, digits, '.', '_', '-'; at most %d)", name, MaxTopicLen))
 }
 
-func (r *Router) fallback(v view, why string) (string, error) {
+func (r *Router) fallback(v *view, why string) (string, error) {
 	if f := v.b.rt.fallback; f != "" {
 		return f, nil
 	}
@@ -368,7 +371,7 @@ func (r *Router) fallback(v view, why string) (string, error) {
 }
 
 // value writes the record's value into sc.value.
-func (r *Router) value(v view, id, tipus []byte, pos Position, sc *Scratch) ([]byte, error) {
+func (r *Router) value(v *view, id, tipus []byte, pos Position, sc *Scratch) ([]byte, error) {
 	rt := v.b.rt
 	ci := rt.role[roleCarrega]
 	carrega, null, err := v.value(ci, rt.debezium && rt.payload)
@@ -378,7 +381,10 @@ func (r *Router) value(v view, id, tipus []byte, pos Position, sc *Scratch) ([]b
 	val := sc.value[:0]
 	if rt.payload {
 		if !rt.payloadEnvelope {
-			if null {
+			switch {
+			case null && rt.ValueJSON:
+				return jsonNull, nil // JsonConverter writes a null so
+			case null:
 				return nil, nil // Debezium's null value
 			}
 			switch {
@@ -387,7 +393,7 @@ func (r *Router) value(v view, id, tipus []byte, pos Position, sc *Scratch) ([]b
 					return nil, v.rowError(ci, err.Error())
 				}
 			case rt.ValueJSON:
-				val = appendString(val, carrega)
+				val = appendConnectString(val, carrega)
 			default:
 				// Appended rather than referenced: the same for every mode,
 				// and the record's value is sc's memory, never the row's.
@@ -401,7 +407,7 @@ func (r *Router) value(v view, id, tipus []byte, pos Position, sc *Scratch) ([]b
 		case null:
 			val = append(val, "null"...)
 		case rt.ValueJSON || !v.isJSON(ci) && !json.Valid(carrega):
-			val = appendString(val, carrega)
+			val = appendConnectString(val, carrega)
 		default:
 			val = append(val, v.rawJSON(ci, carrega)...)
 		}
@@ -462,7 +468,7 @@ func (r *Router) value(v view, id, tipus []byte, pos Position, sc *Scratch) ([]b
 
 // rawJSON is column i's JSON text: a message member's own JSON (a string
 // member keeps its quotes), a table column's text.
-func (v view) rawJSON(i int, text []byte) []byte {
+func (v *view) rawJSON(i int, text []byte) []byte {
 	if v.b.message {
 		return v.raw[i]
 	}
@@ -472,18 +478,17 @@ func (v view) rawJSON(i int, text []byte) []byte {
 // appendJSON appends column i's value as a JSON value: integers and
 // booleans as such, JSON columns embedded (when embed) and everything else
 // as a string; NULL as null.
-func (v view) appendJSON(dst []byte, i int, embed bool) ([]byte, error) {
+func (v *view) appendJSON(dst []byte, i int, embed bool) ([]byte, error) {
 	val, null, err := v.value(i, true)
 	switch {
 	case err != nil:
 		return nil, err
 	case null:
 		return append(dst, "null"...), nil
+	case v.b.message && embed:
+		return append(dst, v.rawJSON(i, val)...), nil
 	case v.b.message:
-		if embed {
-			return append(dst, v.rawJSON(i, val)...), nil
-		}
-		return appendString(dst, val), nil
+		return appendConnectString(dst, val), nil
 	}
 	switch v.b.oid[i] {
 	case oidInt2, oidInt4, oidInt8:
@@ -495,8 +500,15 @@ func (v view) appendJSON(dst []byte, i int, embed bool) ([]byte, error) {
 			return append(dst, val...), nil
 		}
 	}
-	return appendString(dst, val), nil
+	if embed {
+		return appendString(dst, val), nil
+	}
+	return appendConnectString(dst, val), nil
 }
+
+// jsonNull is the JSON null that Kafka Connect's JsonConverter writes for
+// a NULL key or payload (shared: records are only read).
+var jsonNull = []byte("null")
 
 // boolBytes are a boolean header's values, as Kafka Connect's
 // SimpleHeaderConverter writes them (shared: headers are only read).
@@ -511,7 +523,7 @@ func boolText(pg []byte) string {
 
 // headers builds the record's headers in sc.headers; values built here
 // (trace from a span context, position numbers) go in sc.hdr.
-func (v view) headers(id, tipus []byte, pos Position, sc *Scratch) ([]outboxd.Header, error) {
+func (v *view) headers(id, tipus []byte, pos Position, sc *Scratch) ([]outboxd.Header, error) {
 	rt := v.b.rt
 	hs := sc.headers[:0]
 	hdr := sc.hdr[:0]
@@ -582,7 +594,7 @@ func (v view) headers(id, tipus []byte, pos Position, sc *Scratch) ([]outboxd.He
 // timestamp without time zone (UTC, as Debezium reads it), an integer of
 // milliseconds; a message member as a number of milliseconds or a
 // timestamp string. Truncated toward zero, as the relay's data_ms is.
-func (v view) millis(i int) (int64, error) {
+func (v *view) millis(i int) (int64, error) {
 	raw, _, err := v.value(i, false)
 	if err != nil {
 		return 0, err
