@@ -37,15 +37,15 @@ func checkPublication(ctx context.Context, conn *pgx.Conn, cfg config.Config) []
 		if err := conn.QueryRow(ctx, "SELECT rolsuper, has_database_privilege(current_database(), 'CREATE') FROM pg_catalog.pg_roles WHERE rolname = current_user").Scan(&p.super, &p.mayCreateInDB); err != nil {
 			return queryFailed("publication", err)
 		}
-		for _, r := range cfg.Routes {
+		for _, r := range cfg.CatalogRoutes() { // each routed table once; messages need none
 			var owns bool
 			err := conn.QueryRow(ctx, "SELECT pg_has_role(current_user, relowner, 'USAGE') FROM pg_catalog.pg_class WHERE oid = to_regclass($1)",
-				pgx.Identifier{r.Schema, r.Name}.Sanitize()).Scan(&owns)
+				r.Table.Quoted()).Scan(&owns)
 			if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 				return queryFailed("publication", err)
 			}
 			if !owns {
-				p.notOwned = append(p.notOwned, r.Table)
+				p.notOwned = append(p.notOwned, r.Table.String())
 			}
 		}
 	}
