@@ -182,29 +182,36 @@ func ident(s string) (name, rest string, err error) {
 func (r Route) table() catalog.Table { return catalog.Table{Schema: r.Schema, Name: r.Name} }
 
 func (v *validator) routes(routes []Route) {
-	main := map[catalog.Table]int{} // the route of each table without a filter
-	filtered := map[catalog.Table]int{}
+	main := map[string]int{} // the route of each source without a filter
+	filtered := map[string]int{}
 	for i, r := range routes {
 		v.route(i, r)
-		if r.Table == "" || r.Schema == "" {
+		source := fmt.Sprintf("message prefix %q", r.Message)
+		switch {
+		case r.Message == "" && (r.Table == "" || r.Schema == ""):
 			continue
+		case r.Message == "":
+			source = r.table().String()
 		}
-		t := r.table()
 		if len(r.Filter) > 0 {
-			if _, ok := filtered[t]; !ok {
-				filtered[t] = i
+			if _, ok := filtered[source]; !ok {
+				filtered[source] = i
 			}
 			continue
 		}
-		if first, dup := main[t]; dup {
-			v.add(fmt.Sprintf("routes[%d].table", i), "%q is already routed by routes[%d] (another route of the same table needs a filter: it then takes the rows the filter matches, as well)", r.Table, first)
+		if first, dup := main[source]; dup {
+			key, what := "table", r.Table
+			if r.Message != "" {
+				key, what = "message", r.Message
+			}
+			v.add(fmt.Sprintf("routes[%d].%s", i, key), "%q is already routed by routes[%d] (another route of the same source needs a filter: it then takes the rows the filter matches, as well)", what, first)
 			continue
 		}
-		main[t] = i
+		main[source] = i
 	}
-	for t, i := range filtered {
-		if _, ok := main[t]; !ok {
-			v.add(fmt.Sprintf("routes[%d].filter", i), "every route of %s has a filter, so a row that matches none would be lost: give one route of the table no filter (and drop rows on purpose with overrides: [{when: ..., drop: true}])", t)
+	for source, i := range filtered {
+		if _, ok := main[source]; !ok {
+			v.add(fmt.Sprintf("routes[%d].filter", i), "every route of %s has a filter, so a change that matches none would be lost: give one route of it no filter (and drop changes on purpose with overrides: [{when: ..., drop: true}])", source)
 		}
 	}
 }

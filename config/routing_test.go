@@ -47,9 +47,11 @@ func TestRoutingValidation(t *testing.T) {
 		wantErr []string
 	}{
 		{"a table whose routes all filter", "  - table: public.outbox\n    topic: a\n    filter: {tipus: x}\n",
-			[]string{"line 11: routes[0].filter: every route of public.outbox has a filter, so a row that matches none would be lost"}},
+			[]string{"line 11: routes[0].filter: every route of public.outbox has a filter, so a change that matches none would be lost"}},
+		{"a message prefix whose routes all filter", "  - message: comandes\n    topic: a\n    filter: {tipus: x}\n",
+			[]string{`line 11: routes[0].filter: every route of message prefix "comandes" has a filter`}},
 		{"a second unfiltered route", route + "  - table: public.outbox\n    topic: other\n",
-			[]string{`line 11: routes[1].table: "public.outbox" is already routed by routes[0] (another route of the same table needs a filter`}},
+			[]string{`line 11: routes[1].table: "public.outbox" is already routed by routes[0] (another route of the same source needs a filter`}},
 		{"a null in a filter", route + "  - table: public.outbox\n    topic: b\n    filter: {tipus: [a, null]}\n",
 			[]string{"line 13: routes[1].filter.tipus: null never matches"}},
 		{"a filter that is a list", route + "  - table: public.outbox\n    topic: b\n    filter: [tipus]\n",
