@@ -2,6 +2,7 @@ package integration_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os/exec"
@@ -194,4 +195,30 @@ func TestSignals(t *testing.T) {
 	d3 := f.start(cfg)
 	w.verify(ctx, f.topic("comandes"), "murmur2")
 	d3.term()
+}
+
+// TestFatalLineFollowsTheLogFormat: under log.format: json every line,
+// the last one that says why outboxd stopped included, is a JSON object.
+func TestFatalLineFollowsTheLogFormat(t *testing.T) {
+	f := newFixture(t, seedSchema, map[string]int{"comandes": 1})
+	cfg := f.config(seedRoute(f.topic("comandes")))
+	cfg.Log["format"] = "json"
+	cfg.Postgres["create_publication"] = "false" // absent and not to be created: fatal
+	d := f.spawn(cfg)
+	if err := d.exited(30 * time.Second); err == nil {
+		t.Fatal("outboxd exited 0 without its publication")
+	}
+	var last map[string]any
+	for _, line := range strings.Split(strings.TrimSpace(d.Log()), "\n") {
+		if strings.HasPrefix(line, "==== testenv") {
+			continue
+		}
+		last = nil
+		if err := json.Unmarshal([]byte(line), &last); err != nil {
+			t.Fatalf("not a JSON line under log.format json: %q", line)
+		}
+	}
+	if msg, _ := last["@message"].(string); last["@level"] != "error" || !strings.Contains(msg, "does not exist") || !strings.Contains(msg, "CREATE PUBLICATION") {
+		t.Fatalf("the last line is not the fatal error: %v", last)
+	}
 }

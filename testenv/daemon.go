@@ -348,6 +348,7 @@ type Status struct {
 		DeadLettered uint64 `json:"dead_lettered"`
 	} `json:"counters"`
 	Kafka struct {
+		Brokers          int `json:"brokers"`
 		BrokersReachable int `json:"brokers_reachable"`
 	} `json:"kafka"`
 }
