@@ -36,7 +36,7 @@ func (p *fakeProducer) Produce(r *outboxd.Record) error {
 func (p *fakeProducer) Close(context.Context) error { return nil }
 
 // readFixture returns the pgoutput messages recorded from a real server by
-// integration/cmd/pgoutput-fixture.
+// tools/pgoutput-fixture.
 func readFixture(t testing.TB, name string) [][]byte {
 	t.Helper()
 	f, err := os.Open(name)
