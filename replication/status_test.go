@@ -1,9 +1,13 @@
 package replication
 
 import (
+	"context"
 	"testing"
+	"time"
 
 	"github.com/jackc/pglogrepl"
+
+	"github.com/outboxd/outboxd"
 )
 
 func lsnOf(v uint64) pglogrepl.LSN { return pglogrepl.LSN(v) }
@@ -28,5 +32,82 @@ func TestStandbyPositions(t *testing.T) {
 		if uint64(w) != tc.write || uint64(f) != tc.flush {
 			t.Errorf("%s: write %d flush %d, want %d %d", tc.name, w, f, tc.write, tc.flush)
 		}
+	}
+}
+
+// TestFatalStopConfirmsOnlyWhatKafkaAcknowledged: a bad row stops the
+// stream while an earlier transaction waits for Kafka. While it waits, the
+// stream answers the server but takes nothing from it: a transaction that
+// arrives is not produced, and keepalives past everything do not move the
+// position. Once the earlier transaction is acknowledged its end is the
+// final position, and the COPY is ended.
+func TestFatalStopConfirmsOnlyWhatKafkaAcknowledged(t *testing.T) {
+	s, w, prod := newWalsenderStream(t, Config{}, outboxRoute(""), 0x100)
+	done := runStream(context.Background(), s)
+	w.xlog(0x1000, relationMsg())
+	w.txn(0x1000, 0x1010, "P-1")
+	first := prod.record(t, 0)
+	w.xlog(0x2000, beginMsg(0x2000))
+	w.xlog(0x2000, insertMsg("bad"))
+	time.Sleep(100 * time.Millisecond)
+	w.keepalive(0x9000, true)
+	w.txn(0x3000, 0x3010, "P-3")
+	w.keepalive(0x9100, false)
+	time.Sleep(200 * time.Millisecond)
+	settling := w.flushes()
+	first.Ack.Ack(nil)
+	if err := waitErr(t, done, 15*time.Second); !IsFatal(err) {
+		t.Fatalf("want the bad row's fatal error, got %v", err)
+	}
+	if len(settling) == 0 {
+		t.Error("no status answered the keepalive that asked for one while the stream settled")
+	}
+	fl := w.flushes()
+	for _, f := range fl {
+		if f > 0x1010 {
+			t.Fatalf("a status confirmed %s, past the last acknowledged transaction (0/1010): %v", f, fl)
+		}
+	}
+	if fl[len(fl)-1] != 0x1010 || !w.ended() {
+		t.Fatalf("final position %s (want 0/1010), CopyDone %v", fl[len(fl)-1], w.ended())
+	}
+	if n := prod.produced(); n != 1 {
+		t.Fatalf("%d records produced, want only the one before the bad row", n)
+	}
+}
+
+// TestCleanStopReplacesARefusal: a Refusable record refused while the
+// stream stops is dead-lettered before the final status, and its
+// transaction (and every later one) is confirmed only once the dead letter
+// is acknowledged.
+func TestCleanStopReplacesARefusal(t *testing.T) {
+	s, w, prod := newWalsenderStream(t, Config{}, outboxRoute("dlq"), 0x100)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := runStream(ctx, s)
+	w.xlog(0x1000, relationMsg())
+	w.txn(0x1000, 0x1010, "P-1", "P-2")
+	w.txn(0x2000, 0x2010, "P-3")
+	a, big, c := prod.record(t, 0), prod.record(t, 1), prod.record(t, 2)
+	a.Ack.Ack(nil)
+	c.Ack.Ack(nil)
+	cancel()
+	time.Sleep(100 * time.Millisecond)
+	big.Ack.Ack(&outboxd.RefusedError{Topic: big.Topic, Key: big.Key, Headers: big.Headers, Size: 2 << 20, Err: errInjected})
+	dl := prod.record(t, 3)
+	if dl.Topic != "dlq" || string(dl.Key) != "P-2" {
+		t.Fatalf("dead letter to %q with key %q", dl.Topic, dl.Key)
+	}
+	time.Sleep(100 * time.Millisecond)
+	for _, f := range w.flushes() {
+		if f >= 0x1010 {
+			t.Fatalf("confirmed %s before the dead letter was acknowledged", f)
+		}
+	}
+	dl.Ack.Ack(nil)
+	if err := waitErr(t, done, 15*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if fl := w.flushes(); fl[len(fl)-1] != 0x2010 || !w.ended() {
+		t.Fatalf("flushes %v, CopyDone %v; want a final 0/2010", fl, w.ended())
 	}
 }

@@ -262,7 +262,11 @@ func badRowError(b *envelope.Binding, lsn pglogrepl.LSN, err error) error {
 
 // replaceRefused puts a dead-letter record in the place of every record the
 // broker refused for its own content, in the refused record's transaction.
+// Every refusal handed over is replaced, even after a produce failed: the
+// failed produce fails its record, so each transaction ends one way or the
+// other; one left out would wait for ever. It returns the first error.
 func (s *stream) replaceRefused() error {
+	var first error
 	for _, rf := range s.tracker.Refusals() {
 		lsn := rf.Txn.CommitLSN().String()
 		rec := &s.rec
@@ -270,11 +274,11 @@ func (s *stream) replaceRefused() error {
 		s.r.log.Warn("record refused by the broker dead-lettered", "table", rf.Route.Name, "topic", rec.Topic, "lsn", lsn, "reason", rf.Err.Error())
 		s.r.deadLettered.Add(1)
 		rec.Ack = s.tracker.Replace(rf, rec.Size())
-		if err := s.produce(rec); err != nil {
-			return err
+		if err := s.produce(rec); err != nil && first == nil {
+			first = err
 		}
 	}
-	return nil
+	return first
 }
 
 // produce hands rec to the producer, which copies it; rec is cleared, so
