@@ -353,9 +353,10 @@ func (p *Producer) request(todo []*batch, idx []int, errs []error) {
 	ctx, cancel := context.WithTimeout(p.ctx, p.cfg.WriteTimeout)
 	res, err := p.rt.RoundTrip(ctx, p.addr, req)
 	cancel()
-	if err != nil && p.ctx.Err() != nil {
-		// kafka-go returns on cancellation while its connection may still
-		// be writing the request: its buffers must not be reused.
+	if err != nil {
+		// kafka-go returns on cancellation or on the request's timeout
+		// while its connection may still be writing the request: its
+		// buffers go to the garbage collector, never back to a pool.
 		outs = nil
 		for _, i := range sent {
 			todo[i].abandoned = true
