@@ -68,6 +68,9 @@ type Producer interface {
 	// Produce copies the record and hands it on; an error means the
 	// producer takes nothing more (the record's Acker has been told).
 	Produce(r *outboxd.Record) error
+	// Flush asks for what was produced to go out without lingering (a
+	// transaction ended); it does not wait.
+	Flush()
 	Close(ctx context.Context) error
 }
 

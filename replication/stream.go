@@ -204,6 +204,11 @@ func (s *stream) handleMessage(wal []byte) error {
 		if s.txn == nil {
 			return errors.New("pgoutput: Commit outside a transaction")
 		}
+		if s.txn.Pending() {
+			// Its records go out now, not after the linger: batching
+			// happens while a request is in flight, not before.
+			s.prod.Flush()
+		}
 		s.tracker.Commit(s.txn, m.TransactionEndLSN)
 		s.txn = nil
 		s.r.txns.Add(1)

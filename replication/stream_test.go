@@ -47,6 +47,8 @@ func (p *syncProducer) Produce(r *outboxd.Record) error {
 
 func (p *syncProducer) Close(context.Context) error { return nil }
 
+func (p *syncProducer) Flush() {}
+
 // record waits for the n-th record (from 0) the stream produced.
 func (p *syncProducer) record(t testing.TB, n int) outboxd.Record {
 	t.Helper()

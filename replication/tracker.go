@@ -77,6 +77,14 @@ type Refusal struct {
 	Err   *outboxd.RefusedError
 }
 
+// Pending reports whether the transaction carried records (it is called by
+// the stream's goroutine, the only one that tracks them).
+func (x *Txn) Pending() bool {
+	x.t.mu.Lock()
+	defer x.t.mu.Unlock()
+	return x.pendingSeen
+}
+
 // CommitLSN is the transaction's commit LSN as its Begin announced it.
 func (x *Txn) CommitLSN() pglogrepl.LSN { return x.final }
 

@@ -102,7 +102,7 @@ func (p *Producer) takeRound(now time.Time) (round []*batch, wait time.Duration,
 		}
 		if pt.open != nil {
 			any = true
-			if p.closing || now.Sub(pt.open.created) >= p.cfg.Linger {
+			if p.closing || p.due || now.Sub(pt.open.created) >= p.cfg.Linger {
 				ready = true
 				break
 			}
@@ -136,6 +136,7 @@ func (p *Producer) takeRound(now time.Time) (round []*batch, wait time.Duration,
 			continue
 		}
 		if size > 0 && size+len(b.buf) > maxRoundBytes {
+			// The rest goes in the next round; a Flush still holds for it.
 			p.next = (p.next + i) % n
 			return round, 0, nil, false
 		}
@@ -149,6 +150,12 @@ func (p *Producer) takeRound(now time.Time) (round []*batch, wait time.Duration,
 		round = append(round, b)
 	}
 	p.next = (p.next + 1) % n
+	p.due = false
+	for _, pt := range p.parts {
+		// A partition with several batches queued keeps the flush for
+		// its open one.
+		p.due = p.due || pt.open != nil && len(pt.queued) > 0
+	}
 	return round, 0, nil, false
 }
 
