@@ -111,3 +111,25 @@ func TestCleanStopReplacesARefusal(t *testing.T) {
 		t.Fatalf("flushes %v, CopyDone %v; want a final 0/2010", fl, w.ended())
 	}
 }
+
+// TestStatusDueAfterManyAcknowledgements: at a fast drain a status is due
+// every statusEvery acknowledgements, not only every status_interval.
+func TestStatusDueAfterManyAcknowledgements(t *testing.T) {
+	tr := NewTracker(100, 1<<20, 1<<30)
+	s := &stream{tracker: tr}
+	x := tr.Begin(time.Now(), 200)
+	acks := make([]outboxd.Acker, statusEvery)
+	for i := range acks {
+		acks[i] = tr.Track(x, 1, nil)
+	}
+	for _, a := range acks[:statusEvery-1] {
+		a.Ack(nil)
+	}
+	if s.farAhead() {
+		t.Fatalf("due after %d acknowledgements", statusEvery-1)
+	}
+	acks[statusEvery-1].Ack(nil)
+	if !s.farAhead() {
+		t.Fatalf("not due after %d acknowledgements", statusEvery)
+	}
+}

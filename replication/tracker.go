@@ -255,6 +255,13 @@ type State struct {
 	Refused int
 }
 
+// Acked is the number of records acknowledged so far.
+func (t *Tracker) Acked() uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.acked
+}
+
 // State returns a consistent snapshot.
 func (t *Tracker) State() State {
 	t.mu.Lock()
