@@ -24,6 +24,7 @@ import (
 
 // The secured broker's listeners.
 const (
+	plaintext     = "PLAINTEXT" // the one every broker of testenv has
 	saslSSL       = "SASL_SSL"
 	mTLS          = "MTLS"
 	saslPlaintext = "SASL_PLAINTEXT"
@@ -94,11 +95,14 @@ func newSecure(t *testing.T) *secure {
 // (YAML flow maps; "" leaves the section out).
 func (s *secure) kafka(cfg *testenv.Config, listener, tls, sasl string) {
 	s.t.Helper()
-	addr, err := s.env.KafkaListener(listener)
-	if err != nil {
-		s.t.Fatal(err)
+	cfg.Brokers = s.env.KafkaBrokers
+	if listener != plaintext {
+		addr, err := s.env.KafkaListener(listener)
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		cfg.Brokers = addr
 	}
-	cfg.Brokers = addr
 	delete(cfg.Kafka, "tls")
 	delete(cfg.Kafka, "sasl")
 	if tls != "" {
@@ -197,8 +201,8 @@ func TestSecuredKafkaDelivers(t *testing.T) {
 }
 
 // TestKafkaSecurityFailuresLoseNothing: a wrong password, an untrusted
-// certificate, a wrong server name and a missing client certificate each
-// stop outboxd with exit status 1 and one line naming the failure as TLS or
+// certificate, a wrong server name, a missing client certificate and SASL
+// towards a listener without it each stop outboxd with exit status 1 and one line naming the failure as TLS or
 // SASL with its fix; `check` fails its kafka line with the same; and
 // nothing is lost: the slot never passes the rows written meanwhile, which
 // arrive once the configuration is fixed.
@@ -236,6 +240,8 @@ func TestKafkaSecurityFailuresLoseNothing(t *testing.T) {
 			[]string{`TLS: the broker's certificate is not valid for "broker.invalid"`, "kafka.tls.server_name"}},
 		{"no client certificate", mTLS, s.tlsCA(""), "",
 			[]string{"TLS: the broker refused the handshake", "kafka.tls.cert_file"}},
+		{"SASL on a listener without it", plaintext, "", s.sasl("SCRAM-SHA-512"),
+			[]string{"SASL: the broker does not take kafka.sasl.mechanism on this listener"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := f.config(seedRoute(topic))
