@@ -66,7 +66,6 @@ func stopSecured() {
 
 // secure is what outboxd needs to reach the secured services.
 type secure struct {
-	t                  *testing.T
 	env                *testenv.Env
 	pki                testenv.PKI
 	user, passwordFile string
@@ -88,23 +87,21 @@ func newSecure(t *testing.T) *secure {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &secure{t: t, env: e, pki: pki, user: user, passwordFile: pwFile, password: string(pw)}
+	return &secure{env: e, pki: pki, user: user, passwordFile: pwFile, password: string(pw)}
 }
 
 // kafka points cfg at listener with the given kafka.tls and kafka.sasl
 // (YAML flow maps; "" leaves the section out).
-func (s *secure) kafka(cfg *testenv.Config, listener, tls, sasl string) {
-	s.t.Helper()
+func (s *secure) kafka(t *testing.T, cfg *testenv.Config, listener, tls, sasl string) {
+	t.Helper()
 	cfg.Brokers = s.env.KafkaBrokers
 	if listener != plaintext {
 		addr, err := s.env.KafkaListener(listener)
 		if err != nil {
-			s.t.Fatal(err)
+			t.Fatal(err)
 		}
 		cfg.Brokers = addr
 	}
-	delete(cfg.Kafka, "tls")
-	delete(cfg.Kafka, "sasl")
 	if tls != "" {
 		cfg.Kafka["tls"] = tls
 	}
@@ -176,7 +173,7 @@ func TestSecuredKafkaDelivers(t *testing.T) {
 			f := newFixtureOn(t, s.env, seedSchema, map[string]int{"comandes": 4})
 			ctx := context.Background()
 			cfg := f.config(seedRoute(f.topic("comandes")))
-			s.kafka(&cfg, tc.listener, tc.tls, tc.sasl)
+			s.kafka(t, &cfg, tc.listener, tc.tls, tc.sasl)
 			d := f.start(cfg)
 			w := newWriter(f, uint64(tc.rows), 80, "outbox")
 			sizes := []int{1, 2, 5, 10, 50, 1, 3, 120}
@@ -212,7 +209,7 @@ func TestKafkaSecurityFailuresLoseNothing(t *testing.T) {
 	ctx := context.Background()
 	topic := f.topic("comandes")
 	good := f.config(seedRoute(topic))
-	s.kafka(&good, saslSSL, s.tlsCA(""), s.sasl("SCRAM-SHA-512"))
+	s.kafka(t, &good, saslSSL, s.tlsCA(""), s.sasl("SCRAM-SHA-512"))
 	d := f.start(good)
 	w := newWriter(f, 21, 15, "outbox")
 	w.txns(ctx, 10, 3)
@@ -245,7 +242,7 @@ func TestKafkaSecurityFailuresLoseNothing(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := f.config(seedRoute(topic))
-			s.kafka(&cfg, tc.listener, tc.tls, tc.sasl)
+			s.kafka(t, &cfg, tc.listener, tc.tls, tc.sasl)
 			log := exitedWith1(t, f.spawn(cfg), 60*time.Second)
 			exit := lastLine(log)
 			t.Logf("exit line: %s", exit)
@@ -267,7 +264,7 @@ func TestKafkaSecurityFailuresLoseNothing(t *testing.T) {
 	// closes the connection: check says so (the daemon retries: a closed
 	// connection may as well be an outage).
 	cfg := f.config(seedRoute(topic))
-	s.kafka(&cfg, saslSSL, s.tlsCA(""), "")
+	s.kafka(t, &cfg, saslSSL, s.tlsCA(""), "")
 	r := outboxd(t, f.dsn, "check", "-c", f.configFile(cfg))
 	wantCheckFails(t, r, "kafka", "the listener may need TLS (kafka.tls.enable) or SASL (kafka.sasl)")
 

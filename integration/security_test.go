@@ -138,7 +138,7 @@ func TestSecretsNeverShown(t *testing.T) {
 		cfg.DSN = dsn
 		cfg.Postgres["password_file"] = fmt.Sprintf("%q", pgFile)
 		cfg.Postgres["create_publication"] = "false"
-		s.kafka(&cfg, saslSSL, s.tlsCA(""), fmt.Sprintf("{mechanism: SCRAM-SHA-512, username: %s, password_file: %q}", s.user, saslFile))
+		s.kafka(t, &cfg, saslSSL, s.tlsCA(""), fmt.Sprintf("{mechanism: SCRAM-SHA-512, username: %s, password_file: %q}", s.user, saslFile))
 		return cfg
 	}
 
