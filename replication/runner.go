@@ -330,6 +330,9 @@ func backoff(attempt int, min, max time.Duration) time.Duration {
 
 // classify marks connection errors that no retry can fix as fatal.
 func classify(err error) error {
+	if why := ExplainConnect(err); why != "" {
+		return Fatal(fmt.Errorf("connect to PostgreSQL: %w: %s", err, why))
+	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch {
