@@ -114,8 +114,10 @@ func (s *Server) view(now time.Time) view {
 	}
 	// A poll that began before the current state may have seen the
 	// server before the stream created the slot or the publication: its
-	// verdict on them is not shown next to that state.
+	// verdict on them is not shown next to that state. Before a stream
+	// began, they may not exist yet by design (the stream creates them).
 	fresh := !v.snap.At.IsZero() && !v.snap.At.Before(v.st.Since)
+	judged := fresh && (v.st.State == replication.StateStreaming || v.st.State == replication.StateStopping)
 	if s.limits.MaxRetainedWALBytes > 0 && v.snap.RetainedBytes > s.limits.MaxRetainedWALBytes {
 		v.problems["retained_wal"] = fmt.Sprintf("the slot retains %d bytes of WAL, over health.max_retained_wal_bytes %d", v.snap.RetainedBytes, s.limits.MaxRetainedWALBytes)
 	}
@@ -126,10 +128,10 @@ func (s *Server) view(now time.Time) view {
 		case "lost":
 			v.problems["wal_status"] = "slot wal_status is lost: WAL it needed was removed and events are missing; reconcile the outbox, then drop and recreate the slot (outboxd slot drop)"
 		}
-	} else if v.snap.Err == "" && fresh {
+	} else if v.snap.Err == "" && judged {
 		v.problems["slot"] = "the replication slot does not exist"
 	}
-	if v.snap.Publication != "" && fresh {
+	if v.snap.Publication != "" && judged {
 		v.problems["publication"] = v.snap.Publication
 	}
 

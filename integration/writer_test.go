@@ -86,6 +86,16 @@ func (w *writer) txn(ctx context.Context, size int) error {
 	return nil
 }
 
+// txns commits n transactions of 1+i%mod rows; a failure ends the test.
+func (w *writer) txns(ctx context.Context, n, mod int) {
+	w.f.t.Helper()
+	for i := 0; i < n; i++ {
+		if err := w.txn(ctx, 1+i%mod); err != nil {
+			w.f.t.Fatal(err)
+		}
+	}
+}
+
 // inBackground commits n transactions of 1+i%mod rows, pausing between
 // them; the channel yields the first error, or nil when all committed.
 func (w *writer) inBackground(ctx context.Context, n, mod int, pause time.Duration) <-chan error {
@@ -191,7 +201,7 @@ func (w *writer) verify(ctx context.Context, topic, partitioner string) testenv.
 		}
 	}
 	nParts := w.f.topics[topic]
-	v := &testenv.Verifier{Brokers: env.KafkaBrokers, Topic: topic, Partitions: nParts, Check: func(m kafka.Message) error {
+	v := &testenv.Verifier{Brokers: w.f.env.KafkaBrokers, Topic: topic, Partitions: nParts, Check: func(m kafka.Message) error {
 		e, ok := w.events[header(m, "id_esdeveniment")]
 		if !ok {
 			return nil // Final counts it as unknown

@@ -131,8 +131,10 @@ func evalKafka(bootstrap, advertised []brokerDial) Result {
 	security := ""
 	for _, d := range bootstrap {
 		if d.err != nil {
-			bad = append(bad, d.err.Error())
-			if why := sink.Explain(d.err); why != "" && security == "" {
+			why := sink.Explain(d.err)
+			// The fix says why once; the detail keeps the error itself.
+			bad = append(bad, strings.TrimPrefix(d.err.Error(), why+": "))
+			if why != "" && security == "" {
 				security = why
 			}
 		} else {

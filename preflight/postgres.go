@@ -2,7 +2,6 @@ package preflight
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/outboxd/outboxd/catalog"
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/replication"
 )
 
 // Connect opens a normal (non-replication) connection with the configured
@@ -30,10 +30,21 @@ func Connect(ctx context.Context, pg config.Postgres) (*pgx.Conn, error) {
 	pcfg.Config = *cc
 	conn, err := pgx.ConnectConfig(ctx, pcfg)
 	if err != nil {
-		return nil, errors.New(scrub(err.Error(), pcfg.Password))
+		return nil, &scrubbedError{msg: scrub(err.Error(), pcfg.Password), err: err}
 	}
 	return conn, nil
 }
+
+// scrubbedError is a connection error whose text holds no password; it
+// still unwraps to pgconn's error, so that what it is (a TLS failure, an
+// SQLSTATE) can be told.
+type scrubbedError struct {
+	msg string
+	err error
+}
+
+func (e *scrubbedError) Error() string { return e.msg }
+func (e *scrubbedError) Unwrap() error { return e.err }
 
 func scrub(msg, password string) string {
 	if password != "" {
@@ -48,8 +59,11 @@ func checkPostgres(ctx context.Context, cfg config.Config) []Result {
 	defer cancel()
 	conn, err := Connect(ctx, pg)
 	if err != nil {
-		out := []Result{fail("database", fmt.Sprintf("cannot connect to %s: %s", pg.RedactedDSN(), oneLine(err.Error())),
-			"check postgres.dsn (host, port, database, user, password) and pg_hba.conf; the server must accept TCP connections from here")}
+		fix := "check postgres.dsn (host, port, database, user, password) and pg_hba.conf; the server must accept TCP connections from here"
+		if why := replication.ExplainConnect(err); why != "" {
+			fix = why
+		}
+		out := []Result{fail("database", fmt.Sprintf("cannot connect to %s: %s", pg.RedactedDSN(), oneLine(err.Error())), fix)}
 		for _, name := range databaseChecks(cfg) {
 			out = append(out, skipped(name, "the database is unreachable"))
 		}

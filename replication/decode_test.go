@@ -19,7 +19,8 @@ import (
 // fakeProducer is a Producer made of what the test needs: it keeps the
 // records it is given and acknowledges them only when told to.
 type fakeProducer struct {
-	recs []outboxd.Record
+	recs    []outboxd.Record
+	flushes int // Flush calls: one per committed transaction with records
 }
 
 // Produce copies, as the real one does: the records reference the
@@ -35,8 +36,10 @@ func (p *fakeProducer) Produce(r *outboxd.Record) error {
 
 func (p *fakeProducer) Close(context.Context) error { return nil }
 
+func (p *fakeProducer) Flush() { p.flushes++ }
+
 // readFixture returns the pgoutput messages recorded from a real server by
-// integration/cmd/pgoutput-fixture.
+// tools/pgoutput-fixture.
 func readFixture(t testing.TB, name string) [][]byte {
 	t.Helper()
 	f, err := os.Open(name)
@@ -116,6 +119,9 @@ func TestDecodeRecordedPgoutput(t *testing.T) {
 	}
 	if len(commits) != 2 {
 		t.Fatalf("the fixture has %d commits, want 2", len(commits))
+	}
+	if prod.flushes != 2 {
+		t.Errorf("%d flushes for 2 committed transactions with records", prod.flushes)
 	}
 	if s.txn != nil {
 		t.Fatal("a transaction is still open after its Commit")

@@ -35,6 +35,16 @@ func routedStream(t *testing.T, messageDLQ string) (*stream, *fakeProducer, *Tra
 	return s, prod, tracker
 }
 
+// mustRouter is the router of routes for the service comandes.
+func mustRouter(t testing.TB, routes []envelope.Route) *envelope.Router {
+	t.Helper()
+	r, err := envelope.NewRouter("comandes", routes, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
 func headerOf(r outboxd.Record, key string) string {
 	for _, h := range r.Headers {
 		if h.Key == key {

@@ -68,6 +68,9 @@ type Producer interface {
 	// Produce copies the record and hands it on; an error means the
 	// producer takes nothing more (the record's Acker has been told).
 	Produce(r *outboxd.Record) error
+	// Flush asks for what was produced to go out without lingering (a
+	// transaction ended); it does not wait.
+	Flush()
 	Close(ctx context.Context) error
 }
 
@@ -331,6 +334,9 @@ func backoff(attempt int, min, max time.Duration) time.Duration {
 
 // classify marks connection errors that no retry can fix as fatal.
 func classify(err error) error {
+	if why := ExplainConnect(err); why != "" {
+		return Fatal(fmt.Errorf("connect to PostgreSQL: %w: %s", err, why))
+	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch {

@@ -81,6 +81,10 @@ type Producer struct {
 	next    int          // where the next round starts in parts
 	fenced  error        // the error every later record gets
 	closing bool
+	// due: Flush asked for what is batched to go out without lingering; the
+	// next round the sender takes (at once when it is idle, after the
+	// round in flight otherwise) takes every open batch.
+	due bool
 }
 
 type topic struct {
@@ -271,6 +275,17 @@ func cloneRecord(r *outboxd.Record) outboxd.Record {
 		}
 	}
 	return c
+}
+
+// Flush asks for the records produced so far to go out without waiting
+// for the linger: at once when no request is in flight, in the next round
+// otherwise (so records batch up only while a request is in flight). It
+// does not wait. The stream calls it at each commit.
+func (p *Producer) Flush() {
+	p.mu.Lock()
+	p.due = true
+	p.mu.Unlock()
+	p.poke()
 }
 
 // Close sends what is batched and waits for the acknowledgements, at most

@@ -26,6 +26,12 @@ func splitBrokers(brokers string) []string {
 // CreateTopic creates a topic via the cluster controller (replication factor
 // 1) and waits until all partitions have a leader. brokers is "h:p[,h:p...]".
 func CreateTopic(ctx context.Context, brokers, topic string, partitions int) error {
+	return CreateTopicWith(ctx, brokers, topic, partitions, nil)
+}
+
+// CreateTopicWith is CreateTopic with topic-level settings, e.g.
+// {"max.message.bytes": "10000"}.
+func CreateTopicWith(ctx context.Context, brokers, topic string, partitions int, configs map[string]string) error {
 	if partitions <= 0 {
 		partitions = 1
 	}
@@ -48,7 +54,11 @@ func CreateTopic(ctx context.Context, brokers, topic string, partitions int) err
 			return err
 		}
 		defer cc.Close()
-		err = cc.CreateTopics(kafka.TopicConfig{Topic: topic, NumPartitions: partitions, ReplicationFactor: 1})
+		tc := kafka.TopicConfig{Topic: topic, NumPartitions: partitions, ReplicationFactor: 1}
+		for k, v := range configs {
+			tc.ConfigEntries = append(tc.ConfigEntries, kafka.ConfigEntry{ConfigName: k, ConfigValue: v})
+		}
+		err = cc.CreateTopics(tc)
 		if errors.Is(err, kafka.TopicAlreadyExists) {
 			return nil
 		}
