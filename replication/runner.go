@@ -56,6 +56,15 @@ type Config struct {
 	// transaction that carried records. It must be cheap and safe for
 	// concurrent use.
 	OnConfirm func(commitTime time.Time)
+	// Snapshot, when set, is how a slot that outboxd creates starts: with
+	// an exported snapshot whose pending rows Snapshot publishes through
+	// prod, returning once Kafka acknowledged them all, before anything
+	// is streamed (cutover.go). Nil: the slot is created without one.
+	Snapshot func(ctx context.Context, snapshot, consistentPoint string, prod Producer) error
+	// Mark, when set, wraps the Acker of the record of a row of table
+	// whose id is id (postgres.mark_published): next learns the outcome
+	// only once the row is marked published.
+	Mark func(table string, id []byte, next outboxd.Acker) outboxd.Acker
 	// OnStreaming, when set, is called when a stream begins: the slot and
 	// the publication exist from then on (the health monitor reads them
 	// again at once).
@@ -157,8 +166,9 @@ func NewRunner(cfg Config, router *envelope.Router, newProducer func() (Producer
 		pc.RuntimeParams["application_name"] = "outboxd"
 	}
 	// Text output of timestamptz in a fixed, parseable form.
-	pc.RuntimeParams["datestyle"] = "ISO, YMD"
-	pc.RuntimeParams["timezone"] = "UTC"
+	for k, v := range envelope.SessionParams {
+		pc.RuntimeParams[k] = v
+	}
 	useLargeReadBuffer(pc)
 	return &Runner{cfg: cfg, conn: pc, router: router, newProducer: newProducer, log: log, state: StateStarting, since: time.Now()}
 }

@@ -1,0 +1,127 @@
+package republish
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outboxd/outboxd/catalog"
+	"github.com/outboxd/outboxd/envelope"
+)
+
+// Snapshotter publishes, when outboxd creates its slot, the rows the slot's
+// exported snapshot sees as pending: publicat_en NULL, in creat_en order,
+// through the stream's own producer and envelope, before the stream starts
+// from the slot's consistent point. Those rows were committed before that
+// point, so the slot is already past them: nothing but this publication
+// delivers them, and the replication package confirms nothing on the slot
+// until Publish has returned (see replication/cutover.go).
+type Snapshotter struct {
+	Conn        *pgconn.Config
+	Router      *envelope.Router
+	Tables      []Table
+	Marker      *Marker // nil: publicat_en is left as it is
+	MaxInFlight int
+	Log         hclog.Logger
+	// ProgressEvery is how often a long publication logs its progress.
+	ProgressEvery time.Duration
+}
+
+// Publish imports the exported snapshot (it must run before the exporting
+// replication connection runs another command), publishes every pending
+// row of every table that has a publicat_en column, and returns once Kafka
+// acknowledged them all (and, with a Marker, their marks committed).
+// consistentPoint only labels the log and the dead-letter records.
+func (s *Snapshotter) Publish(ctx context.Context, snapshot, consistentPoint string, prod Producer) error {
+	started := time.Now()
+	conn, err := connect(ctx, s.Conn, "outboxd-snapshot")
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	if err := exec(ctx, conn, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT "+catalog.QuoteLiteral(snapshot)); err != nil {
+		return fmt.Errorf("import the slot's snapshot %s: %w", snapshot, err)
+	}
+	type pending struct {
+		t     Table
+		where string
+	}
+	var tables []pending
+	total := 0
+	for _, t := range s.Tables {
+		if t.PublicatEn == "" {
+			s.Log.Info("snapshot: the table has no publicat_en column; nothing of it is pending", "table", t.Name())
+			continue
+		}
+		where := fmt.Sprintf(" FROM %s WHERE %s IS NULL", t.quoted(), catalog.QuoteIdent(t.PublicatEn))
+		n, err := count(ctx, conn, "SELECT count(*)"+where, nil)
+		if err != nil {
+			return privilege(missingColumn(fmt.Errorf("snapshot: count the pending rows of %s: %w", t.Name(), err), t, "publicat_en", t.PublicatEn),
+				"outboxd's role needs SELECT on the outbox table")
+		}
+		s.Log.Info("snapshot: pending rows as of the slot's consistent point", "table", t.Name(), "rows", n, "consistent_point", consistentPoint)
+		total += n
+		tables = append(tables, pending{t, where})
+	}
+
+	p := newPublisher(s.Router, prod, s.MaxInFlight, s.Marker, "snapshot "+consistentPoint, s.Log)
+	p.progress.Total = total
+	stopReport := s.report(p)
+	defer stopReport()
+	for _, pt := range tables {
+		t := pt.t
+		p.mu.Lock()
+		p.progress.Table = t.Name()
+		p.mu.Unlock()
+		sql := "SELECT *" + pt.where + " ORDER BY " + catalog.QuoteIdent(t.Route.Columns.CreatEn) + ", ctid"
+		err := scan(ctx, conn, s.Router, t, sql, nil, func(b *envelope.Binding, row []envelope.Column) error {
+			return p.row(ctx, b, row)
+		})
+		if err != nil {
+			return missingColumn(fmt.Errorf("snapshot of %s: %w", t.Name(), err), t, "creat_en", t.Route.Columns.CreatEn)
+		}
+	}
+	// Everything is read: end the transaction now rather than keep it
+	// open (and its snapshot holding back vacuum) while Kafka answers.
+	if err := exec(ctx, conn, "COMMIT"); err != nil {
+		return fmt.Errorf("snapshot: end the transaction: %w", err)
+	}
+	if err := p.drain(ctx); err != nil {
+		return fmt.Errorf("snapshot: %w", err)
+	}
+	st := p.state()
+	s.Log.Info("snapshot published: every pending row acknowledged by Kafka", "rows", st.Read, "dead_lettered", st.Dead,
+		"consistent_point", consistentPoint, "took", time.Since(started).Round(time.Millisecond))
+	return nil
+}
+
+// report logs the publication's progress every ProgressEvery until stopped.
+func (s *Snapshotter) report(p *publisher) (stop func()) {
+	every := s.ProgressEvery
+	if every <= 0 {
+		every = 5 * time.Second
+	}
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				st := p.state()
+				s.Log.Info("snapshot: publishing", "table", st.Table, "read", st.Read, "acknowledged", st.Acked, "of", st.Total)
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-finished
+	}
+}
