@@ -176,28 +176,35 @@ func TestCutoverCrashDuringSnapshot(t *testing.T) {
 }
 
 // topicSize is how many records the fixture's topic holds (the sum of its
-// partitions' high watermarks).
+// partitions' high watermarks). A partition whose leader is still settling
+// is asked again.
 func (f *fixture) topicSize(topic string) int64 {
 	t := f.t
 	t.Helper()
-	n := f.topics[topic]
-	reqs := make([]kafka.OffsetRequest, n)
+	reqs := make([]kafka.OffsetRequest, f.topics[topic])
 	for p := range reqs {
 		reqs[p] = kafka.LastOffsetOf(p)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	client := &kafka.Client{Addr: kafka.TCP(env.KafkaBrokers)}
-	resp, err := client.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: reqs}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sum int64
-	for _, po := range resp.Topics[topic] {
-		if po.Error != nil {
-			t.Fatal(po.Error)
+	client := &kafka.Client{Addr: kafka.TCP(env.KafkaBrokers), Timeout: 5 * time.Second}
+	var err error
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		var resp *kafka.ListOffsetsResponse
+		resp, err = client.ListOffsets(context.Background(), &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{topic: reqs}})
+		if err != nil {
+			continue
 		}
-		sum += po.LastOffset
+		var sum int64
+		for _, po := range resp.Topics[topic] {
+			if po.Error != nil {
+				err = po.Error
+				break
+			}
+			sum += po.LastOffset
+		}
+		if err == nil {
+			return sum
+		}
 	}
-	return sum
+	t.Fatalf("the size of %s: %v", topic, err)
+	return 0
 }

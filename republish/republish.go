@@ -242,6 +242,66 @@ func (p *publisher) state() Progress {
 	return p.progress
 }
 
+// selection is the rows of one table to publish: " FROM ... WHERE ..."
+// and its parameters (text).
+type selection struct {
+	t      Table
+	where  string
+	params [][]byte
+}
+
+// publishAll publishes the rows of every selection, each table in creat_en
+// order, inside the transaction open on conn (so that the counts taken
+// before and the rows agree), ends the transaction once everything is read
+// rather than keep its snapshot (holding back vacuum) while Kafka answers,
+// and waits until Kafka acknowledged every record. It returns how many rows
+// of each table it handed over.
+func publishAll(ctx context.Context, conn *pgconn.PgConn, router *envelope.Router, sels []selection, p *publisher) ([]TableCount, error) {
+	counts := make([]TableCount, 0, len(sels))
+	for _, s := range sels {
+		p.mu.Lock()
+		p.progress.Table = s.t.Name()
+		before := p.progress.Read
+		p.mu.Unlock()
+		creat := s.t.Route.Columns.CreatEn
+		err := scan(ctx, conn, router, s.t, "SELECT *"+s.where+" ORDER BY "+catalog.QuoteIdent(creat)+", ctid", s.params,
+			func(b *envelope.Binding, row []envelope.Column) error { return p.row(ctx, b, row) })
+		if err != nil {
+			return counts, missingColumn(fmt.Errorf("%s: %w", s.t.Name(), err), s.t, "creat_en", creat)
+		}
+		counts = append(counts, TableCount{Table: s.t.Name(), Topic: s.t.Route.Topic, Rows: p.state().Read - before})
+	}
+	if err := exec(ctx, conn, "COMMIT"); err != nil {
+		return counts, fmt.Errorf("end the transaction: %w", err)
+	}
+	return counts, p.drain(ctx)
+}
+
+// every calls fn every d (def when d is not positive) until stop returns.
+func every(d, def time.Duration, fn func()) (stop func()) {
+	if d <= 0 {
+		d = def
+	}
+	done, finished := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(d)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				fn()
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-finished
+	}
+}
+
 // connect opens a connection whose text output is what envelope.Build
 // parses (envelope.SessionParams).
 func connect(ctx context.Context, cfg *pgconn.Config, app string) (*pgconn.PgConn, error) {

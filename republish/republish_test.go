@@ -52,7 +52,9 @@ func testBinding(t *testing.T, dlq string) (*envelope.Router, *envelope.Binding)
 }
 
 func testRow(i int, versio string) []envelope.Column {
-	text := func(s string) envelope.Column { return envelope.Column{Kind: pglogrepl.TupleDataTypeText, Data: []byte(s)} }
+	text := func(s string) envelope.Column {
+		return envelope.Column{Kind: pglogrepl.TupleDataTypeText, Data: []byte(s)}
+	}
 	return []envelope.Column{text(fmt.Sprintf("00000000-0000-4000-8000-%012d", i)), text("P-1"), text("comanda.creada"),
 		text(versio), text(`{"n": 1}`), text("2026-12-03 10:00:00.123456+00")}
 }

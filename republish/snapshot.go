@@ -45,83 +45,36 @@ func (s *Snapshotter) Publish(ctx context.Context, snapshot, consistentPoint str
 	if err := exec(ctx, conn, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT "+catalog.QuoteLiteral(snapshot)); err != nil {
 		return fmt.Errorf("import the slot's snapshot %s: %w", snapshot, err)
 	}
-	type pending struct {
-		t     Table
-		where string
-	}
-	var tables []pending
+	var sels []selection
 	total := 0
 	for _, t := range s.Tables {
 		if t.PublicatEn == "" {
 			s.Log.Info("snapshot: the table has no publicat_en column; nothing of it is pending", "table", t.Name())
 			continue
 		}
-		where := fmt.Sprintf(" FROM %s WHERE %s IS NULL", t.quoted(), catalog.QuoteIdent(t.PublicatEn))
-		n, err := count(ctx, conn, "SELECT count(*)"+where, nil)
+		sel := selection{t: t, where: fmt.Sprintf(" FROM %s WHERE %s IS NULL", t.quoted(), catalog.QuoteIdent(t.PublicatEn))}
+		n, err := count(ctx, conn, "SELECT count(*)"+sel.where, nil)
 		if err != nil {
 			return privilege(missingColumn(fmt.Errorf("snapshot: count the pending rows of %s: %w", t.Name(), err), t, "publicat_en", t.PublicatEn),
 				"outboxd's role needs SELECT on the outbox table")
 		}
 		s.Log.Info("snapshot: pending rows as of the slot's consistent point", "table", t.Name(), "rows", n, "consistent_point", consistentPoint)
 		total += n
-		tables = append(tables, pending{t, where})
+		sels = append(sels, sel)
 	}
 
 	p := newPublisher(s.Router, prod, s.MaxInFlight, s.Marker, "snapshot "+consistentPoint, s.Log)
 	p.progress.Total = total
-	stopReport := s.report(p)
+	stopReport := every(s.ProgressEvery, 5*time.Second, func() {
+		st := p.state()
+		s.Log.Info("snapshot: publishing", "table", st.Table, "read", st.Read, "acknowledged", st.Acked, "of", st.Total)
+	})
 	defer stopReport()
-	for _, pt := range tables {
-		t := pt.t
-		p.mu.Lock()
-		p.progress.Table = t.Name()
-		p.mu.Unlock()
-		sql := "SELECT *" + pt.where + " ORDER BY " + catalog.QuoteIdent(t.Route.Columns.CreatEn) + ", ctid"
-		err := scan(ctx, conn, s.Router, t, sql, nil, func(b *envelope.Binding, row []envelope.Column) error {
-			return p.row(ctx, b, row)
-		})
-		if err != nil {
-			return missingColumn(fmt.Errorf("snapshot of %s: %w", t.Name(), err), t, "creat_en", t.Route.Columns.CreatEn)
-		}
-	}
-	// Everything is read: end the transaction now rather than keep it
-	// open (and its snapshot holding back vacuum) while Kafka answers.
-	if err := exec(ctx, conn, "COMMIT"); err != nil {
-		return fmt.Errorf("snapshot: end the transaction: %w", err)
-	}
-	if err := p.drain(ctx); err != nil {
+	if _, err := publishAll(ctx, conn, s.Router, sels, p); err != nil {
 		return fmt.Errorf("snapshot: %w", err)
 	}
 	st := p.state()
 	s.Log.Info("snapshot published: every pending row acknowledged by Kafka", "rows", st.Read, "dead_lettered", st.Dead,
 		"consistent_point", consistentPoint, "took", time.Since(started).Round(time.Millisecond))
 	return nil
-}
-
-// report logs the publication's progress every ProgressEvery until stopped.
-func (s *Snapshotter) report(p *publisher) (stop func()) {
-	every := s.ProgressEvery
-	if every <= 0 {
-		every = 5 * time.Second
-	}
-	done := make(chan struct{})
-	finished := make(chan struct{})
-	go func() {
-		defer close(finished)
-		t := time.NewTicker(every)
-		defer t.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-t.C:
-				st := p.state()
-				s.Log.Info("snapshot: publishing", "table", st.Table, "read", st.Read, "acknowledged", st.Acked, "of", st.Total)
-			}
-		}
-	}()
-	return func() {
-		close(done)
-		<-finished
-	}
 }
