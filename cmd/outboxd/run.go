@@ -16,6 +16,7 @@ import (
 	"github.com/outboxd/outboxd/health"
 	"github.com/outboxd/outboxd/replication"
 	"github.com/outboxd/outboxd/republish"
+	"github.com/outboxd/outboxd/retention"
 	"github.com/outboxd/outboxd/sink"
 )
 
@@ -103,6 +104,16 @@ func run(ctx context.Context, path string, proc *process) error {
 		// for their marks.
 		wg.Add(1)
 		go func() { defer wg.Done(); marker.Run(hctx) }()
+	}
+	if rt := cfg.Retention; rt.MaxAge > 0 {
+		var tables []retention.Table
+		for _, r := range cfg.Routes {
+			tables = append(tables, retention.Table{Schema: r.Schema, Name: r.Name, CreatEn: r.Columns.CreatEn})
+		}
+		job := retention.New(retention.Config{Conn: conn, Slot: cfg.Postgres.Slot, Tables: tables, MaxAge: rt.MaxAge,
+			Interval: rt.Interval, BatchSize: rt.BatchSize, ConfirmTimeout: rt.ConfirmTimeout}, log.Named("retention"))
+		wg.Add(1)
+		go func() { defer wg.Done(); job.Run(ctx) }()
 	}
 	runErr := runner.Run(ctx)
 	stopHealth()
