@@ -9,8 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/outboxd/outboxd/testenv"
 )
 
 // Outbox housekeeping: rows deleted in the transaction that inserts them,
@@ -155,9 +153,7 @@ func TestRetentionNeverDeletesUndelivered(t *testing.T) {
 		t.Fatalf("young rows: %d of %d left, %d marked; want all left and marked", n, len(young), marked)
 	}
 
-	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	msgs, _ := testenv.Consume(cctx, env.KafkaBrokers, topic, 0) // everything it holds
+	msgs := consumeAll(t, topic, len(all))
 	seen := map[string]bool{}
 	for _, m := range msgs {
 		seen[header(m, "id_esdeveniment")] = true

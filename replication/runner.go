@@ -13,7 +13,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -24,6 +23,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxd/outboxd"
+	"github.com/outboxd/outboxd/backoff"
 	"github.com/outboxd/outboxd/catalog"
 	"github.com/outboxd/outboxd/envelope"
 )
@@ -283,7 +283,7 @@ func (r *Runner) Run(ctx context.Context) error {
 				lastErr = ""
 			}
 			attempt = 0
-			if !sleep(ctx, r.cfg.StandbyRetry) {
+			if !backoff.Sleep(ctx, r.cfg.StandbyRetry) {
 				r.enter(StateStopped, nil)
 				return nil
 			}
@@ -294,7 +294,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		if time.Since(started) > r.cfg.BackoffMax {
 			attempt = 0
 		}
-		delay := backoff(attempt, r.cfg.BackoffMin, r.cfg.BackoffMax)
+		delay := backoff.Delay(attempt, r.cfg.BackoffMin, r.cfg.BackoffMax)
 		attempt++
 		r.enter(StateBackoff, err)
 		// Log once per change of error, not on every retry.
@@ -304,35 +304,11 @@ func (r *Runner) Run(ctx context.Context) error {
 		} else {
 			r.log.Debug("retrying", "error", err, "delay", delay.Round(time.Millisecond))
 		}
-		if !sleep(ctx, delay) {
+		if !backoff.Sleep(ctx, delay) {
 			r.enter(StateStopped, nil)
 			return nil
 		}
 	}
-}
-
-// sleep waits d; false when ctx ended first.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
-}
-
-// backoff is min·2^attempt capped at max, with full jitter over its upper half.
-func backoff(attempt int, min, max time.Duration) time.Duration {
-	d := min
-	for i := 0; i < attempt && d < max; i++ {
-		d *= 2
-	}
-	if d > max {
-		d = max
-	}
-	return d/2 + rand.N(d/2+1)
 }
 
 // classify marks connection errors that no retry can fix as fatal.

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/outboxd/outboxd/backoff"
 )
 
 func splitBrokers(brokers string) []string {
@@ -59,7 +61,7 @@ func CreateTopic(ctx context.Context, brokers, topic string, partitions int) err
 		if err = create(); err == nil {
 			break
 		}
-		if !sleepCtx(ctx, 200*time.Millisecond) {
+		if !backoff.Sleep(ctx, 200*time.Millisecond) {
 			return fmt.Errorf("testenv: create topic %q: %w (last error: %v)", topic, ctx.Err(), err)
 		}
 	}
@@ -68,7 +70,7 @@ func CreateTopic(ctx context.Context, brokers, topic string, partitions int) err
 		if err == nil && len(ps) >= partitions && allLed(ps) {
 			return nil
 		}
-		if !sleepCtx(ctx, 100*time.Millisecond) {
+		if !backoff.Sleep(ctx, 100*time.Millisecond) {
 			return fmt.Errorf("testenv: topic %q not ready: %w (last: %d partitions, err %v)", topic, ctx.Err(), len(ps), err)
 		}
 	}
@@ -97,17 +99,6 @@ func readPartitions(ctx context.Context, broker, topic string) ([]kafka.Partitio
 	return conn.ReadPartitions(topic)
 }
 
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
-}
-
 // Consume reads all partitions of topic from the first offset (no consumer
 // group, one reader per partition) until want messages were read or ctx ends.
 // The result is sorted by partition, then offset, and carries Partition,
@@ -127,7 +118,7 @@ func Consume(ctx context.Context, brokers, topic string, want int) ([]kafka.Mess
 			parts = ps
 			break
 		}
-		if !sleepCtx(ctx, 200*time.Millisecond) {
+		if !backoff.Sleep(ctx, 200*time.Millisecond) {
 			if want <= 0 {
 				return nil, nil
 			}
