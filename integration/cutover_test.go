@@ -61,6 +61,11 @@ func TestCutoverFromRelay(t *testing.T) {
 
 	dc := f.config(seedRoute(topic))
 	dc.Kafka["partitioner"] = "crc32"
+	// check tells what the first start will publish (the writer adds
+	// more meanwhile).
+	if line := outboxd(t, f.dsn, "check", "-c", f.configFile(dc)).line("PASS slot:"); !strings.Contains(line, "exported snapshot") || !strings.Contains(line, "public.outbox: ") {
+		t.Fatalf("check before the cut-over: %q", line)
+	}
 	d := f.start(dc)
 	select {
 	case err := <-errc:
@@ -150,6 +155,9 @@ func TestCutoverCrashDuringSnapshot(t *testing.T) {
 	d.kill()
 	if _, _, markers := slotState(); markers != 1 {
 		t.Fatal("the cut-over marker is gone after a kill in the middle of the snapshot")
+	}
+	if line := outboxd(t, f.dsn, "check", "-c", f.configFile(slow)).line("PASS slot:"); !strings.Contains(line, "did not finish") {
+		t.Fatalf("check after the kill: %q", line)
 	}
 	if err := <-errc; err != nil {
 		t.Fatal(err)
