@@ -38,7 +38,10 @@ type Replayer struct {
 	Conn        *pgconn.Config
 	Router      *envelope.Router
 	MaxInFlight int
-	Log         hclog.Logger
+	// DeliveryTimeout: Kafka acknowledging nothing for this long fails the
+	// replay (kafka.delivery_timeout).
+	DeliveryTimeout time.Duration
+	Log             hclog.Logger
 	// Every is how often progress is called while rows are published.
 	Every time.Duration
 }
@@ -72,7 +75,7 @@ func (r *Replayer) Replay(ctx context.Context, req ReplayRequest, prod Producer,
 		sels = append(sels, sel)
 	}
 
-	p := newPublisher(r.Router, prod, r.MaxInFlight, nil, "replay", r.Log)
+	p := newPublisher(r.Router, prod, limits{r.MaxInFlight, r.DeliveryTimeout}, nil, "replay", r.Log)
 	p.progress.Total = total
 	stop := func() {}
 	if progress != nil {

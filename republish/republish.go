@@ -79,12 +79,16 @@ type publisher struct {
 	// the row came from, since no commit LSN is known.
 	source string
 	log    hclog.Logger
+	// deliveryTimeout: no acknowledgement for this long while records
+	// wait means an unreachable broker (kafka.delivery_timeout); 0: none.
+	deliveryTimeout time.Duration
 
 	sc  envelope.Scratch
 	rec outboxd.Record
 
 	mu       sync.Mutex
 	progress Progress
+	ackedAt  time.Time // last acknowledgement, or when records began to wait
 	inFlight int
 	err      error
 	refused  []refusal
@@ -98,11 +102,16 @@ type refusal struct {
 	err *outboxd.RefusedError
 }
 
-func newPublisher(router *envelope.Router, prod Producer, max int, mark *Marker, source string, log hclog.Logger) *publisher {
-	if max <= 0 {
-		max = 1
-	}
-	return &publisher{router: router, prod: prod, max: max, mark: mark, source: source, log: log, wake: make(chan struct{}, 1)}
+// limits bound a publication: records in flight, and how long Kafka may
+// stay silent while they wait (0: for ever).
+type limits struct {
+	maxInFlight     int
+	deliveryTimeout time.Duration
+}
+
+func newPublisher(router *envelope.Router, prod Producer, l limits, mark *Marker, source string, log hclog.Logger) *publisher {
+	return &publisher{router: router, prod: prod, max: max(l.maxInFlight, 1), deliveryTimeout: l.deliveryTimeout,
+		mark: mark, source: source, log: log, wake: make(chan struct{}, 1)}
 }
 
 // ticket is the Acker of one record.
@@ -116,6 +125,7 @@ func (k *ticket) Ack(err error) {
 	p.mu.Lock()
 	p.inFlight--
 	var refused *outboxd.RefusedError
+	p.ackedAt = time.Now()
 	switch {
 	case err == nil:
 		p.progress.Acked++
@@ -158,6 +168,9 @@ func (p *publisher) row(ctx context.Context, b *envelope.Binding, row []envelope
 		rec.Ack = p.mark.Wrap(b.Name, rec.Header(envelope.HeaderID), k)
 	}
 	p.mu.Lock()
+	if p.inFlight == 0 {
+		p.ackedAt = time.Now()
+	}
 	p.inFlight++
 	p.progress.Read++
 	if dead {
@@ -204,11 +217,25 @@ func (p *publisher) room(ctx context.Context, limit int) error {
 		if n < limit {
 			return nil
 		}
+		wait := time.Hour
+		if p.deliveryTimeout > 0 {
+			p.mu.Lock()
+			silent := time.Since(p.ackedAt)
+			p.mu.Unlock()
+			if silent > p.deliveryTimeout {
+				return fmt.Errorf("kafka acknowledged nothing for %s with %d records in flight: broker presumed unreachable", p.deliveryTimeout, n)
+			}
+			wait = p.deliveryTimeout - silent
+		}
+		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
+			t.Stop()
 			return ctx.Err()
 		case <-p.wake:
+		case <-t.C:
 		}
+		t.Stop()
 	}
 }
 

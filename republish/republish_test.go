@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -73,7 +74,7 @@ func TestPublisherBoundsInFlight(t *testing.T) {
 		maxSeen = max(maxSeen, len(waiting))
 		return nil
 	}}
-	p := newPublisher(router, prod, 3, nil, "test", hclog.NewNullLogger())
+	p := newPublisher(router, prod, limits{maxInFlight: 3}, nil, "test", hclog.NewNullLogger())
 	ctx := context.Background()
 	done := make(chan error, 1)
 	go func() {
@@ -131,7 +132,7 @@ func TestPublisherBadRowsAndFailures(t *testing.T) {
 
 	router, b := testBinding(t, "")
 	var topics []string
-	p := newPublisher(router, ackAll(&topics), 10, nil, "test", hclog.NewNullLogger())
+	p := newPublisher(router, ackAll(&topics), limits{maxInFlight: 10}, nil, "test", hclog.NewNullLogger())
 	err := p.row(ctx, b, testRow(1, "dos"))
 	var perm *PermanentError
 	if !errors.As(err, &perm) || len(topics) != 0 {
@@ -140,7 +141,7 @@ func TestPublisherBadRowsAndFailures(t *testing.T) {
 
 	router, b = testBinding(t, "comandes.dlq")
 	topics = nil
-	p = newPublisher(router, ackAll(&topics), 10, nil, "test", hclog.NewNullLogger())
+	p = newPublisher(router, ackAll(&topics), limits{maxInFlight: 10}, nil, "test", hclog.NewNullLogger())
 	if err := p.row(ctx, b, testRow(1, "dos")); err != nil {
 		t.Fatal(err)
 	}
@@ -158,7 +159,7 @@ func TestPublisherBadRowsAndFailures(t *testing.T) {
 		}
 		return nil
 	}}
-	p = newPublisher(router, refuse, 10, nil, "test", hclog.NewNullLogger())
+	p = newPublisher(router, refuse, limits{maxInFlight: 10}, nil, "test", hclog.NewNullLogger())
 	if err := p.row(ctx, b, testRow(2, "1")); err != nil {
 		t.Fatal(err)
 	}
@@ -168,11 +169,27 @@ func TestPublisherBadRowsAndFailures(t *testing.T) {
 
 	failure := errors.New("NOT_ENOUGH_REPLICAS")
 	fail := &fakeProducer{produce: func(r *outboxd.Record) error { r.Ack.Ack(failure); return nil }}
-	p = newPublisher(router, fail, 10, nil, "test", hclog.NewNullLogger())
+	p = newPublisher(router, fail, limits{maxInFlight: 10}, nil, "test", hclog.NewNullLogger())
 	if err := p.row(ctx, b, testRow(3, "1")); err != nil {
 		t.Fatal(err)
 	}
 	if err := p.drain(ctx); !errors.Is(err, failure) {
 		t.Fatalf("drain after a failed delivery: %v, want %v", err, failure)
+	}
+}
+
+// A broker that acknowledges nothing fails the publication after the
+// delivery timeout instead of holding it for ever.
+func TestPublisherDeliveryTimeout(t *testing.T) {
+	router, b := testBinding(t, "")
+	silent := &fakeProducer{produce: func(r *outboxd.Record) error { return nil }}
+	p := newPublisher(router, silent, limits{maxInFlight: 10, deliveryTimeout: 50 * time.Millisecond}, nil, "test", hclog.NewNullLogger())
+	if err := p.row(context.Background(), b, testRow(1, "1")); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	err := p.drain(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "acknowledged nothing") || time.Since(start) > 5*time.Second {
+		t.Fatalf("drain with a silent broker: %v after %s", err, time.Since(start))
 	}
 }

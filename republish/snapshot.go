@@ -25,7 +25,11 @@ type Snapshotter struct {
 	Tables      []Table
 	Marker      *Marker // nil: publicat_en is left as it is
 	MaxInFlight int
-	Log         hclog.Logger
+	// DeliveryTimeout: Kafka acknowledging nothing for this long fails the
+	// publication (kafka.delivery_timeout); the next session does the
+	// cut-over again.
+	DeliveryTimeout time.Duration
+	Log             hclog.Logger
 	// ProgressEvery is how often a long publication logs its progress.
 	ProgressEvery time.Duration
 }
@@ -63,7 +67,7 @@ func (s *Snapshotter) Publish(ctx context.Context, snapshot, consistentPoint str
 		sels = append(sels, sel)
 	}
 
-	p := newPublisher(s.Router, prod, s.MaxInFlight, s.Marker, "snapshot "+consistentPoint, s.Log)
+	p := newPublisher(s.Router, prod, limits{s.MaxInFlight, s.DeliveryTimeout}, s.Marker, "snapshot "+consistentPoint, s.Log)
 	p.progress.Total = total
 	stopReport := every(s.ProgressEvery, 5*time.Second, func() {
 		st := p.state()

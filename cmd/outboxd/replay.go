@@ -84,7 +84,8 @@ func replay(ctx context.Context, path string, a replayArgs, stdout, stderr io.Wr
 	if err != nil {
 		return fmt.Errorf("kafka producer: %w", err)
 	}
-	r := &republish.Replayer{Conn: conn, Router: newRouter(cfg), MaxInFlight: cfg.Pipeline.MaxInFlightEvents, Log: log.Named("replay")}
+	r := &republish.Replayer{Conn: conn, Router: newRouter(cfg), MaxInFlight: cfg.Pipeline.MaxInFlightEvents,
+		DeliveryTimeout: cfg.Kafka.DeliveryTimeout, Log: log.Named("replay")}
 	started := time.Now()
 	counts, err := r.Replay(ctx, req, prod, func(p republish.Progress) {
 		fmt.Fprintf(stderr, "replay: %d of %d rows read, %d acknowledged by Kafka (%s)\n", p.Read, p.Total, p.Acked, p.Table)

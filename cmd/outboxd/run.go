@@ -72,7 +72,7 @@ func run(ctx context.Context, path string, proc *process) error {
 	}
 	if cfg.Postgres.Snapshot == config.SnapshotPending {
 		snap := &republish.Snapshotter{Conn: conn, Router: router, Tables: outboxTables(cfg), Marker: marker,
-			MaxInFlight: cfg.Pipeline.MaxInFlightEvents, Log: log.Named("snapshot")}
+			MaxInFlight: cfg.Pipeline.MaxInFlightEvents, DeliveryTimeout: cfg.Kafka.DeliveryTimeout, Log: log.Named("snapshot")}
 		rc.Snapshot = func(ctx context.Context, snapshot, at string, prod replication.Producer) error {
 			return snap.Publish(ctx, snapshot, at, prod)
 		}
