@@ -294,7 +294,7 @@ func publishAll(ctx context.Context, conn *pgconn.PgConn, router *envelope.Route
 		err := scan(ctx, conn, router, s.t, "SELECT *"+s.where+" ORDER BY "+catalog.QuoteIdent(creat)+", ctid", s.params,
 			func(b *envelope.Binding, row []envelope.Column) error { return p.row(ctx, b, row) })
 		if err != nil {
-			return counts, missingColumn(fmt.Errorf("%s: %w", s.t.Name(), err), s.t, "creat_en", creat)
+			return counts, missingColumn(fmt.Errorf("%s: %w", s.t.Name(), err), s.t, "creat_en", creat, "")
 		}
 		counts = append(counts, TableCount{Table: s.t.Name(), Topic: s.t.Route.Topic, Rows: p.state().Read - before})
 	}
@@ -419,10 +419,10 @@ func textArray(ids [][]byte) []byte {
 }
 
 // missingColumn turns "column does not exist" into the configuration fix.
-func missingColumn(err error, t Table, key, column string) error {
+func missingColumn(err error, t Table, key, column string, fix string) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42703" {
-		return &PermanentError{fmt.Errorf("%s has no column %q (routes[].columns.%s): %w", t.Name(), column, key, err)}
+		return &PermanentError{fmt.Errorf("%s has no column %q: set routes[].columns.%s to its name%s (%w)", t.Name(), column, key, fix, err)}
 	}
 	return err
 }

@@ -59,8 +59,9 @@ func (s *Snapshotter) Publish(ctx context.Context, snapshot, consistentPoint str
 		sel := selection{t: t, where: fmt.Sprintf(" FROM %s WHERE %s IS NULL", t.quoted(), catalog.QuoteIdent(t.PublicatEn))}
 		n, err := count(ctx, conn, "SELECT count(*)"+sel.where, nil)
 		if err != nil {
-			return privilege(missingColumn(fmt.Errorf("snapshot: count the pending rows of %s: %w", t.Name(), err), t, "publicat_en", t.PublicatEn),
-				"outboxd's role needs SELECT on the outbox table")
+			err = missingColumn(fmt.Errorf("count the pending rows of %s: %w", t.Name(), err), t, "publicat_en", t.PublicatEn,
+				`, the column the polling relay sets ("-" if no relay served the table), or postgres.snapshot: none`)
+			return privilege(err, "outboxd's role needs SELECT on the outbox table")
 		}
 		s.Log.Info("snapshot: pending rows as of the slot's consistent point", "table", t.Name(), "rows", n, "consistent_point", consistentPoint)
 		total += n

@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
+
+	"github.com/outboxd/outboxd/backoff"
 )
 
 // The seed's polling relay (outbox_relay.py), in Go: what outboxd replaces.
@@ -61,8 +63,11 @@ func (r *Relay) Close() {
 // Run makes passes until stop is closed (it finishes the pass under way, so
 // every row it produced is marked published) or ctx ends (at once). After
 // each pass it calls progress, when set, with the total published so far.
+// A failed pass rolls back (its rows stay pending: the next pass produces
+// them again, the relay's duplicates) and is retried after RelayIdle; ten
+// failures in a row end Run.
 func (r *Relay) Run(ctx context.Context, stop <-chan struct{}, progress func(total int)) (int, error) {
-	total := 0
+	total, failures := 0, 0
 	for {
 		select {
 		case <-stop:
@@ -71,8 +76,15 @@ func (r *Relay) Run(ctx context.Context, stop <-chan struct{}, progress func(tot
 		}
 		n, err := r.Pass(ctx)
 		if err != nil {
-			return total, err
+			if failures++; failures == 10 || ctx.Err() != nil {
+				return total, err
+			}
+			if !backoff.Sleep(ctx, RelayIdle) {
+				return total, ctx.Err()
+			}
+			continue
 		}
+		failures = 0
 		total += n
 		if progress != nil {
 			progress(total)
