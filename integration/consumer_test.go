@@ -132,7 +132,7 @@ func TestConsumerExactlyOnceEffect(t *testing.T) {
 		time.Sleep(500 * time.Millisecond)
 		d.kill()
 		d = f.start(cfg)
-		all := consumeAll(t, topic, n)
+		all := f.consumeAll(topic, n)
 		ids := map[string]bool{}
 		for _, m := range all {
 			ids[header(m, "id_esdeveniment")] = true
@@ -226,7 +226,7 @@ func TestConsumerExactlyOnceEffect(t *testing.T) {
 	if err := inv([]any{&curat}, "SELECT unitats FROM estoc WHERE producte = 'formatge-curat'"); err != nil || curat != 5 {
 		t.Errorf("formatge-curat: %d units (%v), want 5: the order beyond the stock must change nothing", curat, err)
 	}
-	dead := consumeAll(t, dlq, 1)
+	dead := f.consumeAll(dlq, 1)
 	if len(dead) < 1 || header(dead[0], "id_esdeveniment") == "" || !strings.Contains(header(dead[0], "motiu"), "estoc insuficient de formatge-curat") {
 		t.Fatalf("dead-letter topic: %d records, first headers %v", len(dead), dead[0].Headers)
 	}
@@ -238,18 +238,18 @@ func TestConsumerExactlyOnceEffect(t *testing.T) {
 	d.term()
 }
 
-// consumeAll reads every record topic holds, once it holds at least
-// atLeast (waiting up to a minute for them).
-func consumeAll(t *testing.T, topic string, atLeast int) []kafka.Message {
-	t.Helper()
+// consumeAll reads every record the fixture's topic holds, once it holds
+// at least atLeast (waiting up to a minute for them).
+func (f *fixture) consumeAll(topic string, atLeast int) []kafka.Message {
+	f.t.Helper()
+	eventually(f.t, 60*time.Second, fmt.Sprintf("%d records in %s", atLeast, topic), func() bool { return f.topicSize(topic) >= int64(atLeast) })
+	n := f.topicSize(topic)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	if _, err := testenv.Consume(ctx, env.KafkaBrokers, topic, atLeast); err != nil {
-		t.Fatalf("consume %s: %v", topic, err)
+	all, err := testenv.Consume(ctx, env.KafkaBrokers, topic, int(n))
+	if err != nil {
+		f.t.Fatalf("consume %s: %v", topic, err)
 	}
-	ctx, cancel = context.WithTimeout(context.Background(), 3*time.Second)
-	defer cancel()
-	all, _ := testenv.Consume(ctx, env.KafkaBrokers, topic, 0) // until the deadline: everything
 	return all
 }
 

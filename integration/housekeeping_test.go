@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -133,12 +134,19 @@ func TestRetentionNeverDeletesUndelivered(t *testing.T) {
 		}
 	}()
 	var old2 []string
+	var first pglogrepl.LSN // right after the first of them committed: at or past its commit's end
 	for i := 0; i < 5; i++ {
 		old2 = append(old2, insert(40, "3 hours")...)
+		if i == 0 {
+			first = f.walLSN()
+		}
 	}
 	for end := time.Now().Add(6 * time.Second); time.Now().Before(end); time.Sleep(250 * time.Millisecond) {
 		if n, marked := counts(old2); n != len(old2) || marked != 0 {
 			t.Fatalf("with Kafka down: %d of the %d undelivered old rows left, %d marked published", n, len(old2), marked)
+		}
+		if c, _ := f.slot(); c >= first {
+			t.Fatalf("with Kafka down the slot confirmed %s, past the first undelivered transaction (before %s)", c, first)
 		}
 	}
 	if !strings.Contains(d.Log(), "nothing deleted for now") {
@@ -153,7 +161,7 @@ func TestRetentionNeverDeletesUndelivered(t *testing.T) {
 		t.Fatalf("young rows: %d of %d left, %d marked; want all left and marked", n, len(young), marked)
 	}
 
-	msgs := consumeAll(t, topic, len(all))
+	msgs := f.consumeAll(topic, len(all))
 	seen := map[string]bool{}
 	for _, m := range msgs {
 		seen[header(m, "id_esdeveniment")] = true
