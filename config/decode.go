@@ -244,14 +244,14 @@ func typeName(k reflect.Kind) string {
 	}
 }
 
-// noColumn is how the YAML says that a table has no versio column (Debezium
-// tables have none); in Columns it is "".
+// noColumn is how the YAML says that a table has no versio or publicat_en
+// column (Debezium tables have neither); in Columns it is "".
 const noColumn = "-"
 
 // fromYAML turns what the YAML spells its own way into the plain structs:
-// each route's Schema and Name come from its table, and versio "-" becomes
-// "". An empty versio is an error, as for every column: "" is too easily an
-// empty variable or a slip to mean "no column".
+// each route's Schema and Name come from its table, and versio or
+// publicat_en "-" becomes "". An empty one is an error, as for every column:
+// "" is too easily an empty variable or a slip to mean "no column".
 func fromYAML(c *Config) []error {
 	var errs []error
 	for i := range c.Routes {
@@ -259,12 +259,17 @@ func fromYAML(c *Config) []error {
 		if schema, name, ok := splitTable(r.Table); ok {
 			r.Schema, r.Name = schema, name
 		}
-		switch r.Columns.Versio {
-		case noColumn:
-			r.Columns.Versio = ""
-		case "":
-			path := fmt.Sprintf("routes[%d].columns.versio", i)
-			errs = append(errs, fmt.Errorf("line %d: %s: column name must not be empty (write \"-\" if the table has no version column)", c.lines[path], path))
+		for _, col := range []struct {
+			key, what string
+			val       *string
+		}{{"versio", "version", &r.Columns.Versio}, {"publicat_en", "publicat_en", &r.Columns.PublicatEn}} {
+			switch *col.val {
+			case noColumn:
+				*col.val = ""
+			case "":
+				path := fmt.Sprintf("routes[%d].columns.%s", i, col.key)
+				errs = append(errs, fmt.Errorf("line %d: %s: column name must not be empty (write \"-\" if the table has no %s column)", c.lines[path], path, col.what))
+			}
 		}
 	}
 	return errs

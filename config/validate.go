@@ -53,6 +53,7 @@ func (c Config) Validate() error {
 	if (p.TLS.CertFile == "") != (p.TLS.KeyFile == "") {
 		v.add("postgres.tls.cert_file", "cert_file and key_file go together (a client certificate and its key)")
 	}
+	v.oneOf("postgres.snapshot", p.Snapshot, SnapshotPending, SnapshotNone)
 	if p.StatusInterval > 0 && p.IdleStatusInterval > 0 && p.IdleStatusInterval < p.StatusInterval {
 		v.add("postgres.idle_status_interval", "%s is shorter than status_interval %s", p.IdleStatusInterval, p.StatusInterval)
 	}
@@ -91,6 +92,19 @@ func (c Config) Validate() error {
 	tables := map[string]int{}
 	for i, r := range c.Routes {
 		v.route(i, r, tables)
+		if p.MarkPublished && r.Columns.PublicatEn == "" {
+			v.add(fmt.Sprintf("routes[%d].columns.publicat_en", i), "postgres.mark_published is true, but the table has no publicat_en column (\"-\"): name it, or leave mark_published off")
+		}
+	}
+
+	if rt := c.Retention; rt.MaxAge < 0 {
+		v.add("retention.max_age", "must be >= 0 (0 turns retention off), got %s", rt.MaxAge)
+	} else if rt.MaxAge > 0 {
+		v.positive("retention.interval", rt.Interval)
+		v.positive("retention.confirm_timeout", rt.ConfirmTimeout)
+		if rt.BatchSize <= 0 {
+			v.add("retention.batch_size", "must be > 0, got %d", rt.BatchSize)
+		}
 	}
 
 	pl := c.Pipeline
@@ -176,18 +190,20 @@ func (v *validator) route(i int, r Route, tables map[string]int) {
 		{"versio", r.Columns.Versio},
 		{"carrega", r.Columns.Carrega},
 		{"creat_en", r.Columns.CreatEn},
+		{"publicat_en", r.Columns.PublicatEn},
 	}
 	used := map[string]string{}
 	for _, col := range cols {
 		path := at("columns." + col.key)
+		optional := col.key == "versio" || col.key == "publicat_en"
 		switch {
-		case col.val == "" && col.key == "versio": // no such column
+		case col.val == "" && optional: // no such column
 		case col.val == "":
 			v.add(path, "column name must not be empty")
-		case col.val == noColumn && col.key == "versio":
+		case col.val == noColumn && optional:
 			v.add(path, "%q is the YAML spelling of no such column; in Columns it is \"\"", noColumn)
 		case col.val == noColumn:
-			v.add(path, "%q (no such column) is allowed only for versio", noColumn)
+			v.add(path, "%q (no such column) is allowed only for versio and publicat_en", noColumn)
 		default:
 			if other, dup := used[col.val]; dup {
 				v.add(path, "column %q is also used for %s", col.val, other)

@@ -252,7 +252,9 @@ func (s *stream) handleInsert(wal []byte) error {
 	lsn := s.txn.CommitLSN()
 	rec := &s.rec
 	*rec, err = s.r.router.Build(b, row, &s.scratch)
+	mark := s.r.cfg.Mark
 	if err != nil {
+		mark = nil // a dead-lettered row was not published
 		if b.Route == nil || b.Route.DeadLetterTopic == "" {
 			return Fatal(badRowError(b, lsn, err))
 		}
@@ -267,6 +269,9 @@ func (s *stream) handleInsert(wal []byte) error {
 		route = b
 	}
 	rec.Ack = s.tracker.Track(s.txn, rec.Size(), route)
+	if mark != nil {
+		rec.Ack = mark(b.Name, rec.Header(envelope.HeaderID), rec.Ack)
+	}
 	return s.produce(rec)
 }
 

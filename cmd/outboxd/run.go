@@ -15,6 +15,8 @@ import (
 	"github.com/outboxd/outboxd/envelope"
 	"github.com/outboxd/outboxd/health"
 	"github.com/outboxd/outboxd/replication"
+	"github.com/outboxd/outboxd/republish"
+	"github.com/outboxd/outboxd/retention"
 	"github.com/outboxd/outboxd/sink"
 )
 
@@ -62,7 +64,20 @@ func run(ctx context.Context, path string, proc *process) error {
 			Routes: rc.Routes, Brokers: cfg.Kafka.Brokers, Probe: probe, Interval: cfg.Health.PollInterval}, log.Named("health"))
 		rc.OnStreaming = mon.PollNow
 	}
-	runner := buildRunner(cfg, rc, sc, log)
+	router := newRouter(cfg)
+	var marker *republish.Marker
+	if cfg.Postgres.MarkPublished {
+		marker = republish.NewMarker(conn, outboxTables(cfg), log.Named("mark"))
+		rc.Mark = marker.Wrap
+	}
+	if cfg.Postgres.Snapshot == config.SnapshotPending {
+		snap := &republish.Snapshotter{Conn: conn, Router: router, Tables: outboxTables(cfg), Marker: marker,
+			MaxInFlight: cfg.Pipeline.MaxInFlightEvents, DeliveryTimeout: cfg.Kafka.DeliveryTimeout, Log: log.Named("snapshot")}
+		rc.Snapshot = func(ctx context.Context, snapshot, at string, prod replication.Producer) error {
+			return snap.Publish(ctx, snapshot, at, prod)
+		}
+	}
+	runner := buildRunner(rc, sc, router, log)
 	if mon != nil {
 		// Bound now, so a port clash fails at start.
 		srv, err = health.Listen(cfg.Health.Listen, runner, mon, metrics,
@@ -83,6 +98,22 @@ func run(ctx context.Context, path string, proc *process) error {
 		wg.Add(2)
 		go func() { defer wg.Done(); serveErr <- srv.Serve() }()
 		go func() { defer wg.Done(); mon.Run(hctx, srv.Watch) }()
+	}
+	if marker != nil {
+		// Until the runner has stopped: its last acknowledgements wait
+		// for their marks.
+		wg.Add(1)
+		go func() { defer wg.Done(); marker.Run(hctx) }()
+	}
+	if rt := cfg.Retention; rt.MaxAge > 0 {
+		var tables []retention.Table
+		for _, r := range cfg.Routes {
+			tables = append(tables, retention.Table{Schema: r.Schema, Name: r.Name, CreatEn: r.Columns.CreatEn})
+		}
+		job := retention.New(retention.Config{Conn: conn, Slot: cfg.Postgres.Slot, Tables: tables, MaxAge: rt.MaxAge,
+			Interval: rt.Interval, BatchSize: rt.BatchSize, ConfirmTimeout: rt.ConfirmTimeout}, log.Named("retention"))
+		wg.Add(1)
+		go func() { defer wg.Done(); job.Run(ctx) }()
 	}
 	runErr := runner.Run(ctx)
 	stopHealth()
@@ -151,9 +182,26 @@ func kafkaConfig(ctx context.Context, cfg config.Config) (sink.Config, error) {
 
 // buildRunner makes the replication runner, with a Kafka producer per
 // session.
-func buildRunner(cfg config.Config, rc replication.Config, sc sink.Config, log hclog.Logger) *replication.Runner {
-	er, _ := routes(cfg)
+func buildRunner(rc replication.Config, sc sink.Config, router *envelope.Router, log hclog.Logger) *replication.Runner {
 	sinkLog := log.Named("sink")
 	newProducer := func() (replication.Producer, error) { return sink.New(sc, sinkLog) }
-	return replication.NewRunner(rc, envelope.NewRouter(cfg.Origen, er, int(cfg.Kafka.BatchBytes)), newProducer, log.Named("replication"))
+	return replication.NewRunner(rc, router, newProducer, log.Named("replication"))
+}
+
+// newRouter is the one envelope router of the configuration: the stream,
+// the cut-over snapshot and replay build every record through it.
+func newRouter(cfg config.Config) *envelope.Router {
+	er, _ := routes(cfg)
+	return envelope.NewRouter(cfg.Origen, er, int(cfg.Kafka.BatchBytes))
+}
+
+// outboxTables are the routed tables as the table readers and writers
+// (snapshot, replay, marks) see them.
+func outboxTables(cfg config.Config) []republish.Table {
+	er, _ := routes(cfg)
+	ts := make([]republish.Table, len(er))
+	for i := range er {
+		ts[i] = republish.Table{Route: er[i], PublicatEn: cfg.Routes[i].Columns.PublicatEn}
+	}
+	return ts
 }
