@@ -41,6 +41,17 @@ type Record struct {
 	Ack Acker
 }
 
+// Header is the value of the record's first header called key, nil when
+// it has none.
+func (r *Record) Header(key string) []byte {
+	for _, h := range r.Headers {
+		if h.Key == key {
+			return h.Value
+		}
+	}
+	return nil
+}
+
 // Size approximates the bytes the record holds in memory while in flight.
 func (r *Record) Size() int64 {
 	n := len(r.Topic) + len(r.Key) + len(r.Value)

@@ -93,3 +93,19 @@ func TestPublicationCheck(t *testing.T) {
 		})
 	}
 }
+
+func TestCutoverMarker(t *testing.T) {
+	long := strings.Repeat("s", 63)
+	for _, slot := range []string{"outboxd_comandes", strings.Repeat("a", 54), strings.Repeat("a", 55), long, long[:62] + "t"} {
+		m := catalog.CutoverMarker(slot)
+		if len(m) > 63 || !strings.HasSuffix(m, "_snapshot") || m == slot {
+			t.Errorf("CutoverMarker(%q) = %q", slot, m)
+		}
+	}
+	if a, b := catalog.CutoverMarker(long), catalog.CutoverMarker(long[:62]+"t"); a == b {
+		t.Errorf("two long slots share the marker %q", a)
+	}
+	if catalog.CutoverLock("a") == catalog.CutoverLock("b") {
+		t.Error("two slots share a lock key")
+	}
+}

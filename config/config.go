@@ -31,8 +31,10 @@ type Config struct {
 	Kafka    Kafka    `yaml:"kafka"`
 	Routes   []Route  `yaml:"routes"`
 	Pipeline Pipeline `yaml:"pipeline"`
-	Health   Health   `yaml:"health"`
-	Log      Log      `yaml:"log"`
+	// Retention deletes delivered outbox rows older than an age.
+	Retention Retention `yaml:"retention"`
+	Health    Health    `yaml:"health"`
+	Log       Log       `yaml:"log"`
 
 	// lines maps a field path ("routes[1].topic") to the line of its key in
 	// the YAML file. Nil for a Config built in Go.
@@ -63,7 +65,20 @@ type Postgres struct {
 	// TLS, when set, overrides the DSN's sslmode, sslrootcert, sslcert and
 	// sslkey.
 	TLS PostgresTLS `yaml:"tls"`
+	// Snapshot says what outboxd publishes from the table when it creates
+	// the slot: SnapshotPending (the rows the slot's exported snapshot sees
+	// with publicat_en NULL, before streaming) or SnapshotNone.
+	Snapshot string `yaml:"snapshot"`
+	// MarkPublished sets publicat_en on each row once Kafka acknowledged
+	// its record (and before the slot passes it).
+	MarkPublished bool `yaml:"mark_published"`
 }
+
+// Postgres.Snapshot values.
+const (
+	SnapshotPending = "pending"
+	SnapshotNone    = "none"
+)
 
 // PostgresTLS is libpq's TLS settings under names that match kafka.tls.
 type PostgresTLS struct {
@@ -213,6 +228,9 @@ type Columns struct {
 	// CreatEn "": none (YAML: "-"), only for a message route (data_ms is
 	// the commit time) or with value: payload.
 	CreatEn string `yaml:"creat_en"`
+	// PublicatEn is the column the polling relay set once it published a
+	// row: NULL means pending. "": the table has none (YAML: "-").
+	PublicatEn string `yaml:"publicat_en"`
 }
 
 // Route.OnError values.
@@ -228,6 +246,16 @@ type Pipeline struct {
 	ShutdownTimeout   time.Duration `yaml:"shutdown_timeout"`
 	BackoffMin        time.Duration `yaml:"backoff_min"`
 	BackoffMax        time.Duration `yaml:"backoff_max"`
+}
+
+// Retention is the optional job that deletes outbox rows older than MaxAge
+// (by creat_en) once the slot has confirmed them: small batches, every
+// Interval, each waiting at most ConfirmTimeout for the slot.
+type Retention struct {
+	MaxAge         time.Duration `yaml:"max_age"` // 0: off
+	Interval       time.Duration `yaml:"interval"`
+	BatchSize      int           `yaml:"batch_size"`
+	ConfirmTimeout time.Duration `yaml:"confirm_timeout"`
 }
 
 // Health is the HTTP server for /healthz /readyz /status /metrics.
@@ -261,6 +289,7 @@ func Default() Config {
 			ConnectTimeout:     10 * time.Second,
 			StandbyRetry:       2 * time.Second,
 			ReceiveTimeout:     30 * time.Second,
+			Snapshot:           SnapshotPending,
 		},
 		Kafka: Kafka{
 			Partitioner:     "murmur2",
@@ -280,8 +309,9 @@ func Default() Config {
 			BackoffMin:        500 * time.Millisecond,
 			BackoffMax:        30 * time.Second,
 		},
-		Health: Health{Listen: "127.0.0.1:9597", PollInterval: 5 * time.Second, MaxLag: time.Minute, MaxRetainedWALBytes: 1 << 30},
-		Log:    Log{Level: "info", Format: "text"},
+		Retention: Retention{Interval: time.Minute, BatchSize: 1000, ConfirmTimeout: 30 * time.Second},
+		Health:    Health{Listen: "127.0.0.1:9597", PollInterval: 5 * time.Second, MaxLag: time.Minute, MaxRetainedWALBytes: 1 << 30},
+		Log:       Log{Level: "info", Format: "text"},
 	}
 }
 
@@ -289,12 +319,13 @@ func Default() Config {
 // which a route gets for every column its YAML does not name.
 func DefaultColumns() Columns {
 	return Columns{
-		ID:        "id",
-		AgregatID: "agregat_id",
-		Tipus:     "tipus",
-		Versio:    "versio",
-		Carrega:   "carrega",
-		CreatEn:   "creat_en",
+		ID:         "id",
+		AgregatID:  "agregat_id",
+		Tipus:      "tipus",
+		Versio:     "versio",
+		Carrega:    "carrega",
+		CreatEn:    "creat_en",
+		PublicatEn: "publicat_en",
 	}
 }
 

@@ -77,9 +77,10 @@ func (c *Config) routeFromYAML(i int) []error {
 	}{
 		{"id", &r.Columns.ID, nil}, {"agregat_id", &r.Columns.AgregatID, nil}, {"tipus", &r.Columns.Tipus, nil},
 		{"versio", &r.Columns.Versio, nil}, {"carrega", &r.Columns.Carrega, nil}, {"creat_en", &r.Columns.CreatEn, nil},
+		{"publicat_en", &r.Columns.PublicatEn, nil},
 	}
 	if defaults != nil {
-		d := []*string{&defaults.ID, &defaults.AgregatID, &defaults.Tipus, &defaults.Versio, &defaults.Carrega, &defaults.CreatEn}
+		d := []*string{&defaults.ID, &defaults.AgregatID, &defaults.Tipus, &defaults.Versio, &defaults.Carrega, &defaults.CreatEn, &defaults.PublicatEn}
 		for k := range cols {
 			cols[k].def = d[k]
 		}
@@ -91,13 +92,14 @@ func (c *Config) routeFromYAML(i int) []error {
 			continue
 		}
 		switch {
-		case *col.val == noColumn && col.key == "versio":
+		case *col.val == noColumn && (col.key == "versio" || col.key == "publicat_en"):
 			*col.val = ""
 		case *col.val == noColumn && col.key == "creat_en" && r.mayLackCreatEn():
 			*col.val = ""
-		case *col.val == "" && col.key == "versio":
-			path := at("columns.versio")
-			errs = append(errs, fmt.Errorf("line %d: %s: column name must not be empty (write \"-\" if the table has no version column)", c.lines[path], path))
+		case *col.val == "" && (col.key == "versio" || col.key == "publicat_en") && set("columns."+col.key):
+			path := at("columns." + col.key)
+			what := map[string]string{"versio": "version", "publicat_en": "publicat_en"}[col.key]
+			errs = append(errs, fmt.Errorf("line %d: %s: column name must not be empty (write \"-\" if the table has no %s column)", c.lines[path], path, what))
 		}
 	}
 	return errs
@@ -385,7 +387,7 @@ func (v *validator) columns(i int, r Route) {
 		case col.val == noColumn && col.key == "versio":
 			v.add(path, "%q is the YAML spelling of no such column; in Columns it is \"\"", noColumn)
 		case col.val == noColumn:
-			v.add(path, "%q (no such column) is allowed only for versio (and for creat_en on a message route or with value: payload)", noColumn)
+			v.add(path, "%q (no such column) is allowed only for versio and publicat_en (and for creat_en on a message route or with value: payload)", noColumn)
 		default:
 			if other, dup := used[col.val]; dup {
 				v.add(path, "column %q is also used for %s", col.val, other)

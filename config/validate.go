@@ -51,6 +51,7 @@ func (c Config) Validate() error {
 	if (p.TLS.CertFile == "") != (p.TLS.KeyFile == "") {
 		v.add("postgres.tls.cert_file", "cert_file and key_file go together (a client certificate and its key)")
 	}
+	v.oneOf("postgres.snapshot", p.Snapshot, SnapshotPending, SnapshotNone)
 	if p.StatusInterval > 0 && p.IdleStatusInterval > 0 && p.IdleStatusInterval < p.StatusInterval {
 		v.add("postgres.idle_status_interval", "%s is shorter than status_interval %s", p.IdleStatusInterval, p.StatusInterval)
 	}
@@ -87,6 +88,22 @@ func (c Config) Validate() error {
 		v.add("routes", "at least one route is required")
 	}
 	v.routes(c.Routes)
+
+	for i, r := range c.Routes {
+		if p.MarkPublished && r.Message == "" && r.Columns.PublicatEn == "" {
+			v.add(fmt.Sprintf("routes[%d].columns.publicat_en", i), "postgres.mark_published is true, but the table has no publicat_en column (\"-\"): name it, or leave mark_published off")
+		}
+	}
+
+	if rt := c.Retention; rt.MaxAge < 0 {
+		v.add("retention.max_age", "must be >= 0 (0 turns retention off), got %s", rt.MaxAge)
+	} else if rt.MaxAge > 0 {
+		v.positive("retention.interval", rt.Interval)
+		v.positive("retention.confirm_timeout", rt.ConfirmTimeout)
+		if rt.BatchSize <= 0 {
+			v.add("retention.batch_size", "must be > 0, got %d", rt.BatchSize)
+		}
+	}
 
 	pl := c.Pipeline
 	if pl.MaxInFlightEvents <= 0 {

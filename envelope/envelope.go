@@ -578,7 +578,10 @@ func (v *view) headers(id, tipus []byte, pos Position, sc *Scratch) ([]outboxd.H
 			hs = append(hs, outboxd.Header{Key: HeaderTracestate, Value: ts})
 		}
 	}
-	if rt.Position {
+	// A row read from the table (cut-over snapshot, replay) has no WAL
+	// position: no position headers, rather than a position that would
+	// sort before everything.
+	if rt.Position && pos.CommitLSN != 0 {
 		at := len(hdr)
 		hdr = strconv.AppendUint(hdr, pos.CommitLSN, 10)
 		lsn := hdr[at:len(hdr):len(hdr)]

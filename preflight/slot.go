@@ -100,17 +100,61 @@ func checkSlot(ctx context.Context, conn *pgx.Conn, cfg config.Config) []Result 
 	if err != nil {
 		return queryFailed("slot", err)
 	}
-	return []Result{evalSlot(cfg.Postgres, s)}
+	m, err := catalog.ReadSlot(ctx, conn.PgConn(), catalog.CutoverMarker(cfg.Postgres.Slot))
+	if err != nil {
+		return queryFailed("slot", err)
+	}
+	c := cutover{marker: m != nil}
+	if cfg.Postgres.Snapshot == config.SnapshotPending && (c.marker || s == nil && cfg.Postgres.CreateSlot) {
+		// The start creates the slot with a snapshot: say what it will
+		// publish, and whether it can.
+		for i, r := range cfg.Routes {
+			if r.Columns.PublicatEn == "" {
+				continue
+			}
+			var n int64
+			err := conn.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s WHERE %s IS NULL",
+				pgx.Identifier{r.Schema, r.Name}.Sanitize(), pgx.Identifier{r.Columns.PublicatEn}.Sanitize())).Scan(&n)
+			if err != nil {
+				return []Result{fail("slot", fmt.Sprintf("the slot will be created with a snapshot of the rows pending in %s (publicat_en NULL), but they cannot be counted: %v", r.Table, err),
+					fmt.Sprintf("set routes[%d].columns.publicat_en to the column the polling relay sets (\"-\" when none did), or postgres.snapshot: none", i))}
+			}
+			c.pending = append(c.pending, fmt.Sprintf("%s: %d", r.Table, n))
+		}
+	}
+	return []Result{evalSlot(cfg.Postgres, s, c)}
 }
 
-func evalSlot(pg config.Postgres, s *catalog.Slot) Result {
+// cutover is what check knows of the cut-over a start would do
+// (replication/cutover.go).
+type cutover struct {
+	marker  bool     // an earlier one did not finish
+	pending []string // "schema.table: n" rows its snapshot would publish
+}
+
+func evalSlot(pg config.Postgres, s *catalog.Slot, c cutover) Result {
 	name := pg.Slot
+	pending := strings.Join(c.pending, ", ")
+	if pending == "" {
+		pending = "no table with a publicat_en column"
+	}
+	switch {
+	case c.marker && !pg.CreateSlot:
+		return fail("slot", fmt.Sprintf("the cut-over of %s did not finish (marker slot %s exists): its snapshot rows may not all be in Kafka, and postgres.create_slot is false", name, catalog.CutoverMarker(name)),
+			fmt.Sprintf("set postgres.create_slot: true to publish the snapshot again (outboxd recreates the slot), or SELECT pg_drop_replication_slot('%s') to give up on it", catalog.CutoverMarker(name)))
+	case c.marker && pg.Snapshot == config.SnapshotNone:
+		return pass("slot", "the cut-over of %s did not finish; with postgres.snapshot: none the next start gives it up (its snapshot rows may not all be in Kafka: see outboxd replay)", name)
+	case c.marker:
+		return pass("slot", "the cut-over of %s did not finish; the next start recreates the slot and publishes the pending rows again (%s), duplicates of those already delivered", name, pending)
+	case s == nil && pg.CreateSlot && pg.Snapshot == config.SnapshotPending:
+		return pass("slot", "%s does not exist; will be created at start with an exported snapshot, whose pending rows (publicat_en NULL) are published before streaming: %s", name, pending)
+	}
 	if s == nil {
 		if pg.CreateSlot {
 			return pass("slot", "%s does not exist; will be created at start (it begins at the current WAL position)", name)
 		}
 		return fail("slot", fmt.Sprintf("replication slot %s does not exist and postgres.create_slot is false", name),
-			fmt.Sprintf("reconcile events committed since the old slot's position (if any), then set postgres.create_slot: true, or SELECT pg_create_logical_replication_slot('%s', 'pgoutput')", name))
+			fmt.Sprintf("reconcile events committed since the old slot's position (if any, with outboxd replay), then set postgres.create_slot: true, or SELECT pg_create_logical_replication_slot('%s', 'pgoutput')", name))
 	}
 	switch {
 	case s.Type != "logical" || s.Plugin != "pgoutput":
@@ -121,7 +165,7 @@ func evalSlot(pg config.Postgres, s *catalog.Slot) Result {
 			"point postgres.dsn at that database or choose another postgres.slot name")
 	case s.WALStatus == "lost":
 		return fail("slot", fmt.Sprintf("replication slot %s has wal_status lost: WAL it needed was removed, events are missing", name),
-			"reconcile the outbox (republish rows since the last delivered one), then outboxd slot drop --yes and start with postgres.create_slot: true")
+			"reconcile the outbox (outboxd replay --from the time of the last delivered event), then outboxd slot drop --yes and start with postgres.create_slot: true")
 	case s.WALStatus == "unreserved":
 		return fail("slot", fmt.Sprintf("replication slot %s has wal_status unreserved: it is past max_slot_wal_keep_size and its WAL will be removed at the next checkpoint (warning: events may be lost)", name),
 			"start outboxd now so the slot advances, or raise max_slot_wal_keep_size")

@@ -13,7 +13,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -24,6 +23,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxd/outboxd"
+	"github.com/outboxd/outboxd/backoff"
 	"github.com/outboxd/outboxd/catalog"
 	"github.com/outboxd/outboxd/envelope"
 )
@@ -56,6 +56,15 @@ type Config struct {
 	// transaction that carried records. It must be cheap and safe for
 	// concurrent use.
 	OnConfirm func(commitTime time.Time)
+	// Snapshot, when set, is how a slot that outboxd creates starts: with
+	// an exported snapshot whose pending rows Snapshot publishes through
+	// prod, returning once Kafka acknowledged them all, before anything
+	// is streamed (cutover.go). Nil: the slot is created without one.
+	Snapshot func(ctx context.Context, snapshot, consistentPoint string, prod Producer) error
+	// Mark, when set, wraps the Acker of the record of a row of table
+	// whose id is id (postgres.mark_published): next learns the outcome
+	// only once the row is marked published.
+	Mark func(table string, id []byte, next outboxd.Acker) outboxd.Acker
 	// OnStreaming, when set, is called when a stream begins: the slot and
 	// the publication exist from then on (the health monitor reads them
 	// again at once).
@@ -164,8 +173,9 @@ func NewRunner(cfg Config, router *envelope.Router, newProducer func() (Producer
 		pc.RuntimeParams["application_name"] = "outboxd"
 	}
 	// Text output of timestamptz in a fixed, parseable form.
-	pc.RuntimeParams["datestyle"] = "ISO, YMD"
-	pc.RuntimeParams["timezone"] = "UTC"
+	for k, v := range envelope.SessionParams {
+		pc.RuntimeParams[k] = v
+	}
 	useLargeReadBuffer(pc)
 	return &Runner{cfg: cfg, conn: pc, router: router, newProducer: newProducer, log: log, state: StateStarting, since: time.Now()}
 }
@@ -280,7 +290,7 @@ func (r *Runner) Run(ctx context.Context) error {
 				lastErr = ""
 			}
 			attempt = 0
-			if !sleep(ctx, r.cfg.StandbyRetry) {
+			if !backoff.Sleep(ctx, r.cfg.StandbyRetry) {
 				r.enter(StateStopped, nil)
 				return nil
 			}
@@ -291,7 +301,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		if time.Since(started) > r.cfg.BackoffMax {
 			attempt = 0
 		}
-		delay := backoff(attempt, r.cfg.BackoffMin, r.cfg.BackoffMax)
+		delay := backoff.Delay(attempt, r.cfg.BackoffMin, r.cfg.BackoffMax)
 		attempt++
 		r.enter(StateBackoff, err)
 		// Log once per change of error, not on every retry.
@@ -301,35 +311,11 @@ func (r *Runner) Run(ctx context.Context) error {
 		} else {
 			r.log.Debug("retrying", "error", err, "delay", delay.Round(time.Millisecond))
 		}
-		if !sleep(ctx, delay) {
+		if !backoff.Sleep(ctx, delay) {
 			r.enter(StateStopped, nil)
 			return nil
 		}
 	}
-}
-
-// sleep waits d; false when ctx ended first.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
-}
-
-// backoff is min·2^attempt capped at max, with full jitter over its upper half.
-func backoff(attempt int, min, max time.Duration) time.Duration {
-	d := min
-	for i := 0; i < attempt && d < max; i++ {
-		d *= 2
-	}
-	if d > max {
-		d = max
-	}
-	return d/2 + rand.N(d/2+1)
 }
 
 // classify marks connection errors that no retry can fix as fatal.

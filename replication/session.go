@@ -45,7 +45,7 @@ func (r *Runner) session(ctx context.Context, first bool) (progressed bool, err 
 		_ = conn.Close(cctx)
 	}()
 
-	start, err := r.prepare(ctx, conn, first && r.cfg.CreateSlot)
+	start, cut, err := r.prepare(ctx, conn, first && r.cfg.CreateSlot)
 	if err != nil {
 		return false, err
 	}
@@ -69,6 +69,12 @@ func (r *Runner) session(ctx context.Context, first bool) (progressed bool, err 
 			r.log.Debug("close producer", "error", cerr)
 		}
 	}()
+
+	if cut != nil {
+		if err := r.publishSnapshot(ctx, conn, cut, prod); err != nil {
+			return false, err
+		}
+	}
 
 	args := []string{"proto_version '1'", "publication_names " + catalog.QuoteLiteral(r.cfg.Publication), "messages 'true'"}
 	// Start at 0/0: the server resumes from the slot's confirmed_flush_lsn.

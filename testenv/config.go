@@ -20,7 +20,7 @@ type Config struct {
 
 	// More keys of each section. Postgres["publication"] and
 	// Health["listen"] replace what Config and NewDaemon would write.
-	Postgres, Kafka, Pipeline, Health, Log Section
+	Postgres, Kafka, Pipeline, Retention, Health, Log Section
 
 	// The process rather than the file: the binary ("" builds this tree's,
 	// see Binary) and more environment ("K=V").
@@ -61,6 +61,7 @@ func (c Config) YAML() string {
 		section(&b, "", "    ", Section{"topic": r.Topic}, r.More)
 	}
 	section(&b, "pipeline", "  ", nil, c.Pipeline)
+	section(&b, "retention", "  ", nil, c.Retention)
 	section(&b, "health", "  ", nil, c.Health)
 	section(&b, "log", "  ", nil, c.Log)
 	return b.String()

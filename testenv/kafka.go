@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/outboxd/outboxd/backoff"
 )
 
 func splitBrokers(brokers string) []string {
@@ -69,7 +71,7 @@ func CreateTopicWith(ctx context.Context, brokers, topic string, partitions int,
 		if err = create(); err == nil {
 			break
 		}
-		if !sleepCtx(ctx, 200*time.Millisecond) {
+		if !backoff.Sleep(ctx, 200*time.Millisecond) {
 			return fmt.Errorf("testenv: create topic %q: %w (last error: %v)", topic, ctx.Err(), err)
 		}
 	}
@@ -78,7 +80,7 @@ func CreateTopicWith(ctx context.Context, brokers, topic string, partitions int,
 		if err == nil && len(ps) >= partitions && allLed(ps) {
 			return nil
 		}
-		if !sleepCtx(ctx, 100*time.Millisecond) {
+		if !backoff.Sleep(ctx, 100*time.Millisecond) {
 			return fmt.Errorf("testenv: topic %q not ready: %w (last: %d partitions, err %v)", topic, ctx.Err(), len(ps), err)
 		}
 	}
@@ -107,17 +109,6 @@ func readPartitions(ctx context.Context, broker, topic string) ([]kafka.Partitio
 	return conn.ReadPartitions(topic)
 }
 
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
-}
-
 // Consume reads all partitions of topic from the first offset (no consumer
 // group, one reader per partition) until want messages were read or ctx ends.
 // The result is sorted by partition, then offset, and carries Partition,
@@ -137,7 +128,7 @@ func Consume(ctx context.Context, brokers, topic string, want int) ([]kafka.Mess
 			parts = ps
 			break
 		}
-		if !sleepCtx(ctx, 200*time.Millisecond) {
+		if !backoff.Sleep(ctx, 200*time.Millisecond) {
 			if want <= 0 {
 				return nil, nil
 			}

@@ -14,6 +14,8 @@ import (
 	"github.com/outboxd/outboxd/envelope"
 	"github.com/outboxd/outboxd/health"
 	"github.com/outboxd/outboxd/replication"
+	"github.com/outboxd/outboxd/republish"
+	"github.com/outboxd/outboxd/retention"
 	"github.com/outboxd/outboxd/sink"
 )
 
@@ -61,10 +63,23 @@ func run(ctx context.Context, path string, proc *process) error {
 			Routes: rc.Routes, Brokers: cfg.Kafka.Brokers, Probe: probe, Interval: cfg.Health.PollInterval}, log.Named("health"))
 		rc.OnStreaming = mon.PollNow
 	}
-	runner, err := buildRunner(cfg, rc, sc, log)
+	router, err := newRouter(cfg)
 	if err != nil {
 		return usageError{err}
 	}
+	var marker *republish.Marker
+	if cfg.Postgres.MarkPublished {
+		marker = republish.NewMarker(conn, outboxTables(cfg), log.Named("mark"))
+		rc.Mark = marker.Wrap
+	}
+	if cfg.Postgres.Snapshot == config.SnapshotPending {
+		snap := &republish.Snapshotter{Conn: conn, Router: router, Tables: outboxTables(cfg), Marker: marker,
+			MaxInFlight: cfg.Pipeline.MaxInFlightEvents, DeliveryTimeout: cfg.Kafka.DeliveryTimeout, Log: log.Named("snapshot")}
+		rc.Snapshot = func(ctx context.Context, snapshot, at string, prod replication.Producer) error {
+			return snap.Publish(ctx, snapshot, at, prod)
+		}
+	}
+	runner := buildRunner(rc, sc, router, log)
 	if mon != nil {
 		// Bound now, so a port clash fails at start.
 		srv, err = health.Listen(cfg.Health.Listen, runner, mon, metrics,
@@ -85,6 +100,22 @@ func run(ctx context.Context, path string, proc *process) error {
 		wg.Add(2)
 		go func() { defer wg.Done(); serveErr <- srv.Serve() }()
 		go func() { defer wg.Done(); mon.Run(hctx, srv.Watch) }()
+	}
+	if marker != nil {
+		// Until the runner has stopped: its last acknowledgements wait
+		// for their marks.
+		wg.Add(1)
+		go func() { defer wg.Done(); marker.Run(hctx) }()
+	}
+	if rt := cfg.Retention; rt.MaxAge > 0 {
+		var tables []retention.Table
+		for _, r := range cfg.Routes {
+			tables = append(tables, retention.Table{Schema: r.Schema, Name: r.Name, CreatEn: r.Columns.CreatEn})
+		}
+		job := retention.New(retention.Config{Conn: conn, Slot: cfg.Postgres.Slot, Tables: tables, MaxAge: rt.MaxAge,
+			Interval: rt.Interval, BatchSize: rt.BatchSize, ConfirmTimeout: rt.ConfirmTimeout}, log.Named("retention"))
+		wg.Add(1)
+		go func() { defer wg.Done(); job.Run(ctx) }()
 	}
 	runErr := runner.Run(ctx)
 	stopHealth()
@@ -136,12 +167,35 @@ func kafkaConfig(ctx context.Context, cfg config.Config) (sink.Config, error) {
 
 // buildRunner makes the replication runner, with a Kafka producer per
 // session.
-func buildRunner(cfg config.Config, rc replication.Config, sc sink.Config, log hclog.Logger) (*replication.Runner, error) {
+func buildRunner(rc replication.Config, sc sink.Config, router *envelope.Router, log hclog.Logger) *replication.Runner {
+	sinkLog := log.Named("sink")
+	newProducer := func() (replication.Producer, error) { return sink.New(sc, sinkLog) }
+	return replication.NewRunner(rc, router, newProducer, log.Named("replication"))
+}
+
+// newRouter is the one envelope router of the configuration: the stream,
+// the cut-over snapshot and replay build every record through it.
+func newRouter(cfg config.Config) (*envelope.Router, error) {
 	router, err := envelope.NewRouter(cfg.Origen, cfg.EnvelopeRoutes(), int(cfg.Kafka.BatchBytes))
 	if err != nil {
 		return nil, fmt.Errorf("routes: %w", err)
 	}
-	sinkLog := log.Named("sink")
-	newProducer := func() (replication.Producer, error) { return sink.New(sc, sinkLog) }
-	return replication.NewRunner(rc, router, newProducer, log.Named("replication")), nil
+	return router, nil
+}
+
+// outboxTables are the routed tables, each once (a table may have several
+// routes; a message route has none), as the table readers and writers
+// (snapshot, replay, marks) see them.
+func outboxTables(cfg config.Config) []republish.Table {
+	var ts []republish.Table
+	seen := map[string]bool{}
+	for i, r := range cfg.EnvelopeRoutes() {
+		key := r.Schema + "\x00" + r.Table
+		if r.Table == "" || seen[key] {
+			continue
+		}
+		seen[key] = true
+		ts = append(ts, republish.Table{Route: r, PublicatEn: cfg.Routes[i].Columns.PublicatEn})
+	}
+	return ts
 }
