@@ -44,7 +44,9 @@ type Table struct {
 }
 
 // Name is the table as a Binding names it (quoted where it needs to be).
-func (t Table) Name() string { return catalog.Table{Schema: t.Route.Schema, Name: t.Route.Table}.String() }
+func (t Table) Name() string {
+	return catalog.Table{Schema: t.Route.Schema, Name: t.Route.Table}.String()
+}
 
 func (t Table) quoted() string {
 	return catalog.Table{Schema: t.Route.Schema, Name: t.Route.Table}.Quoted()
