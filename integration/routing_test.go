@@ -24,7 +24,7 @@ import (
 // richSchema is the seed's outbox with a market and a trace context.
 const richSchema = `CREATE TABLE outbox (id UUID PRIMARY KEY, agregat TEXT NOT NULL, agregat_id TEXT NOT NULL, tipus TEXT NOT NULL,
 	versio INTEGER NOT NULL DEFAULT 1, carrega JSONB NOT NULL, creat_en TIMESTAMPTZ NOT NULL DEFAULT now(),
-	mercat TEXT, traceparent TEXT, tracestate TEXT);`
+	mercat TEXT, traceparent TEXT, tracestate TEXT, publicat_en TIMESTAMPTZ);`
 
 const (
 	tp1 = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -248,7 +248,7 @@ func TestSecondRouteHoldsTheSlot(t *testing.T) {
 func TestMixedCaseTable(t *testing.T) {
 	schema := `CREATE SCHEMA "Vendes";
 CREATE TABLE "Vendes"."Outbox.Events" (id UUID PRIMARY KEY, agregat TEXT, agregat_id TEXT NOT NULL, tipus TEXT NOT NULL,
-	versio INTEGER NOT NULL DEFAULT 1, carrega JSONB NOT NULL, creat_en TIMESTAMPTZ NOT NULL DEFAULT now(), "Mercat" TEXT);`
+	versio INTEGER NOT NULL DEFAULT 1, carrega JSONB NOT NULL, creat_en TIMESTAMPTZ NOT NULL DEFAULT now(), "Mercat" TEXT, publicat_en TIMESTAMPTZ);`
 	f := newFixture(t, schema, map[string]int{"vendes": 1, "girona": 1})
 	ctx := context.Background()
 	route := testenv.Route{Table: `'"Vendes"."Outbox.Events"'`, Topic: f.topic("vendes"), More: testenv.Section{
