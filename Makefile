@@ -25,6 +25,15 @@ test: test-kubernetes
 test-kubernetes:
 	cd deploy/kubernetes/validate && $(GO) vet ./... && $(GO) test -count=1 ./...
 
+# outboxd's preset: debezium against the real Debezium 3.6.1 (its PostgreSQL
+# connector in the embedded engine, the outbox EventRouter, Kafka Connect's
+# converters) on the same rows, record by record. Fetches ~40 MB from Maven
+# Central into ~/.cache/outboxd once (tools/debezium/fetch.sh); about 1-2
+# minutes. `make test` runs the documented-shape test instead.
+.PHONY: test-debezium
+test-debezium:
+	OUTBOXD_DEBEZIUM=1 $(GO) test -count=1 -timeout 15m -run 'TestDebeziumCompare' -v ./integration/ | grep -v '^=== '
+
 # Unit tests only: no PostgreSQL, no Kafka (the integration package says it skips).
 unit:
 	$(GO) test -count=1 -short ./...

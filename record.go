@@ -27,6 +27,9 @@ type Record struct {
 	Key     []byte
 	Value   []byte
 	Headers []Header
+	// Time is the record's timestamp in milliseconds since the epoch; 0
+	// means the time it is produced (the Java client's CreateTime).
+	Time int64
 	// Refusable says the caller handles a refusal of this record: when the
 	// broker refuses it for its own content (too large for the topic, even
 	// alone in its batch), the producer reports a *RefusedError through Ack
@@ -36,6 +39,17 @@ type Record struct {
 	Refusable bool
 	// Ack is told the outcome of the produce.
 	Ack Acker
+}
+
+// Header is the value of the record's first header called key, nil when
+// it has none.
+func (r *Record) Header(key string) []byte {
+	for _, h := range r.Headers {
+		if h.Key == key {
+			return h.Value
+		}
+	}
+	return nil
 }
 
 // Size approximates the bytes the record holds in memory while in flight.

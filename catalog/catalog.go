@@ -220,13 +220,21 @@ func ReadSlot(ctx context.Context, conn *pgconn.PgConn, name string) (*Slot, err
 // CreateSlotCommand is the replication command that creates the logical
 // pgoutput slot name without exporting a snapshot; with failover (only on
 // a server where FailoverSlots is true) it is a failover slot.
-func CreateSlotCommand(name string, failover bool) string {
+func CreateSlotCommand(name string, export, failover bool) string {
 	if failover {
 		// The option list (PostgreSQL 15+) is the only syntax with FAILOVER.
-		return "CREATE_REPLICATION_SLOT " + QuoteIdent(name) + " LOGICAL pgoutput (SNAPSHOT 'nothing', FAILOVER true)"
+		snapshot := "'nothing'"
+		if export {
+			snapshot = "'export'"
+		}
+		return "CREATE_REPLICATION_SLOT " + QuoteIdent(name) + " LOGICAL pgoutput (SNAPSHOT " + snapshot + ", FAILOVER true)"
 	}
 	// The old syntax, which PostgreSQL 14 needs and later versions keep.
-	return "CREATE_REPLICATION_SLOT " + QuoteIdent(name) + " LOGICAL pgoutput NOEXPORT_SNAPSHOT"
+	snapshot := "NOEXPORT_SNAPSHOT"
+	if export {
+		snapshot = "EXPORT_SNAPSHOT"
+	}
+	return "CREATE_REPLICATION_SLOT " + QuoteIdent(name) + " LOGICAL pgoutput " + snapshot
 }
 
 // AlterSlotFailoverCommand makes an existing slot a failover slot or not

@@ -99,8 +99,10 @@ func TestPublicationCheck(t *testing.T) {
 // PostgreSQL 14 needs.
 func TestSlotCommands(t *testing.T) {
 	for _, tc := range []struct{ got, want string }{
-		{catalog.CreateSlotCommand("outboxd_comandes", true), `CREATE_REPLICATION_SLOT "outboxd_comandes" LOGICAL pgoutput (SNAPSHOT 'nothing', FAILOVER true)`},
-		{catalog.CreateSlotCommand("outboxd_comandes", false), `CREATE_REPLICATION_SLOT "outboxd_comandes" LOGICAL pgoutput NOEXPORT_SNAPSHOT`},
+		{catalog.CreateSlotCommand("outboxd_comandes", false, true), `CREATE_REPLICATION_SLOT "outboxd_comandes" LOGICAL pgoutput (SNAPSHOT 'nothing', FAILOVER true)`},
+		{catalog.CreateSlotCommand("outboxd_comandes", false, false), `CREATE_REPLICATION_SLOT "outboxd_comandes" LOGICAL pgoutput NOEXPORT_SNAPSHOT`},
+		{catalog.CreateSlotCommand("outboxd_comandes", true, true), `CREATE_REPLICATION_SLOT "outboxd_comandes" LOGICAL pgoutput (SNAPSHOT 'export', FAILOVER true)`},
+		{catalog.CreateSlotCommand("outboxd_comandes", true, false), `CREATE_REPLICATION_SLOT "outboxd_comandes" LOGICAL pgoutput EXPORT_SNAPSHOT`},
 		{catalog.AlterSlotFailoverCommand("s", true), `ALTER_REPLICATION_SLOT "s" (FAILOVER true)`},
 		{catalog.AlterSlotFailoverCommand("s", false), `ALTER_REPLICATION_SLOT "s" (FAILOVER false)`},
 	} {
@@ -110,5 +112,21 @@ func TestSlotCommands(t *testing.T) {
 	}
 	if !(catalog.Server{Version: 170000}).FailoverSlots() || (catalog.Server{Version: 160009}).FailoverSlots() {
 		t.Error("failover slots are PostgreSQL 17's")
+	}
+}
+
+func TestCutoverMarker(t *testing.T) {
+	long := strings.Repeat("s", 63)
+	for _, slot := range []string{"outboxd_comandes", strings.Repeat("a", 54), strings.Repeat("a", 55), long, long[:62] + "t"} {
+		m := catalog.CutoverMarker(slot)
+		if len(m) > 63 || !strings.HasSuffix(m, "_snapshot") || m == slot {
+			t.Errorf("CutoverMarker(%q) = %q", slot, m)
+		}
+	}
+	if a, b := catalog.CutoverMarker(long), catalog.CutoverMarker(long[:62]+"t"); a == b {
+		t.Errorf("two long slots share the marker %q", a)
+	}
+	if catalog.CutoverLock("a") == catalog.CutoverLock("b") {
+		t.Error("two slots share a lock key")
 	}
 }

@@ -52,10 +52,12 @@ func ReadPublication(ctx context.Context, conn *pgconn.PgConn, name string, serv
 }
 
 // Route is what the publication must publish for one routed table: its
-// inserts, with at least the mapped columns.
+// inserts, with at least the columns its routes read.
 type Route struct {
 	Table   Table
 	Columns []string
+	// Refs: each column read, with the configuration key that reads it.
+	Refs []Ref
 }
 
 // Problem kinds, from the one that loses events silently to the one that
@@ -81,6 +83,10 @@ func (p Problem) String() string { return p.Text + ": " + p.Fix }
 
 // CreateSQL is the statement that creates the publication for routes.
 func CreateSQL(name string, routes []Route) string {
+	if len(routes) == 0 {
+		// Logical messages only: they need no table.
+		return fmt.Sprintf("CREATE PUBLICATION %s WITH (publish = 'insert')", QuoteIdent(name))
+	}
 	return fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')", QuoteIdent(name), quotedTables(routes))
 }
 

@@ -31,8 +31,10 @@ type Config struct {
 	Kafka    Kafka    `yaml:"kafka"`
 	Routes   []Route  `yaml:"routes"`
 	Pipeline Pipeline `yaml:"pipeline"`
-	Health   Health   `yaml:"health"`
-	Log      Log      `yaml:"log"`
+	// Retention deletes delivered outbox rows older than an age.
+	Retention Retention `yaml:"retention"`
+	Health    Health    `yaml:"health"`
+	Log       Log       `yaml:"log"`
 
 	// lines maps a field path ("routes[1].topic") to the line of its key in
 	// the YAML file. Nil for a Config built in Go.
@@ -67,7 +69,20 @@ type Postgres struct {
 	// TLS, when set, overrides the DSN's sslmode, sslrootcert, sslcert and
 	// sslkey.
 	TLS PostgresTLS `yaml:"tls"`
+	// Snapshot says what outboxd publishes from the table when it creates
+	// the slot: SnapshotPending (the rows the slot's exported snapshot sees
+	// with publicat_en NULL, before streaming) or SnapshotNone.
+	Snapshot string `yaml:"snapshot"`
+	// MarkPublished sets publicat_en on each row once Kafka acknowledged
+	// its record (and before the slot passes it).
+	MarkPublished bool `yaml:"mark_published"`
 }
+
+// Postgres.Snapshot values.
+const (
+	SnapshotPending = "pending"
+	SnapshotNone    = "none"
+)
 
 // PostgresTLS is libpq's TLS settings under names that match kafka.tls.
 type PostgresTLS struct {
@@ -125,13 +140,46 @@ type KafkaSASL struct {
 	PasswordFile string `yaml:"password_file"`
 }
 
-// Route sends the inserts of one outbox table to one topic.
+// Route sends the changes of one source, an outbox table or the logical
+// messages of one prefix, to Kafka: one record per change it takes. A table
+// may have several routes: one without a filter takes every row, the others
+// the rows their filters match (docs/ROUTING.md).
 type Route struct {
-	Table   string  `yaml:"table"`   // "schema.table"
-	Schema  string  `yaml:"-"`       // derived from Table
-	Name    string  `yaml:"-"`       // derived from Table
-	Topic   string  `yaml:"topic"`   // Kafka topic name
-	Columns Columns `yaml:"columns"` // column names in the outbox table
+	// Table is "schema.table" in SQL identifier syntax: unquoted names are
+	// lowercase, a quoted one ("Vendes", "Outbox.Events") is taken as it
+	// is. Schema and Name are the two names, unquoted.
+	Table  string `yaml:"table"`
+	Schema string `yaml:"-"` // derived from Table
+	Name   string `yaml:"-"` // derived from Table
+	// Message, instead of Table, routes the transactional logical
+	// messages written with pg_logical_emit_message(true, Message, ...).
+	Message string `yaml:"message"`
+	// Preset: "" (the contract's record, km0) or "debezium" (Debezium's
+	// outbox EventRouter: its columns, topic and record).
+	Preset string `yaml:"preset"`
+	// Topic is a Kafka topic name or a template of {column} placeholders;
+	// TopicFallback takes the rows whose rendered name is not valid.
+	Topic         string `yaml:"topic"`
+	TopicFallback string `yaml:"topic_fallback"`
+	// Filter: the route takes only the rows matching every condition.
+	Filter Match `yaml:"filter"`
+	// Overrides: the first matching one sends the row to its topic, or
+	// drops it on purpose.
+	Overrides []Override `yaml:"overrides"`
+	Columns   Columns    `yaml:"columns"` // column names in the outbox table
+	// Value: "" (the envelope) or "payload" (the payload column alone).
+	Value string `yaml:"value"`
+	// KeyConverter and ValueConverter: "" (string: the text as it is) or
+	// "json" (a JSON string, as Kafka Connect's JsonConverter writes one).
+	KeyConverter   string  `yaml:"key_converter"`
+	ValueConverter string  `yaml:"value_converter"`
+	Fields         []Field `yaml:"fields"` // more columns, into headers or the envelope
+	Trace          Trace   `yaml:"trace"`
+	// PositionHeaders adds outboxd.commit_lsn and outboxd.txn_index.
+	PositionHeaders bool `yaml:"position_headers"`
+	// Timestamp names the column that becomes the record's timestamp;
+	// "": the time it is produced.
+	Timestamp string `yaml:"timestamp"`
 	// OnError says what a row that cannot become a record does: "stop"
 	// (default) stops outboxd with the error; "dead_letter" writes it to
 	// DeadLetterTopic and goes on.
@@ -139,14 +187,57 @@ type Route struct {
 	DeadLetterTopic string `yaml:"dead_letter_topic"`
 }
 
-// Columns names the columns of an outbox table.
+// Match is a condition on a row, written as a mapping of column names to a
+// value or a list of values: every column holds one of its values (as
+// PostgreSQL prints it; NULL never matches).
+type Match []Condition
+
+// Condition is one column of a Match.
+type Condition struct {
+	Column string
+	Values []string
+}
+
+// Override sends the rows matching When to Topic, or drops them.
+type Override struct {
+	When  Match  `yaml:"when"`
+	Topic string `yaml:"topic"` // a topic or a template
+	Drop  bool   `yaml:"drop"`
+}
+
+// Field places one more column into a header or into the envelope, under a
+// name: exactly one of Header and Envelope.
+type Field struct {
+	Column   string `yaml:"column"`
+	Header   string `yaml:"header"`
+	Envelope string `yaml:"envelope"`
+}
+
+// Trace names the columns of the W3C trace context: traceparent and
+// tracestate, or span_context (a serialized java.util.Properties holding
+// them, Debezium's tracingspancontext).
+type Trace struct {
+	Traceparent string `yaml:"traceparent"`
+	Tracestate  string `yaml:"tracestate"`
+	SpanContext string `yaml:"span_context"`
+	// Optional: the column may be missing (the Debezium preset's default).
+	Optional bool `yaml:"-"`
+}
+
+// Columns names the columns of an outbox table (or the members of a
+// logical message's JSON).
 type Columns struct {
 	ID        string `yaml:"id"`
 	AgregatID string `yaml:"agregat_id"`
 	Tipus     string `yaml:"tipus"`
 	Versio    string `yaml:"versio"` // "": no such column, versio is always 1 (YAML: "-")
 	Carrega   string `yaml:"carrega"`
-	CreatEn   string `yaml:"creat_en"`
+	// CreatEn "": none (YAML: "-"), only for a message route (data_ms is
+	// the commit time) or with value: payload.
+	CreatEn string `yaml:"creat_en"`
+	// PublicatEn is the column the polling relay set once it published a
+	// row: NULL means pending. "": the table has none (YAML: "-").
+	PublicatEn string `yaml:"publicat_en"`
 }
 
 // Route.OnError values.
@@ -162,6 +253,16 @@ type Pipeline struct {
 	ShutdownTimeout   time.Duration `yaml:"shutdown_timeout"`
 	BackoffMin        time.Duration `yaml:"backoff_min"`
 	BackoffMax        time.Duration `yaml:"backoff_max"`
+}
+
+// Retention is the optional job that deletes outbox rows older than MaxAge
+// (by creat_en) once the slot has confirmed them: small batches, every
+// Interval, each waiting at most ConfirmTimeout for the slot.
+type Retention struct {
+	MaxAge         time.Duration `yaml:"max_age"` // 0: off
+	Interval       time.Duration `yaml:"interval"`
+	BatchSize      int           `yaml:"batch_size"`
+	ConfirmTimeout time.Duration `yaml:"confirm_timeout"`
 }
 
 // Health is the HTTP server for /healthz /readyz /status /metrics.
@@ -196,6 +297,7 @@ func Default() Config {
 			ConnectTimeout:     10 * time.Second,
 			StandbyRetry:       2 * time.Second,
 			ReceiveTimeout:     30 * time.Second,
+			Snapshot:           SnapshotPending,
 		},
 		Kafka: Kafka{
 			Partitioner:       "murmur2",
@@ -216,8 +318,9 @@ func Default() Config {
 			BackoffMin:        500 * time.Millisecond,
 			BackoffMax:        30 * time.Second,
 		},
-		Health: Health{Listen: "127.0.0.1:9597", PollInterval: 5 * time.Second, MaxLag: time.Minute, MaxRetainedWALBytes: 1 << 30},
-		Log:    Log{Level: "info", Format: "text"},
+		Retention: Retention{Interval: time.Minute, BatchSize: 1000, ConfirmTimeout: 30 * time.Second},
+		Health:    Health{Listen: "127.0.0.1:9597", PollInterval: 5 * time.Second, MaxLag: time.Minute, MaxRetainedWALBytes: 1 << 30},
+		Log:       Log{Level: "info", Format: "text"},
 	}
 }
 
@@ -225,12 +328,13 @@ func Default() Config {
 // which a route gets for every column its YAML does not name.
 func DefaultColumns() Columns {
 	return Columns{
-		ID:        "id",
-		AgregatID: "agregat_id",
-		Tipus:     "tipus",
-		Versio:    "versio",
-		Carrega:   "carrega",
-		CreatEn:   "creat_en",
+		ID:         "id",
+		AgregatID:  "agregat_id",
+		Tipus:      "tipus",
+		Versio:     "versio",
+		Carrega:    "carrega",
+		CreatEn:    "creat_en",
+		PublicatEn: "publicat_en",
 	}
 }
 

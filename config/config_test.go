@@ -52,13 +52,15 @@ func readTestdata(t *testing.T, name string) []byte {
 
 func TestDefault(t *testing.T) {
 	d := config.Default()
-	want := struct {
-		Postgres config.Postgres
-		Kafka    config.Kafka
-		Pipeline config.Pipeline
-		Health   config.Health
-		Log      config.Log
-	}{
+	type sections struct {
+		Postgres  config.Postgres
+		Kafka     config.Kafka
+		Pipeline  config.Pipeline
+		Retention config.Retention
+		Health    config.Health
+		Log       config.Log
+	}
+	want := sections{
 		Postgres: config.Postgres{
 			CreateSlot:         true,
 			CreatePublication:  true,
@@ -68,6 +70,7 @@ func TestDefault(t *testing.T) {
 			ConnectTimeout:     10 * time.Second,
 			StandbyRetry:       2 * time.Second,
 			ReceiveTimeout:     30 * time.Second,
+			Snapshot:           config.SnapshotPending,
 		},
 		Kafka: config.Kafka{
 			Partitioner:       "murmur2",
@@ -88,23 +91,18 @@ func TestDefault(t *testing.T) {
 			BackoffMin:        500 * time.Millisecond,
 			BackoffMax:        30 * time.Second,
 		},
-		Health: config.Health{Listen: "127.0.0.1:9597", PollInterval: 5 * time.Second, MaxLag: time.Minute, MaxRetainedWALBytes: 1 << 30},
-		Log:    config.Log{Level: "info", Format: "text"},
+		Retention: config.Retention{Interval: time.Minute, BatchSize: 1000, ConfirmTimeout: 30 * time.Second},
+		Health:    config.Health{Listen: "127.0.0.1:9597", PollInterval: 5 * time.Second, MaxLag: time.Minute, MaxRetainedWALBytes: 1 << 30},
+		Log:       config.Log{Level: "info", Format: "text"},
 	}
-	got := struct {
-		Postgres config.Postgres
-		Kafka    config.Kafka
-		Pipeline config.Pipeline
-		Health   config.Health
-		Log      config.Log
-	}{d.Postgres, d.Kafka, d.Pipeline, d.Health, d.Log}
+	got := sections{d.Postgres, d.Kafka, d.Pipeline, d.Retention, d.Health, d.Log}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("Default() =\n%+v\nwant\n%+v", got, want)
 	}
 	if d.Origen != "" || len(d.Routes) != 0 {
 		t.Errorf("Default(): Origen %q, Routes %v; want empty", d.Origen, d.Routes)
 	}
-	wantCols := config.Columns{ID: "id", AgregatID: "agregat_id", Tipus: "tipus", Versio: "versio", Carrega: "carrega", CreatEn: "creat_en"}
+	wantCols := config.Columns{ID: "id", AgregatID: "agregat_id", Tipus: "tipus", Versio: "versio", Carrega: "carrega", CreatEn: "creat_en", PublicatEn: "publicat_en"}
 	if got := config.DefaultColumns(); got != wantCols {
 		t.Errorf("DefaultColumns() = %+v, want %+v", got, wantCols)
 	}
@@ -179,6 +177,7 @@ func TestParseExamples(t *testing.T) {
 				ConnectTimeout:     5 * time.Second,
 				StandbyRetry:       2 * time.Second,
 				ReceiveTimeout:     30 * time.Second,
+				Snapshot:           config.SnapshotNone,
 			}
 			if c.Postgres != wantPG {
 				t.Errorf("postgres =\n%+v\nwant\n%+v", c.Postgres, wantPG)

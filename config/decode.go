@@ -107,7 +107,10 @@ func syntaxHint(data []byte, line int, problem string) string {
 	return ` (inside [ ] or { }, quote a value that holds a variable: "${NAME}")`
 }
 
-var durationType = reflect.TypeOf(time.Duration(0))
+var (
+	durationType = reflect.TypeOf(time.Duration(0))
+	matchType    = reflect.TypeOf(Match(nil))
+)
 
 // decoder walks the yaml.Node tree and the target value together, so that
 // every problem is reported with its line and field path, all of them at
@@ -143,6 +146,10 @@ func (d *decoder) decode(n *yaml.Node, v reflect.Value, path string) {
 			return
 		}
 		v.SetInt(int64(dur))
+		return
+	}
+	if v.Type() == matchType {
+		d.decodeMatch(n, v, path)
 		return
 	}
 	switch v.Kind() {
@@ -222,6 +229,50 @@ func (d *decoder) decodeStruct(n *yaml.Node, v reflect.Value, path string) {
 	}
 }
 
+// decodeMatch reads {column: value, column: [values]}; the line of each
+// column is remembered at path.column.
+func (d *decoder) decodeMatch(n *yaml.Node, v reflect.Value, path string) {
+	if n.Kind != yaml.MappingNode {
+		d.fail(n, path, "expected a mapping of column names to a value or a list of values, e.g. {tipus: [comanda.creada]}")
+		return
+	}
+	var m Match
+	seen := map[string]int{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, val := n.Content[i], n.Content[i+1]
+		for val.Kind == yaml.AliasNode {
+			val = val.Alias
+		}
+		if k.Kind != yaml.ScalarNode {
+			d.fail(k, path, "a column name must be a plain name")
+			continue
+		}
+		if first, dup := seen[k.Value]; dup {
+			d.fail(k, path, "duplicate column %q (first at line %d)", k.Value, first)
+			continue
+		}
+		seen[k.Value] = k.Line
+		d.lines[path+"."+k.Value] = k.Line
+		c := Condition{Column: k.Value}
+		items := []*yaml.Node{val}
+		if val.Kind == yaml.SequenceNode {
+			items = val.Content
+		}
+		for _, it := range items {
+			switch {
+			case it.Kind != yaml.ScalarNode:
+				d.fail(it, path+"."+k.Value, "expected a value or a list of values")
+			case it.Tag == "!!null":
+				d.fail(it, path+"."+k.Value, "null never matches (a NULL matches no condition); list values only")
+			default:
+				c.Values = append(c.Values, it.Value)
+			}
+		}
+		m = append(m, c)
+	}
+	v.Set(reflect.ValueOf(m))
+}
+
 func kindName(k yaml.Kind) string {
 	switch k {
 	case yaml.MappingNode:
@@ -244,28 +295,19 @@ func typeName(k reflect.Kind) string {
 	}
 }
 
-// noColumn is how the YAML says that a table has no versio column (Debezium
-// tables have none); in Columns it is "".
+// noColumn is how the YAML says that a table has no such column (Debezium
+// tables have no versio); in Columns it is "".
 const noColumn = "-"
 
 // fromYAML turns what the YAML spells its own way into the plain structs:
-// each route's Schema and Name come from its table, and versio "-" becomes
-// "". An empty versio is an error, as for every column: "" is too easily an
-// empty variable or a slip to mean "no column".
+// each route's Schema and Name come from its table, a preset's defaults
+// fill what its route does not set, and "-" becomes "". An empty versio is
+// an error, as for every column: "" is too easily an empty variable or a
+// slip to mean "no column".
 func fromYAML(c *Config) []error {
 	var errs []error
 	for i := range c.Routes {
-		r := &c.Routes[i]
-		if schema, name, ok := splitTable(r.Table); ok {
-			r.Schema, r.Name = schema, name
-		}
-		switch r.Columns.Versio {
-		case noColumn:
-			r.Columns.Versio = ""
-		case "":
-			path := fmt.Sprintf("routes[%d].columns.versio", i)
-			errs = append(errs, fmt.Errorf("line %d: %s: column name must not be empty (write \"-\" if the table has no version column)", c.lines[path], path))
-		}
+		errs = append(errs, c.routeFromYAML(i)...)
 	}
 	return errs
 }

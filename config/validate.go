@@ -11,9 +11,7 @@ import (
 )
 
 var (
-	slotRe  = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
-	identRe = regexp.MustCompile(`^[a-z_][a-z0-9_$]{0,62}$`) // unquoted PostgreSQL identifier
-	topicRe = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,249}$`)
+	slotRe = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
 )
 
 // Validate reports every problem in c, joined, each naming the field path and,
@@ -53,6 +51,7 @@ func (c Config) Validate() error {
 	if (p.TLS.CertFile == "") != (p.TLS.KeyFile == "") {
 		v.add("postgres.tls.cert_file", "cert_file and key_file go together (a client certificate and its key)")
 	}
+	v.oneOf("postgres.snapshot", p.Snapshot, SnapshotPending, SnapshotNone)
 	if p.StatusInterval > 0 && p.IdleStatusInterval > 0 && p.IdleStatusInterval < p.StatusInterval {
 		v.add("postgres.idle_status_interval", "%s is shorter than status_interval %s", p.IdleStatusInterval, p.StatusInterval)
 	}
@@ -89,9 +88,22 @@ func (c Config) Validate() error {
 	if len(c.Routes) == 0 {
 		v.add("routes", "at least one route is required")
 	}
-	tables := map[string]int{}
+	v.routes(c.Routes)
+
 	for i, r := range c.Routes {
-		v.route(i, r, tables)
+		if p.MarkPublished && r.Message == "" && r.Columns.PublicatEn == "" {
+			v.add(fmt.Sprintf("routes[%d].columns.publicat_en", i), "postgres.mark_published is true, but the table has no publicat_en column (\"-\"): name it, or leave mark_published off")
+		}
+	}
+
+	if rt := c.Retention; rt.MaxAge < 0 {
+		v.add("retention.max_age", "must be >= 0 (0 turns retention off), got %s", rt.MaxAge)
+	} else if rt.MaxAge > 0 {
+		v.positive("retention.interval", rt.Interval)
+		v.positive("retention.confirm_timeout", rt.ConfirmTimeout)
+		if rt.BatchSize <= 0 {
+			v.add("retention.batch_size", "must be > 0, got %d", rt.BatchSize)
+		}
 	}
 
 	pl := c.Pipeline
@@ -125,89 +137,6 @@ func (c Config) Validate() error {
 	v.oneOf("log.format", c.Log.Format, "text", "json")
 
 	return errors.Join(v.errs...)
-}
-
-func (v *validator) route(i int, r Route, tables map[string]int) {
-	at := func(f string) string { return fmt.Sprintf("routes[%d].%s", i, f) }
-
-	switch schema, name, ok := splitTable(r.Table); {
-	case r.Table == "":
-		v.add(at("table"), "required (schema.table, e.g. public.outbox)")
-	case !ok:
-		v.add(at("table"), "%q must be schema.table with unquoted lowercase names, e.g. public.outbox", r.Table)
-	default:
-		if first, dup := tables[r.Table]; dup {
-			v.add(at("table"), "%q is already routed by routes[%d]", r.Table, first)
-		} else {
-			tables[r.Table] = i
-		}
-		if r.Schema != schema || r.Name != name {
-			v.add(at("table"), "Schema/Name (%q, %q) do not match table %q", r.Schema, r.Name, r.Table)
-		}
-	}
-
-	switch {
-	case r.Topic == "":
-		v.add(at("topic"), "required")
-	case !validTopic(r.Topic):
-		v.add(at("topic"), "%q is not a valid Kafka topic name (letters, digits, '.', '_', '-'; at most 249)", r.Topic)
-	}
-	switch r.OnError {
-	case OnErrorStop:
-		if r.DeadLetterTopic != "" {
-			v.add(at("dead_letter_topic"), "set, but on_error is %q: set on_error: %s to use it", r.OnError, OnErrorDeadLetter)
-		}
-	case OnErrorDeadLetter:
-		switch {
-		case r.DeadLetterTopic == "":
-			v.add(at("dead_letter_topic"), "required when on_error is %s", OnErrorDeadLetter)
-		case !validTopic(r.DeadLetterTopic):
-			v.add(at("dead_letter_topic"), "%q is not a valid Kafka topic name", r.DeadLetterTopic)
-		case r.DeadLetterTopic == r.Topic:
-			v.add(at("dead_letter_topic"), "must differ from the route's topic")
-		}
-	default:
-		v.add(at("on_error"), "%q is not one of %s, %s", r.OnError, OnErrorStop, OnErrorDeadLetter)
-	}
-
-	cols := []struct{ key, val string }{
-		{"id", r.Columns.ID},
-		{"agregat_id", r.Columns.AgregatID},
-		{"tipus", r.Columns.Tipus},
-		{"versio", r.Columns.Versio},
-		{"carrega", r.Columns.Carrega},
-		{"creat_en", r.Columns.CreatEn},
-	}
-	used := map[string]string{}
-	for _, col := range cols {
-		path := at("columns." + col.key)
-		switch {
-		case col.val == "" && col.key == "versio": // no such column
-		case col.val == "":
-			v.add(path, "column name must not be empty")
-		case col.val == noColumn && col.key == "versio":
-			v.add(path, "%q is the YAML spelling of no such column; in Columns it is \"\"", noColumn)
-		case col.val == noColumn:
-			v.add(path, "%q (no such column) is allowed only for versio", noColumn)
-		default:
-			if other, dup := used[col.val]; dup {
-				v.add(path, "column %q is also used for %s", col.val, other)
-			} else {
-				used[col.val] = col.key
-			}
-		}
-	}
-}
-
-func validTopic(t string) bool { return topicRe.MatchString(t) && t != "." && t != ".." }
-
-// splitTable splits "schema.table" into its two unquoted identifiers.
-func splitTable(t string) (schema, name string, ok bool) {
-	schema, name, found := strings.Cut(t, ".")
-	if !found || !identRe.MatchString(schema) || !identRe.MatchString(name) {
-		return "", "", false
-	}
-	return schema, name, true
 }
 
 // hostPort checks host:port; emptyHost allows ":8080" (all interfaces).

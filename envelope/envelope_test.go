@@ -3,6 +3,7 @@ package envelope_test
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -80,12 +81,12 @@ func s(v string) *string { return &v }
 var seedCols = envelope.Columns{ID: "id", AgregatID: "agregat_id", Tipus: "tipus", Versio: "versio", Carrega: "carrega", CreatEn: "creat_en"}
 
 func TestBuildGolden(t *testing.T) {
-	r := envelope.NewRouter("comandes", []envelope.Route{{Schema: "public", Table: "outbox", Topic: "comandes.esdeveniments", Columns: seedCols}}, 0)
+	r := newRouter(t, "comandes", []envelope.Route{{Schema: "public", Table: "outbox", Topic: "comandes.esdeveniments", Columns: seedCols}}, 0)
 	// Columns in a different order than the contract's CREATE TABLE: they
 	// are found by name.
-	b := r.Bind(relation("publicat_en", "carrega", "id", "tipus", "agregat", "agregat_id", "creat_en", "versio"))
+	b := bind(r, relation("publicat_en", "carrega", "id", "tipus", "agregat", "agregat_id", "creat_en", "versio"))
 	carrega := `{"id": "P-2026-000123", "client": "anna", "linies": [{"producte": "formatge-curat", "quantitat": 2, "preu_centims": 1450}]}`
-	rec, err := r.Build(b, tuple(nil, s(carrega), s("6f1c9e2a-0a4b-4c8e-9d1f-2b3c4d5e6f70"), s("comanda.creada"), s("comanda"),
+	rec, err := build(r, b, tuple(nil, s(carrega), s("6f1c9e2a-0a4b-4c8e-9d1f-2b3c4d5e6f70"), s("comanda.creada"), s("comanda"),
 		s("P-2026-000123"), s("2026-09-10 09:33:20.123999+02"), s("1")), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -133,7 +134,7 @@ func mustMarshal(v any) string {
 
 func TestBuildDebeziumColumnsWithoutVersio(t *testing.T) {
 	cols := envelope.Columns{ID: "id", AgregatID: "aggregateid", Tipus: "type", Carrega: "payload", CreatEn: "timestamp"}
-	r := envelope.NewRouter("cataleg", []envelope.Route{{Schema: "app", Table: "outboxevent", Topic: "cataleg", Columns: cols}}, 0)
+	r := newRouter(t, "cataleg", []envelope.Route{{Schema: "app", Table: "outboxevent", Topic: "cataleg", Columns: cols}}, 0)
 	rel := &pglogrepl.RelationMessage{Namespace: "app", RelationName: "outboxevent"}
 	for _, c := range []struct {
 		n string
@@ -141,7 +142,7 @@ func TestBuildDebeziumColumnsWithoutVersio(t *testing.T) {
 	}{{"id", 2950}, {"aggregatetype", 25}, {"aggregateid", 25}, {"type", 25}, {"payload", 25}, {"timestamp", 1184}} {
 		rel.Columns = append(rel.Columns, &pglogrepl.RelationMessageColumn{Name: c.n, DataType: c.t})
 	}
-	rec, err := r.Build(r.Bind(rel), tuple(s("a"), s("producte"), s("K-1"), s("producte.creat"), s(`"text\"json"`), s("1970-01-01 00:00:01.0015+00")), nil)
+	rec, err := build(r, bind(r, rel), tuple(s("a"), s("producte"), s("K-1"), s("producte.creat"), s(`"text\"json"`), s("1970-01-01 00:00:01.0015+00")), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +153,7 @@ func TestBuildDebeziumColumnsWithoutVersio(t *testing.T) {
 }
 
 func TestBuildBadRows(t *testing.T) {
-	r := envelope.NewRouter("comandes", []envelope.Route{{Schema: "public", Table: "outbox", Topic: "t", Columns: seedCols}}, 0)
+	r := newRouter(t, "comandes", []envelope.Route{{Schema: "public", Table: "outbox", Topic: "t", Columns: seedCols}}, 0)
 	full := relation("id", "agregat", "agregat_id", "tipus", "versio", "carrega", "creat_en", "publicat_en")
 	ok := func() []*string {
 		return []*string{s("id-1"), s("comanda"), s("K"), s("comanda.creada"), s("1"), s(`{}`), s("2026-01-01 00:00:00+00"), nil}
@@ -180,7 +181,7 @@ func TestBuildBadRows(t *testing.T) {
 			if tc.change != nil {
 				tc.change(v)
 			}
-			_, err := r.Build(r.Bind(tc.rel), tuple(v...), nil)
+			_, err := build(r, bind(r, tc.rel), tuple(v...), nil)
 			var re *envelope.RowError
 			if !errors.As(err, &re) {
 				t.Fatalf("want a RowError, got %v", err)
@@ -192,16 +193,16 @@ func TestBuildBadRows(t *testing.T) {
 	}
 	// A table without a route.
 	other := &pglogrepl.RelationMessage{Namespace: "public", RelationName: "comandes"}
-	if _, err := r.Build(r.Bind(other), tuple(), nil); err == nil || !strings.Contains(err.Error(), "no route") {
+	if _, err := build(r, bind(r, other), tuple(), nil); err == nil || !strings.Contains(err.Error(), "no route") {
 		t.Errorf("unrouted table: got %v", err)
 	}
 }
 
 func TestStringEscapingMatchesEncodingJSON(t *testing.T) {
-	r := envelope.NewRouter("comandes", []envelope.Route{{Schema: "public", Table: "outbox", Topic: "t", Columns: seedCols}}, 0)
-	b := r.Bind(relation("id", "agregat", "agregat_id", "tipus", "versio", "carrega", "creat_en"))
+	r := newRouter(t, "comandes", []envelope.Route{{Schema: "public", Table: "outbox", Topic: "t", Columns: seedCols}}, 0)
+	b := bind(r, relation("id", "agregat", "agregat_id", "tipus", "versio", "carrega", "creat_en"))
 	for _, in := range []string{"plain", `quo"te`, `back\slash`, "new\nline\ttab\rcr", "\x00\x01\x1f", "àèí·l€ 😀", "bad\xffutf8", "sep\u2028\u2029", "<html>&"} {
-		rec, err := r.Build(b, tuple(s("id"), s("a"), s("K"), s(in), s("1"), s("{}"), s("2026-01-01 00:00:00+00")), nil)
+		rec, err := build(r, b, tuple(s("id"), s("a"), s("K"), s(in), s("1"), s("{}"), s("2026-01-01 00:00:00+00")), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -219,8 +220,8 @@ func TestStringEscapingMatchesEncodingJSON(t *testing.T) {
 // TestBuildWithScratch: a Scratch reused from row to row gives each record
 // the value a fresh build gives, and allocates nothing once warm.
 func TestBuildWithScratch(t *testing.T) {
-	r := envelope.NewRouter("comandes", []envelope.Route{{Schema: "public", Table: "outbox", Topic: "t", Columns: seedCols}}, 0)
-	b := r.Bind(relation("id", "agregat", "agregat_id", "tipus", "versio", "carrega", "creat_en", "publicat_en"))
+	r := newRouter(t, "comandes", []envelope.Route{{Schema: "public", Table: "outbox", Topic: "t", Columns: seedCols}}, 0)
+	b := bind(r, relation("id", "agregat", "agregat_id", "tipus", "versio", "carrega", "creat_en", "publicat_en"))
 	var sc envelope.Scratch
 	rows := [][]envelope.Column{
 		tuple(s("6f1c9e2a-0a4b-4c8e-9d1f-2b3c4d5e6f70"), s("comanda"), s("P-1"), s("comanda.creada"), s("1"), s(`{"a": [1, 2, 3], "b": "llarg llarg llarg"}`), s("2026-09-10 09:33:20.123999+02"), nil),
@@ -228,11 +229,11 @@ func TestBuildWithScratch(t *testing.T) {
 	}
 	for round := 0; round < 2; round++ {
 		for i, row := range rows {
-			want, err := r.Build(b, row, nil)
+			want, err := build(r, b, row, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
-			got, err := r.Build(b, row, &sc)
+			got, err := build(r, b, row, &sc)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -242,21 +243,21 @@ func TestBuildWithScratch(t *testing.T) {
 			}
 		}
 	}
-	if n := testing.AllocsPerRun(100, func() { _, _ = r.Build(b, rows[0], &sc) }); n != 0 {
+	if n := testing.AllocsPerRun(100, func() { _, _ = build(r, b, rows[0], &sc) }); n != 0 {
 		t.Errorf("%.1f allocations per warm build, want 0", n)
 	}
 }
 
 func BenchmarkBuild(b *testing.B) {
-	r := envelope.NewRouter("comandes", []envelope.Route{{Schema: "public", Table: "outbox", Topic: "t", Columns: seedCols}}, 0)
-	bd := r.Bind(relation("id", "agregat", "agregat_id", "tipus", "versio", "carrega", "creat_en", "publicat_en"))
+	r := newRouter(b, "comandes", []envelope.Route{{Schema: "public", Table: "outbox", Topic: "t", Columns: seedCols}}, 0)
+	bd := bind(r, relation("id", "agregat", "agregat_id", "tipus", "versio", "carrega", "creat_en", "publicat_en"))
 	row := tuple(s("6f1c9e2a-0a4b-4c8e-9d1f-2b3c4d5e6f70"), s("comanda"), s("P-2026-000123"), s("comanda.creada"), s("1"),
 		s(`{"id": "P-2026-000123", "client": "anna", "mercat": "girona", "linies": [{"producte": "formatge-curat", "quantitat": 2, "preu_centims": 1450}, {"producte": "mel-de-romani", "quantitat": 1, "preu_centims": 890}]}`),
 		s("2026-09-10 09:33:20.123999+02"), nil)
 	var sc envelope.Scratch
 	b.ReportAllocs()
 	for i := 0; i < b.N; i++ {
-		if _, err := r.Build(bd, row, &sc); err != nil {
+		if _, err := build(r, bd, row, &sc); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -265,17 +266,17 @@ func BenchmarkBuild(b *testing.B) {
 // TestBadRowErrorNamesTheRow: an operator must find the poison row from the
 // error alone: its id and agregat_id when they are readable.
 func TestBadRowErrorNamesTheRow(t *testing.T) {
-	r := envelope.NewRouter("comandes", []envelope.Route{{Schema: "public", Table: "outbox", Topic: "t", Columns: seedCols}}, 0)
+	r := newRouter(t, "comandes", []envelope.Route{{Schema: "public", Table: "outbox", Topic: "t", Columns: seedCols}}, 0)
 	rel := relation("id", "agregat", "agregat_id", "tipus", "versio", "carrega", "creat_en")
 	rel.Columns[5].DataType = 25 // carrega as text
-	b := r.Bind(rel)
-	_, err := r.Build(b, tuple(s("6f1c-bad"), s("comanda"), s("P-9"), s("comanda.creada"), s("1"), s("no és JSON"), s("2026-01-01 00:00:00+00")), nil)
+	b := bind(r, rel)
+	_, err := build(r, b, tuple(s("6f1c-bad"), s("comanda"), s("P-9"), s("comanda.creada"), s("1"), s("no és JSON"), s("2026-01-01 00:00:00+00")), nil)
 	want := `outbox row id="6f1c-bad" agregat_id="P-9" in public.outbox, column "carrega": the value is not valid JSON`
 	if err == nil || err.Error() != want {
 		t.Errorf("got  %v\nwant %s", err, want)
 	}
 	// A NULL agregat_id is not named; the id still is.
-	_, err = r.Build(b, tuple(s("6f1c-null"), s("comanda"), nil, s("comanda.creada"), s("1"), s("{}"), s("2026-01-01 00:00:00+00")), nil)
+	_, err = build(r, b, tuple(s("6f1c-null"), s("comanda"), nil, s("comanda.creada"), s("1"), s("{}"), s("2026-01-01 00:00:00+00")), nil)
 	if err == nil || !strings.Contains(err.Error(), `outbox row id="6f1c-null" in public.outbox, column "agregat_id"`) {
 		t.Errorf("null key: got %v", err)
 	}
@@ -287,15 +288,15 @@ func TestBadRowErrorNamesTheRow(t *testing.T) {
 func TestRecordSizeLimit(t *testing.T) {
 	const limit = 2000
 	routes := []envelope.Route{{Schema: "public", Table: "outbox", Topic: "t", Columns: seedCols, DeadLetterTopic: "t.dlq"}}
-	r := envelope.NewRouter("comandes", routes, limit)
-	b := r.Bind(relation("id", "agregat", "agregat_id", "tipus", "versio", "carrega", "creat_en"))
+	r := newRouter(t, "comandes", routes, limit)
+	b := bind(r, relation("id", "agregat", "agregat_id", "tipus", "versio", "carrega", "creat_en"))
 	row := func(n int) []envelope.Column {
 		return tuple(s("id-1"), s("comanda"), s("P-1"), s("comanda.creada"), s("1"), s(`"`+strings.Repeat("x", n)+`"`), s("2026-01-01 00:00:00+00"))
 	}
 	// Find the largest carrega that fits, from the record itself.
 	fit := 0
 	for n := 1500; n < limit; n++ {
-		rec, err := r.Build(b, row(n), nil)
+		rec, err := build(r, b, row(n), nil)
 		if err != nil {
 			break
 		}
@@ -307,7 +308,7 @@ func TestRecordSizeLimit(t *testing.T) {
 		}
 		fit = n
 	}
-	_, err := r.Build(b, row(fit+1), nil)
+	_, err := build(r, b, row(fit+1), nil)
 	var re *envelope.RowError
 	if !errors.As(err, &re) || !strings.Contains(re.Reason, "over kafka.batch_bytes (2000)") || re.ID != "id-1" {
 		t.Fatalf("one byte more: got %v", err)
@@ -327,8 +328,8 @@ func TestRecordSizeLimit(t *testing.T) {
 
 func TestDeadLetterRefused(t *testing.T) {
 	routes := []envelope.Route{{Schema: "public", Table: "outbox", Topic: "t", Columns: seedCols, DeadLetterTopic: "t.dlq"}}
-	r := envelope.NewRouter("comandes", routes, 0)
-	b := r.Bind(relation("id", "agregat", "agregat_id", "tipus", "versio", "carrega", "creat_en"))
+	r := newRouter(t, "comandes", routes, 0)
+	b := bind(r, relation("id", "agregat", "agregat_id", "tipus", "versio", "carrega", "creat_en"))
 	refused := &outboxd.RefusedError{Topic: "t", Key: []byte("P-7"), Size: 150000, Err: errors.New("[10] Message Size Too Large"),
 		Headers: []outboxd.Header{{Key: envelope.HeaderTipus, Value: []byte("comanda.creada")}, {Key: envelope.HeaderID, Value: []byte("id-7")}, {Key: "x", Value: []byte("y")}}}
 	dl := r.DeadLetterRefused(b, refused, "0/16B3748", time.Unix(0, 0))
@@ -345,4 +346,27 @@ func header(r outboxd.Record, key string) string {
 		}
 	}
 	return ""
+}
+
+func newRouter(t testing.TB, origen string, routes []envelope.Route, maxBytes int) *envelope.Router {
+	t.Helper()
+	r, err := envelope.NewRouter(origen, routes, maxBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// bind is the binding of the relation's first route.
+func bind(r *envelope.Router, rel *pglogrepl.RelationMessage) *envelope.Binding {
+	return r.Bind(rel)[0]
+}
+
+// build is Build for a change published by its route, at no position.
+func build(r *envelope.Router, b *envelope.Binding, row []envelope.Column, sc *envelope.Scratch) (outboxd.Record, error) {
+	rec, verdict, err := r.Build(b, row, envelope.Position{}, sc)
+	if err == nil && verdict != envelope.Publish {
+		return rec, fmt.Errorf("verdict %d, want Publish", verdict)
+	}
+	return rec, err
 }

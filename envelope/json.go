@@ -1,6 +1,7 @@
 package envelope
 
 import (
+	"unicode/utf16"
 	"unicode/utf8"
 )
 
@@ -69,4 +70,64 @@ func appendString(dst, s []byte) []byte {
 	}
 	dst = append(dst, s[start:]...)
 	return append(dst, '"')
+}
+
+const upperHex = "0123456789ABCDEF"
+
+// appendConnectString appends s as a JSON string the way Kafka Connect's
+// JsonConverter (Jackson) writes one, so that value_converter: json gives
+// the same bytes as a Debezium connector: \b \t \n \f \r and \uXXXX (upper
+// case) for the other control characters, a character outside the Basic
+// Multilingual Plane as its two escaped UTF-16 surrogates, and every other
+// character as it is (no U+2028 escape, no U+FFFD: PostgreSQL's text is
+// valid UTF-8).
+func appendConnectString(dst, s []byte) []byte {
+	dst = append(dst, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c >= 0x20 && c != '"' && c != '\\' && c < 0xF0 {
+			i++
+			continue
+		}
+		dst = append(dst, s[start:i]...)
+		switch {
+		case c == '"' || c == '\\':
+			dst = append(dst, '\\', c)
+			i++
+		case c < 0x20:
+			if e := controlShort(c); e != 0 {
+				dst = append(dst, '\\', e)
+			} else {
+				dst = append(dst, '\\', 'u', '0', '0', upperHex[c>>4], upperHex[c&0xf])
+			}
+			i++
+		default: // a 4-byte UTF-8 sequence
+			r, size := utf8.DecodeRune(s[i:])
+			if size < 4 {
+				dst = append(dst, s[i:i+size]...)
+				i += size
+				break
+			}
+			r1, r2 := utf16.EncodeRune(r)
+			for _, u := range []rune{r1, r2} {
+				dst = append(dst, '\\', 'u', upperHex[u>>12&0xf], upperHex[u>>8&0xf], upperHex[u>>4&0xf], upperHex[u&0xf])
+			}
+			i += size
+		}
+		start = i
+	}
+	dst = append(dst, s[start:]...)
+	return append(dst, '"')
+}
+
+// controlShort is the letter of a control character's two-character JSON
+// escape, 0 for none.
+func controlShort(c byte) byte {
+	for _, l := range []byte("btnfr") {
+		if e, _ := controlEscape(l); e == c {
+			return l
+		}
+	}
+	return 0
 }

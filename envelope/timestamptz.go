@@ -15,9 +15,22 @@ func unsafeString(b []byte) string { return unsafe.String(unsafe.SliceData(b), l
 // ISO DateStyle ("2026-12-02 12:46:05.123456+05:30", "... BC" for years
 // before 1) and returns microseconds since the Unix epoch. Offsets may carry
 // minutes and seconds (+05:30, -03:30:45); fractions have up to 6 digits.
-func ParseTimestamptz(b []byte) (int64, error) {
+func ParseTimestamptz(b []byte) (int64, error) { return parseTime(b, timeZoned) }
+
+// The forms parseTime reads.
+const (
+	timeZoned  = iota // PostgreSQL's timestamptz output: a space, an offset
+	timeNoZone        // PostgreSQL's timestamp output: a space, no offset (read as UTC)
+	timeMember        // a JSON member: a space or a 'T', an offset or 'Z'
+)
+
+func parseTime(b []byte, form int) (int64, error) {
 	// Converted only for an error message: the hot path allocates nothing.
-	bad := func(why string) error { return fmt.Errorf("cannot parse timestamptz %q: %s", b, why) }
+	what := "timestamptz"
+	if form == timeNoZone {
+		what = "timestamp"
+	}
+	bad := func(why string) error { return fmt.Errorf("cannot parse %s %q: %s", what, b, why) }
 	switch string(b) {
 	case "infinity", "-infinity":
 		return 0, bad("infinite timestamps have no epoch time")
@@ -33,7 +46,11 @@ func ParseTimestamptz(b []byte) (int64, error) {
 	month := p.digits(2, 2)
 	p.expect('-')
 	day := p.digits(2, 2)
-	p.expect(' ')
+	if form == timeMember && p.peek('T') {
+		p.i++
+	} else {
+		p.expect(' ')
+	}
 	hour := p.digits(2, 2)
 	p.expect(':')
 	minute := p.digits(2, 2)
@@ -49,23 +66,27 @@ func ParseTimestamptz(b []byte) (int64, error) {
 		}
 		frac = f
 	}
-	sign := int64(1)
+	sign, off := int64(1), int64(0)
 	switch {
-	case p.peek('+'):
-	case p.peek('-'):
-		sign = -1
-	default:
-		p.fail("missing UTC offset")
-	}
-	p.i++
-	off := p.digits(2, 2) * 3600
-	if p.peek(':') {
-		p.expect(':')
-		off += p.digits(2, 2) * 60
+	case form == timeNoZone:
+	case form == timeMember && p.peek('Z'):
+		p.i++
+	case p.peek('+'), p.peek('-'):
+		if p.s[p.i] == '-' {
+			sign = -1
+		}
+		p.i++
+		off = p.digits(2, 2) * 3600
 		if p.peek(':') {
 			p.expect(':')
-			off += p.digits(2, 2)
+			off += p.digits(2, 2) * 60
+			if p.peek(':') {
+				p.expect(':')
+				off += p.digits(2, 2)
+			}
 		}
+	default:
+		p.fail("missing UTC offset")
 	}
 	if p.err == nil && p.i != len(p.s) {
 		p.fail("trailing characters")

@@ -40,6 +40,9 @@ type Snapshot struct {
 	Publication string
 }
 
+// pollTimeout bounds one poll (its queries and broker probes) at least.
+const pollTimeout = 10 * time.Second
+
 // MonitorConfig is what the monitor watches and how often.
 type MonitorConfig struct {
 	Conn        *pgconn.Config // a normal connection to the service database
@@ -99,7 +102,9 @@ func (m *Monitor) Run(ctx context.Context, after func(Snapshot)) {
 	defer t.Stop()
 	for {
 		snap := Snapshot{At: time.Now(), Brokers: len(m.cfg.Brokers)}
-		pctx, cancel := context.WithTimeout(ctx, m.cfg.Interval)
+		// A short poll_interval is how often to look, not how long a look
+		// may take on a busy server.
+		pctx, cancel := context.WithTimeout(ctx, max(m.cfg.Interval, pollTimeout))
 		snap.BrokersReachable = m.probeBrokers(pctx)
 		err := p.read(pctx, m.cfg, &snap)
 		cancel()

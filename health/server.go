@@ -114,8 +114,10 @@ func (s *Server) view(now time.Time) view {
 	}
 	// A poll that began before the current state may have seen the
 	// server before the stream created the slot or the publication: its
-	// verdict on them is not shown next to that state.
+	// verdict on them is not shown next to that state. Before a stream
+	// began, they may not exist yet by design (the stream creates them).
 	fresh := !v.snap.At.IsZero() && !v.snap.At.Before(v.st.Since)
+	judged := fresh && (v.st.State == replication.StateStreaming || v.st.State == replication.StateStopping)
 	if s.limits.MaxRetainedWALBytes > 0 && v.snap.RetainedBytes > s.limits.MaxRetainedWALBytes {
 		v.problems["retained_wal"] = fmt.Sprintf("the slot retains %d bytes of WAL, over health.max_retained_wal_bytes %d", v.snap.RetainedBytes, s.limits.MaxRetainedWALBytes)
 	}
@@ -126,10 +128,10 @@ func (s *Server) view(now time.Time) view {
 		case "lost":
 			v.problems["wal_status"] = "slot wal_status is lost: WAL it needed was removed and events are missing; reconcile the outbox, then drop and recreate the slot (outboxd slot drop)"
 		}
-	} else if v.snap.Err == "" && fresh {
+	} else if v.snap.Err == "" && judged {
 		v.problems["slot"] = "the replication slot does not exist"
 	}
-	if v.snap.Publication != "" && fresh {
+	if v.snap.Publication != "" && judged {
 		v.problems["publication"] = v.snap.Publication
 	}
 
@@ -251,6 +253,7 @@ type Counters struct {
 	Transactions uint64 `json:"transactions"`
 	Bytes        int64  `json:"bytes"`
 	DeadLettered uint64 `json:"dead_lettered"`
+	Dropped      uint64 `json:"dropped"` // dropped on purpose by a route's override
 }
 
 // KafkaStatus is broker reachability from the last poll.
@@ -268,7 +271,7 @@ func (s *Server) status(w http.ResponseWriter, _ *http.Request) {
 		LagSeconds:   v.lag.Seconds(),
 		ConfirmedLSN: v.st.Confirmed.String(),
 		InFlight:     InFlight{Events: v.st.Tracker.Events, Bytes: v.st.Tracker.Bytes, Transactions: v.st.Tracker.Open},
-		Counters:     Counters{Events: v.st.Events, Transactions: v.st.Txns, Bytes: v.st.Bytes, DeadLettered: v.st.DeadLettered},
+		Counters:     Counters{Events: v.st.Events, Transactions: v.st.Txns, Bytes: v.st.Bytes, DeadLettered: v.st.DeadLettered, Dropped: v.st.Dropped},
 		Topics:       s.met.Topics(),
 		Kafka:        KafkaStatus{Brokers: v.snap.Brokers, BrokersReachable: v.snap.BrokersReachable},
 	}
@@ -301,6 +304,7 @@ var (
 	descInFlightB   = prometheus.NewDesc("outboxd_in_flight_bytes", "Bytes of the records in flight.", nil, nil)
 	descTxns        = prometheus.NewDesc("outboxd_transactions_total", "Transactions received from the slot (replays included).", nil, nil)
 	descDead        = prometheus.NewDesc("outboxd_dead_lettered_total", "Rows written to a dead-letter topic because they could not become records (replays included).", nil, nil)
+	descDropped     = prometheus.NewDesc("outboxd_dropped_total", "Rows and messages a route's override dropped on purpose (replays included).", nil, nil)
 	descBrokers     = prometheus.NewDesc("outboxd_kafka_brokers_reachable", "Configured brokers that answered a Kafka API versions request at the last poll.", nil, nil)
 	descConfirmed   = prometheus.NewDesc("outboxd_confirmed_lsn", "Flush position outboxd has confirmed, as a number.", nil, nil)
 	// One series per wal_status, 1 on the current one, so an alert can say
@@ -313,7 +317,7 @@ var (
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descState, descReady, descRetained, descUnconfirmed, descSlotActive, descSafeWAL, descLag,
-		descInFlightEv, descInFlightB, descTxns, descDead, descBrokers, descConfirmed, descWALStatus} {
+		descInFlightEv, descInFlightB, descTxns, descDead, descDropped, descBrokers, descConfirmed, descWALStatus} {
 		ch <- d
 	}
 }
@@ -350,6 +354,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descInFlightB, prometheus.GaugeValue, float64(v.st.Tracker.Bytes))
 	ch <- prometheus.MustNewConstMetric(descTxns, prometheus.CounterValue, float64(v.st.Txns))
 	ch <- prometheus.MustNewConstMetric(descDead, prometheus.CounterValue, float64(v.st.DeadLettered))
+	ch <- prometheus.MustNewConstMetric(descDropped, prometheus.CounterValue, float64(v.st.Dropped))
 	ch <- prometheus.MustNewConstMetric(descBrokers, prometheus.GaugeValue, float64(v.snap.BrokersReachable))
 	ch <- prometheus.MustNewConstMetric(descConfirmed, prometheus.GaugeValue, float64(v.st.Confirmed))
 }

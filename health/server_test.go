@@ -149,6 +149,12 @@ func TestNoVerdictFromAPollOlderThanTheState(t *testing.T) {
 	if logged.Len() != 0 {
 		t.Fatalf("a stale poll was logged as a problem: %s", logged.String())
 	}
+	// Starting, before the stream created them: not a problem either.
+	s.src = fakeSource{replication.Status{State: replication.StateStarting, Since: since.Add(-time.Minute)}}
+	if code, body := get(t, s, "/readyz"); code != 503 || strings.Contains(body, "does not exist") || !strings.Contains(body, "state is starting") {
+		t.Fatalf("starting: %d %s", code, body)
+	}
+	s.src = fakeSource{st}
 	fresh := stale
 	fresh.At = since.Add(time.Millisecond)
 	s.mon.last = fresh

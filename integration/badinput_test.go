@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -47,7 +49,9 @@ func TestBadRowStopsWithClearError(t *testing.T) {
 	schema := `CREATE TABLE outbox (id TEXT PRIMARY KEY, agregat TEXT, agregat_id TEXT, tipus TEXT, versio TEXT, carrega TEXT, creat_en TIMESTAMPTZ DEFAULT now());`
 	f := newFixture(t, schema, map[string]int{"comandes": 1})
 	ctx := context.Background()
-	d := f.start(f.config(seedRoute(f.topic("comandes"))))
+	cfg := f.config(seedRoute(f.topic("comandes")))
+	cfg.Postgres["snapshot"] = "none" // the table has no publicat_en: no relay served it
+	d := f.start(cfg)
 	good := "INSERT INTO outbox (id, agregat, agregat_id, tipus, versio, carrega) VALUES ('%s', 'comanda', 'K-1', 'comanda.creada', '%s', '%s')"
 	if _, err := f.db.Exec(ctx, fmt.Sprintf(good, "ok-1", "2", `{"a": 1}`)); err != nil {
 		t.Fatal(err)
@@ -62,7 +66,8 @@ func TestBadRowStopsWithClearError(t *testing.T) {
 		t.Fatal("outboxd exited 0 on a bad row")
 	}
 	log := d.Log()
-	for _, want := range []string{"public.outbox", `column "versio"`, `"dos" is not an integer`} {
+	for _, want := range []string{`outbox row id="bad-1" agregat_id="K-1" in public.outbox`, `column "versio"`, `"dos" is not an integer`,
+		"A committed row cannot be changed", "on_error: dead_letter"} {
 		if !strings.Contains(log, want) {
 			t.Errorf("the error does not say %q:\n%s", want, log)
 		}
@@ -86,7 +91,9 @@ func TestBadRowStopsWithClearError(t *testing.T) {
 func TestDeadLetterBadRows(t *testing.T) {
 	f := newFixture(t, looseSchema, map[string]int{"comandes": 1, "comandes.dlq": 1})
 	ctx := context.Background()
-	d := f.start(f.config(dlqRoute(f.topic("comandes"), f.topic("comandes.dlq"))))
+	cfg := f.config(dlqRoute(f.topic("comandes"), f.topic("comandes.dlq")))
+	cfg.Postgres["snapshot"] = "none" // looseSchema has no publicat_en: no relay served it
+	d := f.start(cfg)
 	ins := "INSERT INTO outbox (id, agregat, agregat_id, tipus, versio, carrega) VALUES ($1, 'comanda', $2, $3, $4, $5)"
 	big := `{"farciment": "` + strings.Repeat("x", 1200<<10) + `"}`
 	rows := []struct {
@@ -218,4 +225,109 @@ func TestTooLargeRowStops(t *testing.T) {
 	if c, _ := f.slot(); c > before {
 		t.Fatalf("the slot passed the row: %s > %s", c, before)
 	}
+}
+
+// randomText is n bytes of incompressible, JSON-safe text.
+func randomText(seed uint64, n int) string {
+	const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+	rng := rand.New(rand.NewPCG(seed, 7))
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = alphabet[rng.IntN(len(alphabet))]
+	}
+	return string(b)
+}
+
+// TestBrokerRefusedRecordIsDeadLettered: the topic's max.message.bytes is
+// below kafka.batch_bytes, so a row that becomes a valid record is still
+// refused by the broker. On a dead_letter route the producer isolates it
+// (splitting the refused batch), it is dead-lettered with its key and size,
+// and the rows around it, in the same transaction, are delivered; the slot
+// passes the transaction.
+func TestBrokerRefusedRecordIsDeadLettered(t *testing.T) {
+	f := newFixture(t, seedSchema, map[string]int{"comandes.dlq": 1})
+	ctx := context.Background()
+	topic := f.topic("comandes")
+	if err := testenv.CreateTopicWith(ctx, env.KafkaBrokers, topic, 1, map[string]string{"max.message.bytes": "20000"}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := f.config(dlqRoute(topic, f.topic("comandes.dlq")))
+	cfg.Kafka["linger"] = "200ms" // the three records share one batch
+	d := f.start(cfg)
+	tx, err := f.db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ins := "INSERT INTO outbox (id, agregat, agregat_id, tipus, carrega) VALUES ($1, 'comanda', $2, 'comanda.creada', $3)"
+	for i, size := range []int{100, 60000, 100} {
+		id := fmt.Sprintf("00000000-0000-4000-8000-00000000000%d", i)
+		if _, err := tx.Exec(ctx, ins, id, fmt.Sprintf("K-%d", i), `{"x": "`+randomText(uint64(i), size)+`"}`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	end := f.walLSN()
+	f.waitConfirmed(end, 30*time.Second)
+	msgs := consumeExactly(t, topic, 2)
+	if string(msgs[0].Key) != "K-0" || string(msgs[1].Key) != "K-2" {
+		t.Errorf("delivered keys %q, %q; want K-0, K-2 in order", msgs[0].Key, msgs[1].Key)
+	}
+	dlq := consumeExactly(t, f.topic("comandes.dlq"), 1)
+	m := dlq[0]
+	size, _ := strconv.Atoi(header(m, "outboxd.original_size"))
+	if string(m.Key) != "K-1" || header(m, "id_esdeveniment") != "00000000-0000-4000-8000-000000000001" || size < 60000 ||
+		!strings.Contains(header(m, "outboxd.error"), "Too Large") || header(m, "outboxd.table") != "public.outbox" || m.Value != nil {
+		t.Errorf("dead letter: key %q value %d bytes headers %v", m.Key, len(m.Value), m.Headers)
+	}
+	if st := d.status(); st.State != "streaming" || st.Counters.DeadLettered != 1 {
+		t.Errorf("after the refusal: %+v", st)
+	}
+	d.term()
+}
+
+// TestRefusedBatchIsSplit: a batch that fits kafka.batch_bytes but not the
+// topic's max.message.bytes once compressed (here incompressible payloads
+// and a topic limit far below batch_bytes; the sink's unit tests cover a
+// batch that only grows past the limit by compression) is refused by the
+// broker; the producer splits it and sends the halves, in order, until
+// they fit, on a route that stops on bad input: every row arrives, in
+// order, and outboxd keeps streaming.
+func TestRefusedBatchIsSplit(t *testing.T) {
+	f := newFixture(t, seedSchema, nil)
+	ctx := context.Background()
+	topic := f.topic("comandes")
+	if err := testenv.CreateTopicWith(ctx, env.KafkaBrokers, topic, 1, map[string]string{"max.message.bytes": "20000"}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := f.config(seedRoute(topic))
+	cfg.Kafka["compression"] = "lz4"
+	cfg.Kafka["linger"] = "200ms" // the whole transaction in one batch of ~65 KB
+	d := f.start(cfg)
+	tx, err := f.db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const rows = 40
+	for i := 0; i < rows; i++ {
+		if _, err := tx.Exec(ctx, "INSERT INTO outbox (id, agregat, agregat_id, tipus, carrega) VALUES ($1, 'comanda', 'K', 'comanda.creada', $2)",
+			fmt.Sprintf("00000000-0000-4000-8000-%012d", i), `{"x": "`+randomText(uint64(100+i), 1500)+`"}`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	f.waitConfirmed(f.walLSN(), 30*time.Second)
+	msgs := consumeExactly(t, topic, rows)
+	for i, m := range msgs {
+		if want := fmt.Sprintf("00000000-0000-4000-8000-%012d", i); header(m, "id_esdeveniment") != want {
+			t.Fatalf("record %d is %s, want %s", i, header(m, "id_esdeveniment"), want)
+		}
+	}
+	if !strings.Contains(d.Log(), "too large; sending it again in two") {
+		t.Errorf("no batch was split: the test did not make the broker refuse one:\n%s", d.Log())
+	}
+	d.term()
 }

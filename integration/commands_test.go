@@ -198,7 +198,7 @@ func TestCheckFailsOnWalLevelReplica(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fixture{t: t, name: "km0_replica", dsn: dsn}
+	f := &fixture{t: t, env: env, name: "km0_replica", dsn: dsn} // the main broker
 	r := outboxd(t, dsn, "check", "-c", f.configFile(f.config(seedRoute("km0_replica.comandes"))))
 	wantCheckFails(t, r, "wal_level", "wal_level is replica", "wal_level = logical", "restart")
 	if l := r.line("PASS table public.outbox:"); l == "" {

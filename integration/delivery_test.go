@@ -23,7 +23,7 @@ CREATE TABLE pagaments.outboxevent (
 // debeziumRoute routes debeziumSchema's table to topic.
 func debeziumRoute(topic string) testenv.Route {
 	return testenv.Route{Table: "pagaments.outboxevent", Topic: topic,
-		More: testenv.Section{"columns": `{id: id, agregat_id: aggregateid, tipus: type, versio: "-", carrega: payload, creat_en: timestamp}`}}
+		More: testenv.Section{"columns": `{id: id, agregat_id: aggregateid, tipus: type, versio: "-", carrega: payload, creat_en: timestamp, publicat_en: "-"}`}}
 }
 
 // TestEndToEnd: thousands of rows in transactions of mixed sizes, many

@@ -20,6 +20,7 @@ var dbSeq atomic.Int32
 // fixture is one test's database, slot, publication and topics.
 type fixture struct {
 	t      *testing.T
+	env    *testenv.Env // the services it is on
 	name   string
 	dsn    string
 	db     *pgx.Conn      // for the test's writer
@@ -30,8 +31,14 @@ type fixture struct {
 func newFixture(t *testing.T, schemaSQL string, topics map[string]int) *fixture {
 	t.Helper()
 	needEnv(t)
+	return newFixtureOn(t, env, schemaSQL, topics)
+}
+
+// newFixtureOn is newFixture on the services of e.
+func newFixtureOn(t *testing.T, e *testenv.Env, schemaSQL string, topics map[string]int) *fixture {
+	t.Helper()
 	name := fmt.Sprintf("km0_t%d_%d", os.Getpid(), dbSeq.Add(1))
-	dsn, err := env.CreateDatabase(name, schemaSQL)
+	dsn, err := e.CreateDatabase(name, schemaSQL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +51,7 @@ func newFixture(t *testing.T, schemaSQL string, topics map[string]int) *fixture 
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fixture{t: t, name: name, dsn: dsn, db: db, mon: mon, topics: map[string]int{}}
+	f := &fixture{t: t, env: e, name: name, dsn: dsn, db: db, mon: mon, topics: map[string]int{}}
 	t.Cleanup(func() {
 		// f's connections, which a test may have replaced after a restart.
 		f.mon.Close(context.Background())
@@ -62,7 +69,7 @@ func newFixture(t *testing.T, schemaSQL string, topics map[string]int) *fixture 
 	})
 	for topic, n := range topics {
 		full := name + "." + topic
-		if err := env.CreateTopic(full, n); err != nil {
+		if err := e.CreateTopic(full, n); err != nil {
 			t.Fatal(err)
 		}
 		f.topics[full] = n
@@ -111,11 +118,11 @@ func (f *fixture) waitConfirmed(lsn pglogrepl.LSN, timeout time.Duration) {
 	}
 }
 
-// config is outboxd on the fixture's database, slot and the test broker,
+// config is outboxd on the fixture's database, slot and broker,
 // with short intervals so the tests run fast; a test changes what it needs.
 func (f *fixture) config(routes ...testenv.Route) testenv.Config {
 	return testenv.Config{
-		DSN: f.dsn, Brokers: env.KafkaBrokers, Slot: f.name, Routes: routes,
+		DSN: f.dsn, Brokers: f.env.KafkaBrokers, Slot: f.name, Routes: routes,
 		Postgres: testenv.Section{"status_interval": "200ms"},
 		Kafka:    testenv.Section{"partitioner": "murmur2", "linger": "2ms"},
 		Pipeline: testenv.Section{"backoff_min": "200ms", "backoff_max": "2s", "shutdown_timeout": "20s"},

@@ -3,11 +3,15 @@ package integration_test
 import (
 	"bytes"
 	"context"
+	"net/url"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxd/outboxd/testenv"
 )
@@ -137,6 +141,91 @@ func TestMetricsMatchWhatConsumersRead(t *testing.T) {
 	}
 	if h := families["outboxd_commit_to_ack_seconds"].GetMetric()[0].GetHistogram(); h.GetSampleCount() == 0 {
 		t.Error("no commit-to-ack latency was observed")
+	}
+	d.term()
+}
+
+// TestReadyzNeverReportsAMissingSlotFalsely: on a fresh database outboxd
+// creates the slot and the publication at start. From the first moment to
+// ready, with the default 5 s poll interval, /readyz must never say that the
+// slot or the publication does not exist (a probe or an alert would see a
+// false alarm), and it must become ready long before the next regular poll:
+// the stream asks the monitor to read them again as soon as it streams.
+func TestReadyzNeverReportsAMissingSlotFalsely(t *testing.T) {
+	f := newFixture(t, seedSchema, map[string]int{"comandes": 1})
+	ctx := context.Background()
+	cfg := f.config(seedRoute(f.topic("comandes")))
+	cfg.Health["poll_interval"] = "5s"
+	// A busy server: creating the slot waits for the transactions running
+	// at that moment to end, so the monitor's first poll sees no slot yet.
+	// (On its own connection: the test's writer connection is not safe for
+	// the commit from another goroutine while the test polls.)
+	conn, err := pgx.Connect(ctx, f.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	busy, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := busy.Exec(ctx, "SELECT txid_current()"); err != nil {
+		t.Fatal(err)
+	}
+	time.AfterFunc(1500*time.Millisecond, func() { _ = busy.Commit(context.Background()) })
+	d := f.spawn(cfg)
+	started := time.Now()
+	var lies []string
+	var streamingAt, readyAt time.Time
+	for time.Since(started) < 20*time.Second && readyAt.IsZero() {
+		code, body, err := d.Get(ctx, "/readyz")
+		if err != nil {
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		if strings.Contains(string(body), "does not exist") {
+			lies = append(lies, string(body))
+		}
+		if streamingAt.IsZero() && strings.Contains(string(body), `"state": "streaming"`) {
+			streamingAt = time.Now()
+		}
+		if code == 200 {
+			readyAt = time.Now()
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if len(lies) > 0 {
+		t.Fatalf("/readyz said something does not exist %d times, e.g.:\n%s", len(lies), lies[0])
+	}
+	if readyAt.IsZero() || streamingAt.IsZero() {
+		t.Fatalf("not ready after 20 s:\n%s", d.Log())
+	}
+	if wait := readyAt.Sub(streamingAt); wait > 2*time.Second {
+		t.Fatalf("ready %s after streaming began: it waited for the next 5 s poll", wait)
+	}
+	t.Logf("ready %s after start, %s after streaming began", readyAt.Sub(started).Round(time.Millisecond), readyAt.Sub(streamingAt).Round(time.Millisecond))
+	d.term()
+}
+
+// TestBrokersReachableMeansKafkaAnswers: a configured broker address that
+// accepts TCP but is not Kafka (here PostgreSQL's port) is not counted as a
+// reachable broker by the daemon, as check does not count it either.
+func TestBrokersReachableMeansKafkaAnswers(t *testing.T) {
+	f := newFixture(t, seedSchema, map[string]int{"comandes": 1})
+	u, err := url.Parse(f.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := f.config(seedRoute(f.topic("comandes")))
+	cfg.Brokers = env.KafkaBrokers + "," + u.Host
+	d := f.start(cfg)
+	var st testenv.Status
+	eventually(t, 10*time.Second, "a poll of both addresses", func() bool {
+		st = d.status()
+		return st.Kafka.Brokers == 2
+	})
+	if st.Kafka.BrokersReachable != 1 {
+		t.Fatalf("brokers_reachable %d with one Kafka broker and one PostgreSQL port", st.Kafka.BrokersReachable)
 	}
 	d.term()
 }

@@ -40,6 +40,12 @@ func runMain(m *testing.M) int {
 		return 1
 	}
 	defer env.Cleanup()
+	defer stopSecured()
+	if flag.Lookup("test.run").Value.String() == "" {
+		// The whole suite: the secured services start while the first
+		// tests run.
+		go startSecured()
+	}
 	if err := <-built; err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

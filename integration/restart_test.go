@@ -182,6 +182,15 @@ func TestStandbyTakeover(t *testing.T) {
 	if standby.code("/readyz") != 503 || standby.code("/healthz") != 200 {
 		t.Fatal("standby must be live (200) and not ready (503)")
 	}
+	// Standing by for a while (several retries): one state, entered once.
+	first := standby.status()
+	time.Sleep(3 * time.Second)
+	if again := standby.status(); again.State != "standby" || !again.Since.Equal(first.Since) {
+		t.Errorf("standby re-entered on a retry: since %s, then %s (%s)", first.Since, again.Since, again.State)
+	}
+	if n := strings.Count(standby.Log(), "standing by"); n != 1 {
+		t.Errorf("after 3 s of retries every %s the standby logged %d times that it stands by, want once:\n%s", dc.Postgres["standby_retry"], n, standby.Log())
+	}
 	w := newWriter(f, 23, 40, "outbox")
 	errc := w.inBackground(ctx, 200, 10, 5*time.Millisecond)
 	time.Sleep(300 * time.Millisecond)

@@ -12,6 +12,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/envelope"
 	"github.com/outboxd/outboxd/sink"
 )
 
@@ -40,10 +41,10 @@ func checkKafka(ctx context.Context, cfg config.Config, sc sink.Config) []Result
 			}
 		}
 	}
-	topics := routeTopics(cfg)
+	topics, templates := routeTopics(cfg)
 	if conn == nil {
 		out := []Result{evalKafka(dials, nil)}
-		for _, t := range topics {
+		for _, t := range append(topics, templates...) {
 			out = append(out, skipped("topic "+t, "no broker is reachable"))
 		}
 		return out
@@ -85,19 +86,42 @@ func checkKafka(ctx context.Context, cfg config.Config, sc sink.Config) []Result
 	for _, t := range topics {
 		out = append(out, evalTopic(t, count[t], producerCreatesTopics))
 	}
+	for _, t := range templates {
+		out = append(out, evalTemplate(t))
+	}
 	return out
 }
 
-func routeTopics(cfg config.Config) []string {
+// routeTopics lists the fixed topics of the routes (their topics, their
+// overrides' and fallbacks) and, apart, the templates, whose topics depend
+// on the rows.
+func routeTopics(cfg config.Config) (topics, templates []string) {
 	seen := map[string]bool{}
-	var out []string
-	for _, r := range cfg.Routes {
-		if !seen[r.Topic] {
-			seen[r.Topic] = true
-			out = append(out, r.Topic)
+	add := func(t string) {
+		if t == "" || seen[t] {
+			return
+		}
+		seen[t] = true
+		if tm, err := envelope.ParseTemplate(t); err == nil && !tm.Static() {
+			templates = append(templates, t)
+		} else {
+			topics = append(topics, t)
 		}
 	}
-	return out
+	for _, r := range cfg.Routes {
+		add(r.Topic)
+		for _, o := range r.Overrides {
+			add(o.Topic)
+		}
+		add(r.TopicFallback)
+	}
+	return topics, templates
+}
+
+// evalTemplate is the line of a topic template: its topics are known only
+// from the rows.
+func evalTemplate(t string) Result {
+	return pass("topic "+t, "a template: one topic per value; each must exist, or the broker creates it if its auto.create.topics.enable is true (create them beforehand to choose their partitions)")
 }
 
 // evalKafka passes when every configured broker and every broker the cluster
@@ -107,8 +131,10 @@ func evalKafka(bootstrap, advertised []brokerDial) Result {
 	security := ""
 	for _, d := range bootstrap {
 		if d.err != nil {
-			bad = append(bad, d.err.Error())
-			if why := sink.Explain(d.err); why != "" && security == "" {
+			why := sink.Explain(d.err)
+			// The fix says why once; the detail keeps the error itself.
+			bad = append(bad, strings.TrimPrefix(d.err.Error(), why+": "))
+			if why != "" && security == "" {
 				security = why
 			}
 		} else {

@@ -2,7 +2,6 @@ package preflight
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -10,7 +9,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outboxd/outboxd/catalog"
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/replication"
 )
 
 // Connect opens a normal (non-replication) connection with the configured
@@ -29,10 +30,21 @@ func Connect(ctx context.Context, pg config.Postgres) (*pgx.Conn, error) {
 	pcfg.Config = *cc
 	conn, err := pgx.ConnectConfig(ctx, pcfg)
 	if err != nil {
-		return nil, errors.New(scrub(err.Error(), pcfg.Password))
+		return nil, &scrubbedError{msg: scrub(err.Error(), pcfg.Password), err: err}
 	}
 	return conn, nil
 }
+
+// scrubbedError is a connection error whose text holds no password; it
+// still unwraps to pgconn's error, so that what it is (a TLS failure, an
+// SQLSTATE) can be told.
+type scrubbedError struct {
+	msg string
+	err error
+}
+
+func (e *scrubbedError) Error() string { return e.msg }
+func (e *scrubbedError) Unwrap() error { return e.err }
 
 func scrub(msg, password string) string {
 	if password != "" {
@@ -47,8 +59,11 @@ func checkPostgres(ctx context.Context, cfg config.Config) []Result {
 	defer cancel()
 	conn, err := Connect(ctx, pg)
 	if err != nil {
-		out := []Result{fail("database", fmt.Sprintf("cannot connect to %s: %s", pg.RedactedDSN(), oneLine(err.Error())),
-			"check postgres.dsn (host, port, database, user, password) and pg_hba.conf; the server must accept TCP connections from here")}
+		fix := "check postgres.dsn (host, port, database, user, password) and pg_hba.conf; the server must accept TCP connections from here"
+		if why := replication.ExplainConnect(err); why != "" {
+			fix = why
+		}
+		out := []Result{fail("database", fmt.Sprintf("cannot connect to %s: %s", pg.RedactedDSN(), oneLine(err.Error())), fix)}
 		for _, name := range databaseChecks(cfg) {
 			out = append(out, skipped(name, "the database is unreachable"))
 		}
@@ -71,8 +86,9 @@ func checkPostgres(ctx context.Context, cfg config.Config) []Result {
 // databaseChecks names the checks that need a database connection.
 func databaseChecks(cfg config.Config) []string {
 	names := []string{"wal_level", "max_replication_slots", "max_wal_senders", "role"}
-	for _, r := range cfg.Routes {
-		names = append(names, "table "+r.Table)
+	tables, _ := tableRoutes(cfg)
+	for _, t := range tables {
+		names = append(names, "table "+t)
 	}
 	return append(names, "publication", "slot", "failover")
 }
@@ -174,45 +190,70 @@ func evalRole(name string, repl, super bool) Result {
 // it and the name of its base type (a domain's underlying type).
 type column struct{ typ, base string }
 
+// tableRoutes groups the table routes by table, in the order of the file.
+func tableRoutes(cfg config.Config) (tables []string, routes map[string][]int) {
+	routes = map[string][]int{}
+	for i, r := range cfg.Routes {
+		if r.Message != "" {
+			continue
+		}
+		key := catalog.Table{Schema: r.Schema, Name: r.Name}.String()
+		if _, ok := routes[key]; !ok {
+			tables = append(tables, key)
+		}
+		routes[key] = append(routes[key], i)
+	}
+	return tables, routes
+}
+
 func checkTables(ctx context.Context, conn *pgx.Conn, cfg config.Config) []Result {
 	var out []Result
-	for _, r := range cfg.Routes {
-		name := "table " + r.Table
-		ident := pgx.Identifier{r.Schema, r.Name}.Sanitize()
-		var relkind string
-		err := conn.QueryRow(ctx, "SELECT relkind::text FROM pg_catalog.pg_class WHERE oid = to_regclass($1)", ident).Scan(&relkind)
-		if errors.Is(err, pgx.ErrNoRows) {
-			out = append(out, fail(name, fmt.Sprintf("%s does not exist (or the role cannot see its schema)", r.Table),
+	tables, routes := tableRoutes(cfg)
+	for _, t := range tables {
+		first := cfg.Routes[routes[t][0]]
+		name := "table " + t
+		rel, err := catalog.ReadRelation(ctx, conn.PgConn(), catalog.Table{Schema: first.Schema, Name: first.Name})
+		switch {
+		case err != nil:
+			out = append(out, queryFailed(name, err)...)
+			continue
+		case !rel.Exists:
+			out = append(out, fail(name, fmt.Sprintf("%s does not exist (or the role cannot see its schema)", first.Table),
 				"create it (sql/001_outbox.sql), or correct routes[].table; grant USAGE on its schema"))
 			continue
 		}
-		if err != nil {
-			out = append(out, queryFailed(name, err)...)
-			continue
-		}
-		rows, err := conn.Query(ctx, `SELECT a.attname, format_type(a.atttypid, a.atttypmod), bt.typname::text
-			FROM pg_catalog.pg_attribute a
-			JOIN pg_catalog.pg_type t ON t.oid = a.atttypid
-			JOIN pg_catalog.pg_type bt ON bt.oid = CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END
-			WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped`, ident)
-		if err != nil {
-			out = append(out, queryFailed(name, err)...)
-			continue
-		}
 		cols := map[string]column{}
-		var c column
-		var col string
-		_, err = pgx.ForEachRow(rows, []any{&col, &c.typ, &c.base}, func() error {
-			cols[col] = c
-			return nil
-		})
-		if err != nil {
-			out = append(out, queryFailed(name, err)...)
-			continue
+		for n, c := range rel.Columns {
+			cols[n] = column{c.Type, c.Base}
 		}
-		out = append(out, evalTable(r, relkind, cols))
+		var results []Result
+		for _, i := range routes[t] {
+			where := func(use string) string { return cfg.Where(fmt.Sprintf("routes[%d].%s", i, use)) }
+			results = append(results, evalRoute(cfg.Routes[i], where, rel.Kind, cols))
+		}
+		out = append(out, merge(name, results))
 	}
 	return out
+}
+
+// merge makes the results of a table's routes one result.
+func merge(name string, results []Result) Result {
+	if len(results) == 1 {
+		return results[0]
+	}
+	var details, fixes []string
+	for _, r := range results {
+		if r.Status == Fail {
+			details, fixes = append(details, r.Detail), append(fixes, r.Fix)
+		}
+	}
+	if len(details) > 0 {
+		return fail(name, strings.Join(details, "; "), strings.Join(fixes, "; "))
+	}
+	for _, r := range results {
+		details = append(details, r.Detail)
+	}
+	return pass(name, "%s", strings.Join(details, "; "))
 }
 
 var (
@@ -232,47 +273,72 @@ func oneOf(s string, sets ...[]string) bool {
 	return false
 }
 
-// evalTable checks that every mapped column exists with a type outboxd can
-// turn into the envelope. relkind is pg_class.relkind.
+// evalTable checks that every column the route reads exists with a type
+// outboxd can turn into the record. relkind is pg_class.relkind.
 func evalTable(r config.Route, relkind string, cols map[string]column) Result {
-	name := "table " + r.Table
+	return evalRoute(r, func(use string) string { return "routes[]." + use }, relkind, cols)
+}
+
+// typeWant is what a column must be for a use.
+type typeWant struct {
+	ok   func(base string) bool
+	want string
+}
+
+// evalRoute is evalTable with where naming a use's configuration key (its
+// line, for a route read from a file).
+func evalRoute(r config.Route, where func(use string) string, relkind string, cols map[string]column) Result {
+	name := "table " + catalog.Table{Schema: r.Schema, Name: r.Name}.String()
 	if relkind != "r" && relkind != "p" {
 		return fail(name, fmt.Sprintf("%s is not a table (relkind %s)", r.Table, relkind), "route a plain table: only tables are published")
 	}
-	type mapping struct {
-		field, column string
-		ok            func(base string) bool
-		want          string
+	carrega := typeWant{func(b string) bool { return oneOf(b, jsonTypes, textTypes) }, "jsonb, json or text holding JSON"}
+	if r.Value == config.ValuePayload {
+		carrega = typeWant{func(b string) bool { return oneOf(b, jsonTypes, textTypes) || b == "bytea" }, "jsonb, json, text or bytea"}
 	}
-	maps := []mapping{
-		{"id", r.Columns.ID, func(string) bool { return true }, "any type"},
-		{"agregat_id", r.Columns.AgregatID, func(b string) bool { return oneOf(b, textTypes) || oneOf(b, []string{"uuid", "int2", "int4", "int8"}) }, "text, varchar, uuid or an integer (its text form is the Kafka key)"},
-		{"tipus", r.Columns.Tipus, func(b string) bool { return oneOf(b, textTypes) }, "text or varchar"},
-		{"versio", r.Columns.Versio, func(b string) bool { return oneOf(b, intTypes, textTypes) }, "smallint, integer, bigint or text holding an integer"},
-		{"carrega", r.Columns.Carrega, func(b string) bool { return oneOf(b, jsonTypes, textTypes) }, "jsonb, json or text holding JSON"},
-		{"creat_en", r.Columns.CreatEn, func(b string) bool { return b == "timestamptz" }, "timestamptz"},
+	text := typeWant{func(b string) bool { return oneOf(b, textTypes) }, "text or varchar"}
+	wants := map[string]typeWant{
+		"columns.agregat_id": {func(b string) bool { return oneOf(b, textTypes) || oneOf(b, []string{"uuid", "int2", "int4", "int8"}) }, "text, varchar, uuid or an integer (its text form is the Kafka key)"},
+		"columns.tipus":      text,
+		"columns.versio":     {func(b string) bool { return oneOf(b, intTypes, textTypes) }, "smallint, integer, bigint or text holding an integer"},
+		"columns.carrega":    carrega,
+		"columns.creat_en":   {func(b string) bool { return b == "timestamptz" }, "timestamptz"},
+		"timestamp":          {func(b string) bool { return b == "timestamptz" || b == "timestamp" || oneOf(b, intTypes) }, "timestamptz, timestamp (read as UTC) or an integer of milliseconds"},
+		"trace.traceparent":  text,
+		"trace.tracestate":   text,
+		"trace.span_context": text,
 	}
 	var problems, fixes, found []string
-	for _, m := range maps {
-		if m.field == "versio" && m.column == "" {
-			found = append(found, "versio -")
-			continue
+	seen := map[string]bool{}
+	for _, ref := range r.Envelope().Refs() {
+		c, ok := cols[ref.Column]
+		mapped := strings.HasPrefix(ref.Use, "columns.")
+		key := ref.Use
+		if !mapped {
+			key = where(ref.Use)
 		}
-		c, ok := cols[m.column]
+		w, typed := wants[ref.Use]
 		switch {
+		case !ok && mapped:
+			problems = append(problems, fmt.Sprintf("column %s (%s) does not exist", ref.Column, ref.Use))
+			fixes = append(fixes, fmt.Sprintf("set routes[].%s to one of: %s", ref.Use, strings.Join(sortedKeys(cols), ", ")))
 		case !ok:
-			problems = append(problems, fmt.Sprintf("column %s (columns.%s) does not exist", m.column, m.field))
-			fixes = append(fixes, fmt.Sprintf("set routes[].columns.%s to one of: %s", m.field, strings.Join(sortedKeys(cols), ", ")))
-		case m.field == "creat_en" && c.base == "timestamp":
-			problems = append(problems, fmt.Sprintf("column %s is timestamp without time zone: the instant is ambiguous", m.column))
+			problems = append(problems, fmt.Sprintf("column %s (%s) does not exist", ref.Column, key))
+			fixes = append(fixes, fmt.Sprintf("correct %s: %s has %s", key, r.Table, strings.Join(sortedKeys(cols), ", ")))
+		case ref.Use == "columns.creat_en" && c.base == "timestamp":
+			problems = append(problems, fmt.Sprintf("column %s is timestamp without time zone: the instant is ambiguous", ref.Column))
 			fixes = append(fixes, fmt.Sprintf("ALTER TABLE %s ALTER COLUMN %s TYPE timestamptz USING %s AT TIME ZONE 'UTC' (with the zone the writers meant)",
-				pgx.Identifier{r.Schema, r.Name}.Sanitize(), pgx.Identifier{m.column}.Sanitize(), pgx.Identifier{m.column}.Sanitize()))
-		case !m.ok(c.base):
-			problems = append(problems, fmt.Sprintf("column %s (columns.%s) is %s, outboxd needs %s", m.column, m.field, c.typ, m.want))
-			fixes = append(fixes, fmt.Sprintf("map columns.%s to a column of type %s, or change the column's type", m.field, m.want))
-		default:
-			found = append(found, fmt.Sprintf("%s %s", m.column, c.typ))
+				pgx.Identifier{r.Schema, r.Name}.Sanitize(), pgx.Identifier{ref.Column}.Sanitize(), pgx.Identifier{ref.Column}.Sanitize()))
+		case typed && !w.ok(c.base):
+			problems = append(problems, fmt.Sprintf("column %s (%s) is %s, outboxd needs %s", ref.Column, key, c.typ, w.want))
+			fixes = append(fixes, fmt.Sprintf("map %s to a column of type %s, or change the column's type", key, w.want))
+		case !seen[ref.Column]:
+			seen[ref.Column] = true
+			found = append(found, fmt.Sprintf("%s %s", ref.Column, c.typ))
 		}
+	}
+	if r.Columns.Versio == "" && r.Value != config.ValuePayload {
+		found = append(found, "versio -")
 	}
 	if len(problems) > 0 {
 		return fail(name, strings.Join(problems, "; "), strings.Join(fixes, "; "))

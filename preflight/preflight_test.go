@@ -123,36 +123,44 @@ func TestEvalPublication(t *testing.T) {
 func TestEvalSlot(t *testing.T) {
 	pg := config.Default().Postgres
 	pg.Slot = "s"
+	pg.Snapshot = config.SnapshotNone
 	fixed := pg
 	fixed.CreateSlot = false
+	snap := pg
+	snap.Snapshot = config.SnapshotPending
 	good := catalog.Slot{Name: "s", Plugin: "pgoutput", Type: "logical", Database: "db", SameDatabase: true, ConfirmedFlush: 0x16B3748, CurrentWAL: 0x16B3748 + 120, WALStatus: "reserved"}
 	with := func(f func(*catalog.Slot)) *catalog.Slot { s := good; f(&s); return &s }
 	tests := []struct {
 		name   string
 		pg     config.Postgres
 		s      *catalog.Slot
+		c      cutover
 		status string
 		want   []string
 	}{
-		{"absent, create", pg, nil, Pass, []string{"will be created"}},
-		{"absent, no create", fixed, nil, Fail, []string{"does not exist", "create_slot"}},
-		{"good", pg, &good, Pass, []string{"0/16B3748", "reserved", "120 bytes"}},
-		{"extended", pg, with(func(s *catalog.Slot) { s.WALStatus = "extended" }), Pass, nil},
-		{"wrong plugin", pg, with(func(s *catalog.Slot) { s.Plugin = "wal2json" }), Fail, []string{"wal2json"}},
-		{"physical", pg, with(func(s *catalog.Slot) { s.Type, s.Plugin = "physical", "" }), Fail, []string{"physical"}},
-		{"other database", pg, with(func(s *catalog.Slot) { s.SameDatabase, s.Database = false, "other" }), Fail, []string{"belongs to database other"}},
-		{"lost", pg, with(func(s *catalog.Slot) { s.WALStatus = "lost" }), Fail, []string{"wal_status lost"}},
-		{"unreserved", pg, with(func(s *catalog.Slot) { s.WALStatus = "unreserved" }), Fail, []string{"unreserved", "warning", "max_slot_wal_keep_size"}},
+		{"absent, create", pg, nil, cutover{}, Pass, []string{"will be created", "current WAL position"}},
+		{"absent, create with a snapshot", snap, nil, cutover{pending: []string{"public.outbox: 102"}}, Pass, []string{"exported snapshot", "public.outbox: 102"}},
+		{"unfinished cut-over", snap, &good, cutover{marker: true, pending: []string{"public.outbox: 7"}}, Pass, []string{"did not finish", "publishes the pending rows again (public.outbox: 7)"}},
+		{"unfinished cut-over, snapshot none", pg, &good, cutover{marker: true}, Pass, []string{"gives it up"}},
+		{"unfinished cut-over, no create", fixed, &good, cutover{marker: true}, Fail, []string{"did not finish", "create_slot is false", "s_snapshot"}},
+		{"absent, no create", fixed, nil, cutover{}, Fail, []string{"does not exist", "create_slot"}},
+		{"good", pg, &good, cutover{}, Pass, []string{"0/16B3748", "reserved", "120 bytes"}},
+		{"extended", pg, with(func(s *catalog.Slot) { s.WALStatus = "extended" }), cutover{}, Pass, nil},
+		{"wrong plugin", pg, with(func(s *catalog.Slot) { s.Plugin = "wal2json" }), cutover{}, Fail, []string{"wal2json"}},
+		{"physical", pg, with(func(s *catalog.Slot) { s.Type, s.Plugin = "physical", "" }), cutover{}, Fail, []string{"physical"}},
+		{"other database", pg, with(func(s *catalog.Slot) { s.SameDatabase, s.Database = false, "other" }), cutover{}, Fail, []string{"belongs to database other"}},
+		{"lost", pg, with(func(s *catalog.Slot) { s.WALStatus = "lost" }), cutover{}, Fail, []string{"wal_status lost"}},
+		{"unreserved", pg, with(func(s *catalog.Slot) { s.WALStatus = "unreserved" }), cutover{}, Fail, []string{"unreserved", "warning", "max_slot_wal_keep_size"}},
 		// A running outboxd holds its slot: the normal state, a pass that names the holder.
 		{"active, held by outboxd", pg, with(func(s *catalog.Slot) {
 			s.Active, s.ActivePID, s.Holder, s.HolderAddr = true, 4242, "outboxd", "10.0.0.7"
-		}), Pass,
+		}), cutover{}, Pass,
 			[]string{"streaming to PID 4242 (outboxd from 10.0.0.7)"}},
-		{"active, holder not visible", pg, with(func(s *catalog.Slot) { s.Active, s.ActivePID = true, 4242 }), Pass, []string{"PID 4242 (another outboxd, or a client this role cannot see)"}},
-		{"active, held by another client", pg, with(func(s *catalog.Slot) { s.Active, s.ActivePID, s.Holder = true, 4242, "pg_recvlogical" }), Fail, []string{`PID 4242, a client named "pg_recvlogical"`}},
+		{"active, holder not visible", pg, with(func(s *catalog.Slot) { s.Active, s.ActivePID = true, 4242 }), cutover{}, Pass, []string{"PID 4242 (another outboxd, or a client this role cannot see)"}},
+		{"active, held by another client", pg, with(func(s *catalog.Slot) { s.Active, s.ActivePID, s.Holder = true, 4242, "pg_recvlogical" }), cutover{}, Fail, []string{`PID 4242, a client named "pg_recvlogical"`}},
 	}
 	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) { check(t, evalSlot(tc.pg, tc.s), tc.status, tc.want...) })
+		t.Run(tc.name, func(t *testing.T) { check(t, evalSlot(tc.pg, tc.s, tc.c), tc.status, tc.want...) })
 	}
 }
 
@@ -208,7 +216,7 @@ func TestResultLines(t *testing.T) {
 		}
 	}
 	inv := ConfigInvalid(errors.New("a: line 3: x\na: line 5: y"))
-	if inv[0].Status != Fail || strings.Contains(inv[0].String(), "\n") || Passed(inv) {
+	if inv[0].Status != Fail || strings.Contains(inv[0].String(), "\n") || inv[1].Status != Skip {
 		t.Errorf("ConfigInvalid: %v", inv)
 	}
 	if !Passed([]Result{{Status: Pass}, {Status: Warn}}) || Passed([]Result{{Status: Warn}, {Status: Skip}}) {

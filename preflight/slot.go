@@ -23,15 +23,6 @@ type publication struct {
 	notOwned             []string // routed tables the role does not own
 }
 
-// catalogRoutes is what the publication must publish, route by route.
-func catalogRoutes(cfg config.Config) []catalog.Route {
-	out := make([]catalog.Route, len(cfg.Routes))
-	for i, r := range cfg.Routes {
-		out[i] = catalog.Route{Table: catalog.Table{Schema: r.Schema, Name: r.Name}, Columns: r.Columns.Mapped()}
-	}
-	return out
-}
-
 func checkPublication(ctx context.Context, conn *pgx.Conn, cfg config.Config) []Result {
 	var version int
 	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
@@ -46,15 +37,15 @@ func checkPublication(ctx context.Context, conn *pgx.Conn, cfg config.Config) []
 		if err := conn.QueryRow(ctx, "SELECT rolsuper, has_database_privilege(current_database(), 'CREATE') FROM pg_catalog.pg_roles WHERE rolname = current_user").Scan(&p.super, &p.mayCreateInDB); err != nil {
 			return queryFailed("publication", err)
 		}
-		for _, r := range cfg.Routes {
+		for _, r := range cfg.CatalogRoutes() { // each routed table once; messages need none
 			var owns bool
 			err := conn.QueryRow(ctx, "SELECT pg_has_role(current_user, relowner, 'USAGE') FROM pg_catalog.pg_class WHERE oid = to_regclass($1)",
-				pgx.Identifier{r.Schema, r.Name}.Sanitize()).Scan(&owns)
+				r.Table.Quoted()).Scan(&owns)
 			if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 				return queryFailed("publication", err)
 			}
 			if !owns {
-				p.notOwned = append(p.notOwned, r.Table)
+				p.notOwned = append(p.notOwned, r.Table.String())
 			}
 		}
 	}
@@ -66,7 +57,7 @@ func checkPublication(ctx context.Context, conn *pgx.Conn, cfg config.Config) []
 // outboxd will create it.
 func evalPublication(cfg config.Config, p publication) Result {
 	name := cfg.Postgres.Publication
-	routes := catalogRoutes(cfg)
+	routes := cfg.CatalogRoutes()
 	if !p.Exists {
 		const sqlFile = "run sql/002_publication.sql as the tables' owner"
 		create := catalog.CreateSQL(name, routes)
@@ -109,17 +100,61 @@ func checkSlot(ctx context.Context, conn *pgx.Conn, cfg config.Config) []Result 
 	if err != nil {
 		return queryFailed("slot", err)
 	}
-	return []Result{evalSlot(cfg.Postgres, s)}
+	m, err := catalog.ReadSlot(ctx, conn.PgConn(), catalog.CutoverMarker(cfg.Postgres.Slot))
+	if err != nil {
+		return queryFailed("slot", err)
+	}
+	c := cutover{marker: m != nil}
+	if cfg.Postgres.Snapshot == config.SnapshotPending && (c.marker || s == nil && cfg.Postgres.CreateSlot) {
+		// The start creates the slot with a snapshot: say what it will
+		// publish, and whether it can.
+		for i, r := range cfg.Routes {
+			if r.Columns.PublicatEn == "" {
+				continue
+			}
+			var n int64
+			err := conn.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s WHERE %s IS NULL",
+				pgx.Identifier{r.Schema, r.Name}.Sanitize(), pgx.Identifier{r.Columns.PublicatEn}.Sanitize())).Scan(&n)
+			if err != nil {
+				return []Result{fail("slot", fmt.Sprintf("the slot will be created with a snapshot of the rows pending in %s (publicat_en NULL), but they cannot be counted: %v", r.Table, err),
+					fmt.Sprintf("set routes[%d].columns.publicat_en to the column the polling relay sets (\"-\" when none did), or postgres.snapshot: none", i))}
+			}
+			c.pending = append(c.pending, fmt.Sprintf("%s: %d", r.Table, n))
+		}
+	}
+	return []Result{evalSlot(cfg.Postgres, s, c)}
 }
 
-func evalSlot(pg config.Postgres, s *catalog.Slot) Result {
+// cutover is what check knows of the cut-over a start would do
+// (replication/cutover.go).
+type cutover struct {
+	marker  bool     // an earlier one did not finish
+	pending []string // "schema.table: n" rows its snapshot would publish
+}
+
+func evalSlot(pg config.Postgres, s *catalog.Slot, c cutover) Result {
 	name := pg.Slot
+	pending := strings.Join(c.pending, ", ")
+	if pending == "" {
+		pending = "no table with a publicat_en column"
+	}
+	switch {
+	case c.marker && !pg.CreateSlot:
+		return fail("slot", fmt.Sprintf("the cut-over of %s did not finish (marker slot %s exists): its snapshot rows may not all be in Kafka, and postgres.create_slot is false", name, catalog.CutoverMarker(name)),
+			fmt.Sprintf("set postgres.create_slot: true to publish the snapshot again (outboxd recreates the slot), or SELECT pg_drop_replication_slot('%s') to give up on it", catalog.CutoverMarker(name)))
+	case c.marker && pg.Snapshot == config.SnapshotNone:
+		return pass("slot", "the cut-over of %s did not finish; with postgres.snapshot: none the next start gives it up (its snapshot rows may not all be in Kafka: see outboxd replay)", name)
+	case c.marker:
+		return pass("slot", "the cut-over of %s did not finish; the next start recreates the slot and publishes the pending rows again (%s), duplicates of those already delivered", name, pending)
+	case s == nil && pg.CreateSlot && pg.Snapshot == config.SnapshotPending:
+		return pass("slot", "%s does not exist; will be created at start with an exported snapshot, whose pending rows (publicat_en NULL) are published before streaming: %s", name, pending)
+	}
 	if s == nil {
 		if pg.CreateSlot {
 			return pass("slot", "%s does not exist; will be created at start (it begins at the current WAL position)", name)
 		}
 		return fail("slot", fmt.Sprintf("replication slot %s does not exist and postgres.create_slot is false", name),
-			fmt.Sprintf("reconcile events committed since the old slot's position (if any), then set postgres.create_slot: true, or SELECT pg_create_logical_replication_slot('%s', 'pgoutput')", name))
+			fmt.Sprintf("reconcile events committed since the old slot's position (if any, with outboxd replay), then set postgres.create_slot: true, or SELECT pg_create_logical_replication_slot('%s', 'pgoutput')", name))
 	}
 	switch {
 	case s.Type != "logical" || s.Plugin != "pgoutput":
@@ -130,7 +165,7 @@ func evalSlot(pg config.Postgres, s *catalog.Slot) Result {
 			"point postgres.dsn at that database or choose another postgres.slot name")
 	case s.WALStatus == "lost":
 		return fail("slot", fmt.Sprintf("replication slot %s has wal_status lost: WAL it needed was removed, events are missing", name),
-			"reconcile the outbox (republish rows since the last delivered one), then outboxd slot drop --yes and start with postgres.create_slot: true")
+			"reconcile the outbox (outboxd replay --from the time of the last delivered event), then outboxd slot drop --yes and start with postgres.create_slot: true")
 	case s.WALStatus == "unreserved":
 		return fail("slot", fmt.Sprintf("replication slot %s has wal_status unreserved: it is past max_slot_wal_keep_size and its WAL will be removed at the next checkpoint (warning: events may be lost)", name),
 			"start outboxd now so the slot advances, or raise max_slot_wal_keep_size")

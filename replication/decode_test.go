@@ -19,7 +19,8 @@ import (
 // fakeProducer is a Producer made of what the test needs: it keeps the
 // records it is given and acknowledges them only when told to.
 type fakeProducer struct {
-	recs []outboxd.Record
+	recs    []outboxd.Record
+	flushes int // Flush calls: one per committed transaction with records
 }
 
 // Produce copies, as the real one does: the records reference the
@@ -35,8 +36,10 @@ func (p *fakeProducer) Produce(r *outboxd.Record) error {
 
 func (p *fakeProducer) Close(context.Context) error { return nil }
 
+func (p *fakeProducer) Flush() { p.flushes++ }
+
 // readFixture returns the pgoutput messages recorded from a real server by
-// integration/cmd/pgoutput-fixture.
+// tools/pgoutput-fixture.
 func readFixture(t testing.TB, name string) [][]byte {
 	t.Helper()
 	f, err := os.Open(name)
@@ -62,17 +65,13 @@ func readFixture(t testing.TB, name string) [][]byte {
 	return msgs
 }
 
-func TestDecodeRecordedPgoutput(t *testing.T) {
-	router := envelope.NewRouter("comandes", []envelope.Route{{Schema: "public", Table: "outbox", Topic: "comandes.esdeveniments",
-		Columns: envelope.Columns{ID: "id", AgregatID: "agregat_id", Tipus: "tipus", Versio: "versio", Carrega: "carrega", CreatEn: "creat_en"}}}, 0)
-	const start = pglogrepl.LSN(0x100)
-	tracker := NewTracker(start, 100, 1<<20)
-	prod := &fakeProducer{}
-	s := &stream{r: &Runner{router: router, log: hclog.NewNullLogger()}, prod: prod, tracker: tracker, relations: map[uint32]*envelope.Binding{}}
+// feedFixture streams the recorded messages into s and returns the
+// transactions' end LSNs. Every message goes through one buffer,
+// overwritten by the next, as pgconn's receive buffer is: a record that
+// kept a reference into it past Produce would come out corrupted.
+func feedFixture(t *testing.T, s *stream) []pglogrepl.LSN {
+	t.Helper()
 	var commits []pglogrepl.LSN
-	// Every message goes through one buffer, overwritten by the next, as
-	// pgconn's receive buffer is: a record that kept a reference into it
-	// past Produce would come out corrupted.
 	buf := make([]byte, 0, 1<<16)
 	for _, m := range readFixture(t, "testdata/outbox.pgoutput") {
 		buf = append(buf[:0], m...)
@@ -84,6 +83,20 @@ func TestDecodeRecordedPgoutput(t *testing.T) {
 			commits = append(commits, c.(*pglogrepl.CommitMessage).TransactionEndLSN)
 		}
 	}
+	return commits
+}
+
+func TestDecodeRecordedPgoutput(t *testing.T) {
+	router, err := envelope.NewRouter("comandes", []envelope.Route{{Schema: "public", Table: "outbox", Topic: "comandes.esdeveniments",
+		Columns: envelope.Columns{ID: "id", AgregatID: "agregat_id", Tipus: "tipus", Versio: "versio", Carrega: "carrega", CreatEn: "creat_en"}}}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const start = pglogrepl.LSN(0x100)
+	tracker := NewTracker(start, 100, 1<<20)
+	prod := &fakeProducer{}
+	s := &stream{r: &Runner{router: router, log: hclog.NewNullLogger()}, prod: prod, tracker: tracker, relations: map[uint32][]*envelope.Binding{}}
+	commits := feedFixture(t, s)
 	want := []struct{ key, tipus, id, value string }{
 		{"P-2026-000123", "comanda.creada", "6f1c9e2a-0a4b-4c8e-9d1f-2b3c4d5e6f70",
 			`{"id_esdeveniment":"6f1c9e2a-0a4b-4c8e-9d1f-2b3c4d5e6f70","tipus":"comanda.creada","versio":1,"data_ms":1789025600123,"origen":"comandes","dades":{"id": "P-2026-000123", "client": "anna", "linies": [{"producte": "formatge-curat", "quantitat": 2, "preu_centims": 1450}]}}`},
@@ -106,6 +119,9 @@ func TestDecodeRecordedPgoutput(t *testing.T) {
 	}
 	if len(commits) != 2 {
 		t.Fatalf("the fixture has %d commits, want 2", len(commits))
+	}
+	if prod.flushes != 2 {
+		t.Errorf("%d flushes for 2 committed transactions with records", prod.flushes)
 	}
 	if s.txn != nil {
 		t.Fatal("a transaction is still open after its Commit")

@@ -1,7 +1,9 @@
 package replication
 
 import (
+	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 
 	"github.com/jackc/pglogrepl"
@@ -54,4 +56,42 @@ func parseInsert(wal []byte, row []envelope.Column) (uint32, []envelope.Column, 
 		}
 	}
 	return rel, row, nil
+}
+
+// logicalMessage is a pgoutput logical decoding message, parsed in place:
+// prefix and content reference the message buffer.
+type logicalMessage struct {
+	transactional bool
+	lsn           pglogrepl.LSN // the end of the message's WAL record
+	prefix        []byte
+	content       []byte
+}
+
+// parseMessage reads a pgoutput Message (protocol version 1):
+//
+//	'M' | flags int8 (1: transactional) | LSN int64 | prefix, NUL-terminated |
+//	length int32 | content
+func parseMessage(wal []byte) (logicalMessage, error) {
+	var m logicalMessage
+	if len(wal) < 11 || wal[0] != 'M' {
+		return m, fmt.Errorf("message of %d bytes is too short", len(wal))
+	}
+	m.transactional = wal[1]&1 != 0
+	m.lsn = pglogrepl.LSN(binary.BigEndian.Uint64(wal[2:]))
+	end := bytes.IndexByte(wal[10:], 0)
+	if end < 0 {
+		return m, errors.New("message: the prefix has no terminating NUL")
+	}
+	m.prefix = wal[10 : 10+end]
+	p := 10 + end + 1
+	if p+4 > len(wal) {
+		return m, errors.New("message truncated in the content's length")
+	}
+	n := int(binary.BigEndian.Uint32(wal[p:]))
+	p += 4
+	if n < 0 || n != len(wal)-p {
+		return m, fmt.Errorf("message: content claims %d bytes, %d left", n, len(wal)-p)
+	}
+	m.content = wal[p:len(wal):len(wal)]
+	return m, nil
 }

@@ -13,7 +13,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -24,6 +23,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxd/outboxd"
+	"github.com/outboxd/outboxd/backoff"
 	"github.com/outboxd/outboxd/catalog"
 	"github.com/outboxd/outboxd/envelope"
 )
@@ -59,6 +59,15 @@ type Config struct {
 	// transaction that carried records. It must be cheap and safe for
 	// concurrent use.
 	OnConfirm func(commitTime time.Time)
+	// Snapshot, when set, is how a slot that outboxd creates starts: with
+	// an exported snapshot whose pending rows Snapshot publishes through
+	// prod, returning once Kafka acknowledged them all, before anything
+	// is streamed (cutover.go). Nil: the slot is created without one.
+	Snapshot func(ctx context.Context, snapshot, consistentPoint string, prod Producer) error
+	// Mark, when set, wraps the Acker of the record of a row of table
+	// whose id is id (postgres.mark_published): next learns the outcome
+	// only once the row is marked published.
+	Mark func(table string, id []byte, next outboxd.Acker) outboxd.Acker
 	// OnStreaming, when set, is called when a stream begins: the slot and
 	// the publication exist from then on (the health monitor reads them
 	// again at once).
@@ -71,6 +80,9 @@ type Producer interface {
 	// Produce copies the record and hands it on; an error means the
 	// producer takes nothing more (the record's Acker has been told).
 	Produce(r *outboxd.Record) error
+	// Flush asks for what was produced to go out without lingering (a
+	// transaction ended); it does not wait.
+	Flush()
 	Close(ctx context.Context) error
 }
 
@@ -126,6 +138,7 @@ type Runner struct {
 	// Counters a stream adds to as it goes.
 	txns         atomic.Uint64
 	deadLettered atomic.Uint64
+	dropped      atomic.Uint64
 	statusSentAt atomic.Int64 // unix nanoseconds of the last standby status
 }
 
@@ -143,6 +156,9 @@ type Status struct {
 	Txns      uint64 // transactions received since start (replays included)
 	// DeadLettered counts rows sent to a dead-letter topic (replays included).
 	DeadLettered uint64
+	// Dropped counts changes a route's override dropped on purpose
+	// (replays included).
+	Dropped uint64
 	// LastStatusSent is when the last standby status went to the server;
 	// WALSenderTimeout is the server's wal_sender_timeout (0: none).
 	LastStatusSent   time.Time
@@ -160,8 +176,9 @@ func NewRunner(cfg Config, router *envelope.Router, newProducer func() (Producer
 		pc.RuntimeParams["application_name"] = "outboxd"
 	}
 	// Text output of timestamptz in a fixed, parseable form.
-	pc.RuntimeParams["datestyle"] = "ISO, YMD"
-	pc.RuntimeParams["timezone"] = "UTC"
+	for k, v := range envelope.SessionParams {
+		pc.RuntimeParams[k] = v
+	}
 	useLargeReadBuffer(pc)
 	return &Runner{cfg: cfg, conn: pc, router: router, newProducer: newProducer, log: log, state: StateStarting, since: time.Now()}
 }
@@ -181,7 +198,7 @@ func (r *Runner) Status() Status {
 			st.Confirmed = st.Tracker.Confirmed
 		}
 	}
-	st.Txns, st.DeadLettered = r.txns.Load(), r.deadLettered.Load()
+	st.Txns, st.DeadLettered, st.Dropped = r.txns.Load(), r.deadLettered.Load(), r.dropped.Load()
 	if ns := r.statusSentAt.Load(); ns != 0 {
 		st.LastStatusSent = time.Unix(0, ns)
 	}
@@ -276,7 +293,7 @@ func (r *Runner) Run(ctx context.Context) error {
 				lastErr = ""
 			}
 			attempt = 0
-			if !sleep(ctx, r.cfg.StandbyRetry) {
+			if !backoff.Sleep(ctx, r.cfg.StandbyRetry) {
 				r.enter(StateStopped, nil)
 				return nil
 			}
@@ -287,7 +304,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		if time.Since(started) > r.cfg.BackoffMax {
 			attempt = 0
 		}
-		delay := backoff(attempt, r.cfg.BackoffMin, r.cfg.BackoffMax)
+		delay := backoff.Delay(attempt, r.cfg.BackoffMin, r.cfg.BackoffMax)
 		attempt++
 		r.enter(StateBackoff, err)
 		// Log once per change of error, not on every retry.
@@ -297,39 +314,18 @@ func (r *Runner) Run(ctx context.Context) error {
 		} else {
 			r.log.Debug("retrying", "error", err, "delay", delay.Round(time.Millisecond))
 		}
-		if !sleep(ctx, delay) {
+		if !backoff.Sleep(ctx, delay) {
 			r.enter(StateStopped, nil)
 			return nil
 		}
 	}
 }
 
-// sleep waits d; false when ctx ended first.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
-}
-
-// backoff is min·2^attempt capped at max, with full jitter over its upper half.
-func backoff(attempt int, min, max time.Duration) time.Duration {
-	d := min
-	for i := 0; i < attempt && d < max; i++ {
-		d *= 2
-	}
-	if d > max {
-		d = max
-	}
-	return d/2 + rand.N(d/2+1)
-}
-
 // classify marks connection errors that no retry can fix as fatal.
 func classify(err error) error {
+	if why := ExplainConnect(err); why != "" {
+		return Fatal(fmt.Errorf("connect to PostgreSQL: %w: %s", err, why))
+	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch {

@@ -45,7 +45,7 @@ func (r *Runner) session(ctx context.Context, first bool) (progressed bool, err 
 		_ = conn.Close(cctx)
 	}()
 
-	start, err := r.prepare(ctx, conn, first && r.cfg.CreateSlot)
+	start, cut, err := r.prepare(ctx, conn, first && r.cfg.CreateSlot)
 	if err != nil {
 		return false, err
 	}
@@ -70,6 +70,12 @@ func (r *Runner) session(ctx context.Context, first bool) (progressed bool, err 
 		}
 	}()
 
+	if cut != nil {
+		if err := r.publishSnapshot(ctx, conn, cut, prod); err != nil {
+			return false, err
+		}
+	}
+
 	args := []string{"proto_version '1'", "publication_names " + catalog.QuoteLiteral(r.cfg.Publication), "messages 'true'"}
 	// Start at 0/0: the server resumes from the slot's confirmed_flush_lsn.
 	if err := pglogrepl.StartReplication(ctx, conn, r.cfg.Slot, 0, pglogrepl.StartReplicationOptions{PluginArgs: args}); err != nil {
@@ -91,6 +97,6 @@ func (r *Runner) session(ctx context.Context, first bool) (progressed bool, err 
 	// Wake a blocked read at once when a stop is requested.
 	stopWake := context.AfterFunc(ctx, func() { _ = conn.Conn().SetReadDeadline(time.Now()) })
 	defer stopWake()
-	s := &stream{r: r, conn: conn, prod: prod, tracker: tracker, relations: map[uint32]*envelope.Binding{}, sentFlush: start}
+	s := &stream{r: r, conn: conn, prod: prod, tracker: tracker, relations: map[uint32][]*envelope.Binding{}, sentFlush: start}
 	return true, s.run(ctx)
 }

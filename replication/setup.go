@@ -14,21 +14,31 @@ import (
 
 // prepare checks the server and makes sure the publication and the slot
 // exist, creating them when allowed. It returns the slot's confirmed flush
-// position, where streaming resumes.
-func (r *Runner) prepare(ctx context.Context, conn *pgconn.PgConn, mayCreateSlot bool) (pglogrepl.LSN, error) {
+// position, where streaming resumes, and the cutover of a slot it created
+// with a snapshot to publish first.
+func (r *Runner) prepare(ctx context.Context, conn *pgconn.PgConn, mayCreateSlot bool) (pglogrepl.LSN, *cutover, error) {
 	srv, err := catalog.ReadServer(ctx, conn)
 	if err != nil {
-		return 0, fmt.Errorf("read server settings: %w", err)
+		return 0, nil, fmt.Errorf("read server settings: %w", err)
 	}
 	if srv.WALLevel != "logical" {
-		return 0, Fatal(fmt.Errorf("wal_level is %q: set wal_level = logical in postgresql.conf and restart PostgreSQL", srv.WALLevel))
+		return 0, nil, Fatal(fmt.Errorf("wal_level is %q: set wal_level = logical in postgresql.conf and restart PostgreSQL", srv.WALLevel))
 	}
 	r.serverSettings(srv)
 	if t := srv.WALSenderTimeout; t > 0 && 2*r.cfg.IdleStatusInterval >= t {
-		return 0, Fatal(fmt.Errorf("postgres.idle_status_interval (%s) must be under half the server's wal_sender_timeout (%s), or the server may drop the connection while outboxd waits for Kafka", r.cfg.IdleStatusInterval, t))
+		return 0, nil, Fatal(fmt.Errorf("postgres.idle_status_interval (%s) must be under half the server's wal_sender_timeout (%s), or the server may drop the connection while outboxd waits for Kafka", r.cfg.IdleStatusInterval, t))
 	}
 	if err := r.ensurePublication(ctx, conn, srv.Version); err != nil {
-		return 0, err
+		return 0, nil, err
+	}
+	// A column a route reads and the table lacks would fail every row:
+	// stop now, naming the configuration line.
+	problems, err := catalog.CheckColumns(ctx, conn, r.cfg.Routes)
+	if err != nil {
+		return 0, nil, err
+	}
+	if len(problems) > 0 {
+		return 0, nil, Fatal(fmt.Errorf("routes: %s: correct the configuration or the table", strings.Join(problems, "; ")))
 	}
 	return r.ensureSlot(ctx, conn, srv, mayCreateSlot)
 }
@@ -73,43 +83,86 @@ func (r *Runner) ensurePublication(ctx context.Context, conn *pgconn.PgConn, ver
 	return nil
 }
 
-func (r *Runner) ensureSlot(ctx context.Context, conn *pgconn.PgConn, srv catalog.Server, mayCreate bool) (pglogrepl.LSN, error) {
+// ensureSlot returns the slot's confirmed position, where streaming
+// resumes, creating the slot when absent and allowed (a failover slot where
+// the server has them and postgres.failover_slot asks for one); a slot
+// created with a snapshot to publish first comes with its cutover
+// (cutover.go).
+func (r *Runner) ensureSlot(ctx context.Context, conn *pgconn.PgConn, srv catalog.Server, mayCreate bool) (pglogrepl.LSN, *cutover, error) {
 	name := r.cfg.Slot
-	slot, err := catalog.ReadSlot(ctx, conn, name)
+	slot, hasMarker, err := r.readSlot(ctx, conn)
 	if err != nil {
-		return 0, fmt.Errorf("read replication slot: %w", err)
+		return 0, nil, err
+	}
+	switch {
+	case hasMarker && r.cfg.Snapshot == nil:
+		marker := catalog.CutoverMarker(name)
+		r.log.Warn("an earlier cut-over did not finish, and postgres.snapshot is now none: giving it up; its snapshot rows may not all be in Kafka (outboxd replay republishes rows by creat_en)",
+			"slot", name, "marker", marker)
+		if _, err := scalar(ctx, conn, "SELECT pg_drop_replication_slot("+catalog.QuoteLiteral(marker)+")"); err != nil {
+			return 0, nil, fmt.Errorf("drop the cut-over marker slot %q: %w", marker, err)
+		}
+	case hasMarker || slot == nil && mayCreate && r.cfg.Snapshot != nil:
+		s, cut, err := r.beginCutover(ctx, conn, srv)
+		if err != nil {
+			return 0, nil, err
+		}
+		if cut != nil {
+			return cut.at, cut, nil
+		}
+		slot = s // another instance finished the cut-over
 	}
 	if slot == nil {
 		if !mayCreate {
-			return 0, Fatal(fmt.Errorf("replication slot %q does not exist (dropped while outboxd ran, or a failover to a standby that did not have it: before PostgreSQL 17 slots are not synchronised to standbys): events committed since it went are not in any slot; outboxd will not recreate it silently. Recreate it deliberately (restart with postgres.create_slot: true) after reconciling (README, Failover)", name))
+			return 0, nil, Fatal(fmt.Errorf("replication slot %q does not exist (dropped while outboxd ran, or a failover to a standby that did not have it: before PostgreSQL 17 slots are not synchronised to standbys): events committed since it went are not in any slot; outboxd will not recreate it silently. Recreate it deliberately (restart with postgres.create_slot: true) after reconciling (README, Failover)", name))
 		}
-		// A standby (decoding on a standby, PostgreSQL 16+) cannot create a
-		// failover slot: only a primary's slots are synchronised.
-		failover := r.cfg.FailoverSlot && srv.FailoverSlots() && !srv.InRecovery
-		_, err := pglogrepl.ParseCreateReplicationSlot(conn.Exec(ctx, catalog.CreateSlotCommand(name, failover)))
-		if err != nil {
-			if hasCode(err, "42501") {
-				return 0, Fatal(fmt.Errorf("create replication slot %q: %w: the role needs the REPLICATION attribute (ALTER ROLE ... REPLICATION, as a superuser)", name, err))
-			}
-			return 0, fmt.Errorf("create replication slot %q: %w", name, err)
+		if _, err := r.createSlot(ctx, conn, srv, false); err != nil {
+			return 0, nil, err
 		}
-		r.log.Info("created replication slot", "slot", name, "failover", failover)
 		if slot, err = catalog.ReadSlot(ctx, conn, name); err != nil || slot == nil {
-			return 0, fmt.Errorf("read replication slot after creating it: %v", err)
+			return 0, nil, fmt.Errorf("read replication slot after creating it: %v", err)
 		}
 	}
 	switch {
 	case slot.Type != "logical" || slot.Plugin != "pgoutput":
-		return 0, Fatal(fmt.Errorf("replication slot %q is a %s slot with plugin %q; outboxd needs a logical pgoutput slot: use another slot name", name, slot.Type, slot.Plugin))
+		return 0, nil, Fatal(fmt.Errorf("replication slot %q is a %s slot with plugin %q; outboxd needs a logical pgoutput slot: use another slot name", name, slot.Type, slot.Plugin))
 	case !slot.SameDatabase:
-		return 0, Fatal(fmt.Errorf("replication slot %q belongs to database %s, not postgres.dsn's", name, slot.Database))
+		return 0, nil, Fatal(fmt.Errorf("replication slot %q belongs to database %s, not postgres.dsn's", name, slot.Database))
 	case slot.WALStatus == "lost":
-		return 0, Fatal(fmt.Errorf("replication slot %q has wal_status lost: the WAL it needed was removed (max_slot_wal_keep_size); events are missing; drop and recreate the slot after reconciling the outbox", name))
+		return 0, nil, Fatal(fmt.Errorf("replication slot %q has wal_status lost: the WAL it needed was removed (max_slot_wal_keep_size); events are missing; drop and recreate the slot after reconciling the outbox", name))
 	}
 	if err := r.alignFailover(ctx, conn, srv, slot); err != nil {
-		return 0, err
+		return 0, nil, err
 	}
-	return slot.ConfirmedFlush, nil
+	return slot.ConfirmedFlush, nil, nil
+}
+
+// failover says whether a slot created on srv is a failover slot: where the
+// server has them and postgres.failover_slot asks for it. A standby
+// (decoding on a standby, PostgreSQL 16+) cannot create one: only a
+// primary's slots are synchronised.
+func (r *Runner) failover(srv catalog.Server) bool {
+	return r.cfg.FailoverSlot && srv.FailoverSlots() && !srv.InRecovery
+}
+
+// createSlot creates the logical pgoutput slot, a failover one when
+// failover(srv), with an exported snapshot when export (the cut-over).
+func (r *Runner) createSlot(ctx context.Context, conn *pgconn.PgConn, srv catalog.Server, export bool) (pglogrepl.CreateReplicationSlotResult, error) {
+	failover := r.failover(srv)
+	res, err := pglogrepl.ParseCreateReplicationSlot(conn.Exec(ctx, catalog.CreateSlotCommand(r.cfg.Slot, export, failover)))
+	if err != nil {
+		return res, slotError(fmt.Errorf("create replication slot %q: %w", r.cfg.Slot, err))
+	}
+	r.log.Info("created replication slot", "slot", r.cfg.Slot, "failover", failover, "exported_snapshot", export)
+	return res, nil
+}
+
+// slotError names the fix of a slot that may not be created.
+func slotError(err error) error {
+	if hasCode(err, "42501") {
+		return Fatal(fmt.Errorf("%w: the role needs the REPLICATION attribute (ALTER ROLE ... REPLICATION, as a superuser)", err))
+	}
+	return err
 }
 
 // alignFailover makes an existing slot a failover slot, or not, as

@@ -24,6 +24,9 @@ const settlePoll = 50 * time.Millisecond
 func (s *stream) sendStatus(now time.Time, ask bool) error {
 	st := s.tracker.State()
 	if !ask && !s.reply && st.Confirmed == s.sentFlush && now.Sub(s.sentAt) < s.r.cfg.IdleStatusInterval {
+		// Nothing new to confirm (acknowledgements inside a transaction
+		// still open): not due again until as many more.
+		s.ackedAtStatus = st.Acked
 		return nil
 	}
 	write, flush := standbyPositions(s.received, st)
@@ -40,7 +43,7 @@ func (s *stream) sendStatus(now time.Time, ask bool) error {
 	if st.Moved {
 		s.sentFlush = flush
 	}
-	s.sentAt, s.reply = now, false
+	s.sentAt, s.reply, s.ackedAtStatus = now, false, st.Acked
 	s.r.statusSent(now)
 	return nil
 }

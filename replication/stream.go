@@ -22,9 +22,10 @@ type stream struct {
 	conn      *pgconn.PgConn
 	prod      Producer
 	tracker   *Tracker
-	relations map[uint32]*envelope.Binding
+	relations map[uint32][]*envelope.Binding // each relation's routes
 
 	txn      *Txn          // open transaction
+	index    uint32        // changes received in txn so far
 	received pglogrepl.LSN // newest WAL position received
 
 	// Reused from row to row: the decoded columns (they reference the
@@ -42,6 +43,20 @@ type stream struct {
 	pinged    bool      // a status asking for a reply went out since lastRecv
 	lastAcked uint64    // acknowledged count at lastAckAt
 	lastAckAt time.Time // last acknowledgement progress, or when records started waiting
+
+	ackedAtStatus uint64 // acknowledged count when the last status went out
+}
+
+// statusEvery is how many acknowledgements make a status due before
+// postgres.status_interval: at a full drain (100,000+ events/s) the interval
+// alone would leave ~10,000 acknowledged events unconfirmed, all produced
+// again after a kill -9.
+const statusEvery = 1000
+
+// farAhead reports whether enough was acknowledged since the last status to
+// send one now.
+func (s *stream) farAhead() bool {
+	return s.tracker.Acked()-s.ackedAtStatus >= statusEvery
 }
 
 func (s *stream) run(ctx context.Context) error {
@@ -52,7 +67,7 @@ func (s *stream) run(ctx context.Context) error {
 	s.lastRecv, s.lastAckAt = time.Now(), time.Now()
 	now := time.Now()
 	for {
-		if s.reply || !now.Before(nextStatus) {
+		if s.reply || !now.Before(nextStatus) || s.farAhead() {
 			if err := s.sendStatus(now, false); err != nil {
 				return err
 			}
@@ -185,8 +200,13 @@ func (s *stream) handleCopyData(data []byte) error {
 }
 
 func (s *stream) handleMessage(wal []byte) error {
-	if len(wal) > 0 && wal[0] == 'I' {
-		return s.handleInsert(wal)
+	if len(wal) > 0 {
+		switch wal[0] {
+		case 'I':
+			return s.handleInsert(wal)
+		case 'M':
+			return s.handleLogicalMessage(wal)
+		}
 	}
 	msg, err := pglogrepl.Parse(wal)
 	if err != nil {
@@ -200,23 +220,30 @@ func (s *stream) handleMessage(wal []byte) error {
 			return errors.New("pgoutput: Begin inside an open transaction")
 		}
 		s.txn = s.tracker.Begin(m.CommitTime, m.FinalLSN)
+		s.index = 0
 	case *pglogrepl.CommitMessage:
 		if s.txn == nil {
 			return errors.New("pgoutput: Commit outside a transaction")
+		}
+		if s.txn.Pending() {
+			// Its records go out now, not after the linger: batching
+			// happens while a request is in flight, not before.
+			s.prod.Flush()
 		}
 		s.tracker.Commit(s.txn, m.TransactionEndLSN)
 		s.txn = nil
 		s.r.txns.Add(1)
 	default:
-		// Logical decoding messages, origins, types; updates, deletes and
-		// truncates (an insert-only publication sends none) are ignored.
+		// Origins, types; updates, deletes and truncates (an insert-only
+		// publication sends none) are ignored.
 	}
 	return nil
 }
 
-// handleInsert turns one inserted row into a record (or a dead-letter
-// record) and hands it to the producer, which copies it: the row and the
-// record reference the message buffer, valid until the next receive.
+// handleInsert turns one inserted row into the records of its table's
+// routes (or dead-letter records) and hands them to the producer, which
+// copies each: the row and the records reference the message buffer,
+// valid until the next receive.
 func (s *stream) handleInsert(wal []byte) error {
 	if s.txn == nil {
 		return errors.New("pgoutput: Insert outside a transaction")
@@ -226,28 +253,114 @@ func (s *stream) handleInsert(wal []byte) error {
 	if err != nil {
 		return Fatal(fmt.Errorf("decode pgoutput message 'I': %w", err))
 	}
-	b := s.relations[relID]
-	if b == nil {
+	bs := s.relations[relID]
+	if bs == nil {
 		return fmt.Errorf("pgoutput: Insert for relation %d before its Relation message", relID)
 	}
+	return s.publish(bs, row)
+}
+
+// handleLogicalMessage publishes a logical message whose prefix has routes;
+// one without is ignored (other software emits them too). A transactional
+// message is a change of its transaction, in commit order with its rows. A
+// non-transactional one is not an outbox event: it is sent even when its
+// transaction rolls back, so a routed one stops outboxd, or is
+// dead-lettered on its own, confirmed only once Kafka has it.
+func (s *stream) handleLogicalMessage(wal []byte) error {
+	m, err := parseMessage(wal)
+	if err != nil {
+		return Fatal(fmt.Errorf("decode pgoutput message 'M': %w", err))
+	}
+	bs := s.r.router.BindMessage(m.prefix)
+	if len(bs) == 0 {
+		if m.transactional && s.txn != nil {
+			s.index++ // the index counts every change the transaction sends
+		}
+		return nil
+	}
+	s.row = append(s.row[:0], envelope.Column{Kind: pglogrepl.TupleDataTypeText, Data: m.content})
+	if m.transactional {
+		if s.txn == nil {
+			return errors.New("pgoutput: a transactional logical message outside a transaction")
+		}
+		return s.publish(bs, s.row)
+	}
+	if s.txn != nil {
+		return errors.New("pgoutput: a non-transactional logical message inside a transaction")
+	}
+	// A transaction of its own, ending at the message's LSN: the server
+	// sends again, after a restart, only what is at or after the confirmed
+	// position, and the message's record starts before its LSN.
+	err = fmt.Errorf("a non-transactional logical message (prefix %q, at %s): outboxd publishes only transactional messages, written with pg_logical_emit_message(true, ...); a non-transactional one is sent even when its transaction rolls back", m.prefix, m.lsn)
+	for _, b := range bs {
+		if b.Route.DeadLetterTopic == "" {
+			return Fatal(fmt.Errorf("%w. To move past it, set on_error: dead_letter and a dead_letter_topic on the route of %s and start outboxd again", err, b.Name))
+		}
+	}
+	s.txn = s.tracker.Begin(time.Now(), m.lsn)
+	defer func() {
+		s.prod.Flush()
+		s.tracker.Commit(s.txn, m.lsn)
+		s.txn = nil
+	}()
+	for _, b := range bs {
+		if err := s.deadLetter(b, s.row, err); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// publish makes the records of one change, one per route that takes it.
+func (s *stream) publish(bs []*envelope.Binding, row []envelope.Column) error {
+	pos := envelope.Position{CommitLSN: uint64(s.txn.CommitLSN()), Index: s.index, CommitTime: s.txn.commitTime.UnixMicro()}
+	s.index++
+	for _, b := range bs {
+		rec := &s.rec
+		var verdict envelope.Verdict
+		var err error
+		*rec, verdict, err = s.r.router.Build(b, row, pos, &s.scratch)
+		switch {
+		case err != nil:
+			if b.Route == nil || b.Route.DeadLetterTopic == "" {
+				return Fatal(badRowError(b, s.txn.CommitLSN(), err))
+			}
+			if err := s.deadLetter(b, row, err); err != nil {
+				return err
+			}
+			continue
+		case verdict == envelope.Dropped:
+			s.r.dropped.Add(1)
+			continue
+		case verdict == envelope.Filtered:
+			continue
+		}
+		var route *envelope.Binding
+		if rec.Refusable {
+			route = b
+		}
+		rec.Ack = s.tracker.Track(s.txn, rec.Size(), route)
+		if mark := s.r.cfg.Mark; mark != nil {
+			// postgres.mark_published: publicat_en is set before the
+			// acknowledgement counts (a message has no row: not marked).
+			rec.Ack = mark(b.Name, rec.Header(envelope.HeaderID), rec.Ack)
+		}
+		if err := s.produce(rec); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// deadLetter produces the dead-letter record of a change in the open
+// transaction: the slot passes the change only once Kafka acknowledged it.
+func (s *stream) deadLetter(b *envelope.Binding, row []envelope.Column, reason error) error {
 	lsn := s.txn.CommitLSN()
 	rec := &s.rec
-	*rec, err = s.r.router.Build(b, row, &s.scratch)
-	if err != nil {
-		if b.Route == nil || b.Route.DeadLetterTopic == "" {
-			return Fatal(badRowError(b, lsn, err))
-		}
-		// Dead-lettered in the same transaction: the slot passes the row
-		// only once Kafka acknowledged its dead-letter record.
-		*rec = s.r.router.DeadLetter(b, row, err, lsn.String(), time.Now())
-		s.r.log.Warn("row dead-lettered", "table", b.Name, "topic", rec.Topic, "lsn", lsn.String(), "reason", err.Error())
-		s.r.deadLettered.Add(1)
-	}
-	var route *envelope.Binding
-	if rec.Refusable {
-		route = b
-	}
-	rec.Ack = s.tracker.Track(s.txn, rec.Size(), route)
+	*rec = s.r.router.DeadLetter(b, row, reason, lsn.String(), time.Now())
+	s.r.log.Warn("row dead-lettered", "table", b.Name, "topic", rec.Topic, "lsn", lsn.String(), "reason", reason.Error())
+	s.r.deadLettered.Add(1)
+	rec.Ack = s.tracker.Track(s.txn, rec.Size(), nil)
 	return s.produce(rec)
 }
 
@@ -262,7 +375,11 @@ func badRowError(b *envelope.Binding, lsn pglogrepl.LSN, err error) error {
 
 // replaceRefused puts a dead-letter record in the place of every record the
 // broker refused for its own content, in the refused record's transaction.
+// Every refusal handed over is replaced, even after a produce failed: the
+// failed produce fails its record, so each transaction ends one way or the
+// other; one left out would wait for ever. It returns the first error.
 func (s *stream) replaceRefused() error {
+	var first error
 	for _, rf := range s.tracker.Refusals() {
 		lsn := rf.Txn.CommitLSN().String()
 		rec := &s.rec
@@ -270,11 +387,11 @@ func (s *stream) replaceRefused() error {
 		s.r.log.Warn("record refused by the broker dead-lettered", "table", rf.Route.Name, "topic", rec.Topic, "lsn", lsn, "reason", rf.Err.Error())
 		s.r.deadLettered.Add(1)
 		rec.Ack = s.tracker.Replace(rf, rec.Size())
-		if err := s.produce(rec); err != nil {
-			return err
+		if err := s.produce(rec); err != nil && first == nil {
+			first = err
 		}
 	}
-	return nil
+	return first
 }
 
 // produce hands rec to the producer, which copies it; rec is cleared, so

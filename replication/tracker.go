@@ -77,6 +77,14 @@ type Refusal struct {
 	Err   *outboxd.RefusedError
 }
 
+// Pending reports whether the transaction carried records (it is called by
+// the stream's goroutine, the only one that tracks them).
+func (x *Txn) Pending() bool {
+	x.t.mu.Lock()
+	defer x.t.mu.Unlock()
+	return x.pendingSeen
+}
+
 // CommitLSN is the transaction's commit LSN as its Begin announced it.
 func (x *Txn) CommitLSN() pglogrepl.LSN { return x.final }
 
@@ -245,6 +253,13 @@ type State struct {
 	Settled bool
 	// Refused counts refused records waiting to be replaced.
 	Refused int
+}
+
+// Acked is the number of records acknowledged so far.
+func (t *Tracker) Acked() uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.acked
 }
 
 // State returns a consistent snapshot.

@@ -33,7 +33,10 @@ func newTransport(cfg Config) *kafka.Transport {
 
 // Dial connects to the broker at addr as the producer does and asks for its
 // API versions, so that a port that accepts TCP but does not speak Kafka (a
-// PostgreSQL port, say) is not taken for a broker. The connection has no
+// PostgreSQL port, say) is not taken for a broker, then for the broker list,
+// so that a connection the broker does not serve is not taken for a good
+// one: a SASL listener answers the API versions before authentication and
+// closes the connection at the next request. The connection has no
 // deadline set; the caller closes it.
 func Dial(ctx context.Context, cfg Config, addr string) (*kafka.Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, dialTimeout)
@@ -50,7 +53,19 @@ func Dial(ctx context.Context, cfg Config, addr string) (*kafka.Conn, error) {
 	_ = conn.SetDeadline(deadline)
 	if _, err := conn.ApiVersions(); err != nil {
 		conn.Close()
+		// With TLS 1.3 a broker's refusal of the client (no certificate)
+		// arrives here, on the first read, rather than in the handshake.
+		if why, definitive := explain(err); definitive {
+			return nil, fmt.Errorf("%s: %w", why, err)
+		}
 		return nil, fmt.Errorf("%s accepts TCP but does not answer as a Kafka broker: %w", addr, err)
+	}
+	if _, err := conn.Brokers(); err != nil {
+		conn.Close()
+		if why := Explain(err); why != "" {
+			return nil, fmt.Errorf("%s: %w", why, err)
+		}
+		return nil, fmt.Errorf("%s answers as a Kafka broker but not a metadata request: %w", addr, err)
 	}
 	_ = conn.SetDeadline(time.Time{})
 	return conn, nil

@@ -10,6 +10,7 @@ import (
 	"net"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -36,6 +37,9 @@ type fakeBroker struct {
 	// a partition; block, when set, makes requests wait for it.
 	fail  func(n int, partition int32) int16
 	block chan struct{}
+	// arrived counts produce requests that reached the broker (answered or
+	// still held by block).
+	arrived atomic.Int32
 	// meta, when set, answers the n-th metadata request (from 0) with a
 	// topic error code or a transport error instead of the layout.
 	meta func(n int) (int16, error)
@@ -82,6 +86,25 @@ func (b *fakeBroker) partitionOf() map[string]int32 {
 		}
 	}
 	return out
+}
+
+// sent is the number of produce requests answered.
+func (b *fakeBroker) sent() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.requests)
+}
+
+// waitArrived waits until n produce requests reached the broker.
+func (b *fakeBroker) waitArrived(t *testing.T, n int32) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for b.arrived.Load() < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d produce requests arrived, want %d", b.arrived.Load(), n)
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // values lists the values the broker received, request by request.
@@ -150,6 +173,7 @@ func (b *fakeBroker) RoundTrip(ctx context.Context, addr net.Addr, req protocol.
 		}
 		return &metadata.Response{Brokers: b.brokers, Topics: []metadata.ResponseTopic{{Name: r.TopicNames[0], Partitions: ps}}}, nil
 	case *rawproduce.Request:
+		b.arrived.Add(1)
 		if b.block != nil {
 			select {
 			case <-b.block:

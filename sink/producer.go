@@ -94,6 +94,10 @@ type Producer struct {
 	next    int          // where the next round starts in parts
 	fenced  error        // the error every later record gets
 	closing bool
+	// due: Flush asked for what is batched to go out without lingering; the
+	// next round the sender takes (at once when it is idle, after the
+	// round in flight otherwise) takes every open batch.
+	due bool
 }
 
 type topic struct {
@@ -176,8 +180,13 @@ func NewWithTransport(cfg Config, log hclog.Logger, rt kafka.RoundTripper) (*Pro
 // the producer.
 func (p *Producer) Produce(r *outboxd.Record) error {
 	now := time.Now()
-	// The record's CreateTime, as the Java client sets it.
-	if err := p.add(r, now, now.UnixMilli()); err != nil {
+	// The record's CreateTime, as the Java client sets it, unless the
+	// record carries its own.
+	ts := r.Time
+	if ts == 0 {
+		ts = now.UnixMilli()
+	}
+	if err := p.add(r, now, ts); err != nil {
 		p.failRecord(r, now, err)
 		return err
 	}
@@ -293,6 +302,17 @@ func cloneRecord(r *outboxd.Record) outboxd.Record {
 		}
 	}
 	return c
+}
+
+// Flush asks for the records produced so far to go out without waiting
+// for the linger: at once when no request is in flight, in the next round
+// otherwise (so records batch up only while a request is in flight). It
+// does not wait. The stream calls it at each commit.
+func (p *Producer) Flush() {
+	p.mu.Lock()
+	p.due = true
+	p.mu.Unlock()
+	p.poke()
 }
 
 // Close sends what is batched and waits for the acknowledgements, at most

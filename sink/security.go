@@ -160,7 +160,6 @@ func explain(err error) (why string, definitive bool) {
 		hostname  x509.HostnameError
 		invalid   x509.CertificateInvalidError
 		recordHdr tls.RecordHeaderError
-		alert     tls.AlertError
 		kerr      kafka.Error
 	)
 	switch {
@@ -172,13 +171,13 @@ func explain(err error) (why string, definitive bool) {
 		return "TLS: the broker's certificate is not valid (" + invalid.Error() + ")", true
 	case errors.As(err, &recordHdr):
 		return "TLS: the broker's listener does not speak TLS: turn kafka.tls off or use the broker's SSL/SASL_SSL port", true
-	case errors.As(err, &alert):
-		return "TLS: the broker refused the handshake (" + alert.Error() + "): it may require a client certificate (kafka.tls.cert_file, key_file) it trusts", true
+	case tlsAlert(err) != "":
+		return "TLS: the broker refused the handshake (" + tlsAlert(err) + "): it may require a client certificate (kafka.tls.cert_file, key_file) it trusts", true
 	case errors.As(err, &kerr) && kerr == kafka.SASLAuthenticationFailed:
 		return "SASL: authentication failed: check kafka.sasl.username, the password and kafka.sasl.mechanism (the broker must have the user for that mechanism)", true
 	case errors.As(err, &kerr) && (kerr == kafka.UnsupportedSASLMechanism || kerr == kafka.IllegalSASLState):
 		return "SASL: the broker does not take kafka.sasl.mechanism on this listener: use one its sasl.enabled.mechanisms lists", true
-	case errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET):
+	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET):
 		return "the broker closed the connection during the handshake: the listener may need TLS (kafka.tls.enable) or SASL (kafka.sasl), or refuse this client", false
 	}
 	var nerr net.Error
@@ -186,4 +185,22 @@ func explain(err error) (why string, definitive bool) {
 		return "TLS: the handshake timed out: the port may not be a TLS listener", false
 	}
 	return "", false
+}
+
+// tlsAlert is the alert the broker's TLS stack sent ("tls: bad
+// certificate"), "" when err is no such alert. Over TCP, crypto/tls reports
+// a received alert as a net.OpError "remote error" around its unexported
+// alert type (tls.AlertError is QUIC's); a broker that requires a client
+// certificate sends one, during the handshake with TLS 1.2 and on the first
+// read with TLS 1.3.
+func tlsAlert(err error) string {
+	var alert tls.AlertError
+	if errors.As(err, &alert) {
+		return alert.Error()
+	}
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "remote error" && op.Err != nil && strings.HasPrefix(op.Err.Error(), "tls: ") {
+		return op.Err.Error()
+	}
+	return ""
 }

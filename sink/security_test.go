@@ -134,8 +134,24 @@ func TestTLSFailuresAreNamedAndPermanent(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer plainLn.Close()
-	// Both accept and, for TLS, complete (or fail) the handshake.
-	for _, ln := range []net.Listener{tlsLn, plainLn} {
+	// Listeners that require a client certificate signed by the CA, as a
+	// broker's SSL listener with ssl.client.auth=required: TLS 1.3 (the
+	// client learns of the refusal at its first read, after its handshake
+	// completed) and TLS 1.2 (during the handshake).
+	pool := x509.NewCertPool()
+	caPEM, _ := os.ReadFile(p.caFile)
+	pool.AppendCertsFromPEM(caPEM)
+	var mtlsLns []net.Listener
+	for _, v := range []uint16{tls.VersionTLS13, tls.VersionTLS12} {
+		ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{p.server}, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: pool, MaxVersion: v})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		mtlsLns = append(mtlsLns, ln)
+	}
+	// All accept and, for TLS, complete (or fail) the handshake.
+	for _, ln := range append([]net.Listener{tlsLn, plainLn}, mtlsLns...) {
 		go func(ln net.Listener) {
 			for {
 				c, err := ln.Accept()
@@ -174,6 +190,8 @@ func TestTLSFailuresAreNamedAndPermanent(t *testing.T) {
 		{"untrusted certificate", TLSOptions{Enable: true, ServerName: "broker.test"}, tlsLn.Addr().String(), "not signed by a trusted CA"},
 		{"wrong server name", TLSOptions{Enable: true, CAFile: p.caFile, ServerName: "other.test"}, tlsLn.Addr().String(), `not valid for "other.test"`},
 		{"plaintext listener", TLSOptions{Enable: true, CAFile: p.caFile, ServerName: "broker.test"}, plainLn.Addr().String(), "does not speak TLS"},
+		{"no client certificate, TLS 1.3", TLSOptions{Enable: true, CAFile: p.caFile, ServerName: "broker.test"}, mtlsLns[0].Addr().String(), "refused the handshake (tls: certificate required)"},
+		{"no client certificate, TLS 1.2", TLSOptions{Enable: true, CAFile: p.caFile, ServerName: "broker.test"}, mtlsLns[1].Addr().String(), "refused the handshake (tls: "},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := dial(tc.o, tc.addr)

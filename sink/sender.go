@@ -102,7 +102,7 @@ func (p *Producer) takeRound(now time.Time) (round []*batch, wait time.Duration,
 		}
 		if pt.open != nil {
 			any = true
-			if p.closing || now.Sub(pt.open.created) >= p.cfg.Linger {
+			if p.closing || p.due || now.Sub(pt.open.created) >= p.cfg.Linger {
 				ready = true
 				break
 			}
@@ -136,6 +136,7 @@ func (p *Producer) takeRound(now time.Time) (round []*batch, wait time.Duration,
 			continue
 		}
 		if size > 0 && size+len(b.buf) > maxRoundBytes {
+			// The rest goes in the next round; a Flush still holds for it.
 			p.next = (p.next + i) % n
 			return round, 0, nil, false
 		}
@@ -149,6 +150,12 @@ func (p *Producer) takeRound(now time.Time) (round []*batch, wait time.Duration,
 		round = append(round, b)
 	}
 	p.next = (p.next + 1) % n
+	p.due = false
+	for _, pt := range p.parts {
+		// A partition with several batches queued keeps the flush for
+		// its open one.
+		p.due = p.due || pt.open != nil && len(pt.queued) > 0
+	}
 	return round, 0, nil, false
 }
 
@@ -353,9 +360,10 @@ func (p *Producer) request(todo []*batch, idx []int, errs []error) {
 	ctx, cancel := context.WithTimeout(p.ctx, p.cfg.WriteTimeout)
 	res, err := p.rt.RoundTrip(ctx, p.bootstrap(), req)
 	cancel()
-	if err != nil && p.ctx.Err() != nil {
-		// kafka-go returns on cancellation while its connection may still
-		// be writing the request: its buffers must not be reused.
+	if err != nil {
+		// kafka-go returns on cancellation or on the request's timeout
+		// while its connection may still be writing the request: its
+		// buffers go to the garbage collector, never back to a pool.
 		outs = nil
 		for _, i := range sent {
 			todo[i].abandoned = true

@@ -400,3 +400,31 @@ func closeWithin(t *testing.T, p *Producer, d time.Duration) {
 		t.Fatal(err)
 	}
 }
+
+// TestFlushSendsAtOnceAndBatchesWhileInFlight: records wait for the linger
+// (here an hour) until Flush; then they go out at once when no request is in
+// flight, and records flushed while one is in flight go together in the
+// next request: batching happens only while the broker is busy.
+func TestFlushSendsAtOnceAndBatchesWhileInFlight(t *testing.T) {
+	b := &fakeBroker{partitions: 1, block: make(chan struct{})}
+	p := testProducer(t, b, Config{Linger: time.Hour})
+	r := newAckRecorder(4)
+	produceOne(t, p, rec(r, "K", "a"))
+	time.Sleep(100 * time.Millisecond)
+	if n := b.sent(); n != 0 {
+		t.Fatalf("%d requests before the linger and without a flush", n)
+	}
+	p.Flush()
+	b.waitArrived(t, 1) // the first request is in the broker, held there
+	for _, v := range []string{"b", "c", "d"} {
+		produceOne(t, p, rec(r, "K", v))
+		p.Flush()
+	}
+	b.block <- struct{}{} // the first request answers
+	close(b.block)        // and the next one whenever it comes
+	r.wait(t)
+	got := b.values()
+	if len(got) != 2 || strings.Join(got[0], ",") != "a" || strings.Join(got[1], ",") != "b,c,d" {
+		t.Fatalf("requests %v, want [a] then [b c d]", got)
+	}
+}

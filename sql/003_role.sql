@@ -17,13 +17,17 @@
 --     with this role outboxd cannot create the publication itself: run 002
 --     as the owner and set `create_publication: false`.
 --
--- The role needs no write privilege at all: outboxd never updates the outbox.
--- The replication slot is its only bookmark (confirmed_flush_lsn moves when
--- Kafka has acknowledged), so there is nothing to mark as published.
--- REPLICATION lets it create and read the slot (`create_slot: true`).
--- SELECT is not checked for streaming changes, but it is what reading the
--- table needs (an initial copy, a preflight that inspects the table's
--- columns); it is the only table privilege granted.
+-- By default the role needs no write privilege: the replication slot is
+-- outboxd's only bookmark (confirmed_flush_lsn moves when Kafka has
+-- acknowledged), so nothing needs marking as published.
+-- REPLICATION lets it create and read the slot (`create_slot: true`) and the
+-- cut-over's marker slot. SELECT is not checked for streaming changes, but
+-- it is what reading the table needs (the cut-over snapshot of the rows the
+-- relay left pending, `outboxd replay`, a preflight that inspects the
+-- table's columns).
+-- Two optional features write, and need one grant each (commented out at
+-- the end): postgres.mark_published sets publicat_en (UPDATE on that
+-- column), the retention job deletes delivered rows (DELETE).
 
 -- Idempotent creation: CREATE ROLE has no IF NOT EXISTS, so create it only
 -- when absent (\gexec runs the generated statement), then (re)set its
@@ -48,3 +52,9 @@ GRANT USAGE ON SCHEMA public TO outboxd;
 -- Table owner or superuser: read-only access to the outbox table(s) routed in
 -- outboxd.yaml. Add one line per routed table.
 GRANT SELECT ON TABLE public.outbox TO outboxd;
+
+-- Only with postgres.mark_published: true (outboxd sets publicat_en once
+-- Kafka has the row):
+-- GRANT UPDATE (publicat_en) ON TABLE public.outbox TO outboxd;
+-- Only with retention.max_age set (outboxd deletes delivered old rows):
+-- GRANT DELETE ON TABLE public.outbox TO outboxd;

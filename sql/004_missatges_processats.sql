@@ -22,7 +22,10 @@ CREATE TABLE IF NOT EXISTS missatges_processats (
 --   RETURNING id_missatge;
 --   -- no row returned: a duplicate, already applied; COMMIT and skip it.
 --   -- one row returned: apply the effect in this same transaction, e.g.
---   --   UPDATE estoc SET quantitat = quantitat - $2 WHERE producte = $3;
+--   --   UPDATE estoc SET unitats = unitats - $2 WHERE producte = $3 AND unitats >= $2;
 --   COMMIT;
 --   -- then commit the Kafka offset. A crash before the offset commit
 --   -- redelivers the record, and the INSERT above turns it into a no-op.
+--
+-- The consumer package (consumer/) does exactly this, with retries and a
+-- dead-letter topic; examples/inventari is the consumer above.

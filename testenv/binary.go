@@ -20,9 +20,15 @@ var binary struct {
 // It is built as `make build` ships it (static, CGO_ENABLED=0, -trimpath),
 // since the chaos suite and the bench measure its memory, but keeps its
 // symbol table for perf (`-s -w` only drop sections that are never mapped:
-// the same RSS). RemoveBinary deletes it.
+// the same RSS). RemoveBinary deletes it. OUTBOXD_BIN names another binary
+// to use instead: the same tests against an older build (does a new test
+// fail there?) or a release.
 func Binary() (string, error) {
 	binary.once.Do(func() {
+		if bin := os.Getenv("OUTBOXD_BIN"); bin != "" {
+			binary.path = bin
+			return
+		}
 		root, err := Root()
 		if err != nil {
 			binary.err = err

@@ -66,3 +66,32 @@ read_env() {
   [[ -f "$1" ]] || return 0
   sed -n "s/^$2=//p" "$1" | tail -n1
 }
+
+# maven_fetch LIB DEPENDENCIES: copies the runtime jars of DEPENDENCIES (the
+# <dependency> elements of a POM) from Maven Central into LIB, once: a LIB
+# holding .complete is left alone. Atomic: an interrupted fetch leaves no
+# LIB behind.
+maven_fetch() {
+  local lib="$1" deps="$2" work
+  [[ -f "$lib/.complete" ]] && return 0
+  mkdir -p "$(dirname "$lib")"
+  work="$(mktemp -d "$(dirname "$lib")/fetch.XXXXXX")"
+  cat >"$work/pom.xml" <<POM
+<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>outboxd</groupId>
+  <artifactId>fetch</artifactId>
+  <version>0</version>
+  <packaging>pom</packaging>
+  <dependencies>$deps</dependencies>
+</project>
+POM
+  rm -rf "$lib.tmp"
+  if ! mvn -q -B -f "$work/pom.xml" dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$lib.tmp" >&2; then
+    rm -rf "$work" "$lib.tmp"
+    return 1
+  fi
+  rm -rf "$work" "$lib"
+  mv "$lib.tmp" "$lib"
+  touch "$lib/.complete"
+}

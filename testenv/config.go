@@ -20,7 +20,7 @@ type Config struct {
 
 	// More keys of each section. Postgres["publication"] and
 	// Health["listen"] replace what Config and NewDaemon would write.
-	Postgres, Kafka, Pipeline, Health, Log Section
+	Postgres, Kafka, Pipeline, Retention, Health, Log Section
 
 	// The process rather than the file: the binary ("" builds this tree's,
 	// see Binary) and more environment ("K=V").
@@ -32,10 +32,12 @@ type Config struct {
 // would be written after "key: ": "200ms", "false", "{id: id, tipus: type}".
 type Section map[string]string
 
-// Route is one entry of routes: a table, its topic, and more keys such as
-// on_error, dead_letter_topic or columns.
+// Route is one entry of routes: a table (or, with Message, the logical
+// messages of a prefix), its topic, and more keys such as on_error,
+// dead_letter_topic or columns.
 type Route struct {
 	Table, Topic string
+	Message      string // instead of Table
 	More         Section
 }
 
@@ -51,10 +53,15 @@ func (c Config) YAML() string {
 	section(&b, "kafka", "  ", Section{"brokers": "[" + strings.Join(brokers, ", ") + "]"}, c.Kafka)
 	b.WriteString("routes:\n")
 	for _, r := range c.Routes {
-		fmt.Fprintf(&b, "  - table: %s\n", r.Table)
+		if r.Message != "" {
+			fmt.Fprintf(&b, "  - message: %s\n", r.Message)
+		} else {
+			fmt.Fprintf(&b, "  - table: %s\n", r.Table)
+		}
 		section(&b, "", "    ", Section{"topic": r.Topic}, r.More)
 	}
 	section(&b, "pipeline", "  ", nil, c.Pipeline)
+	section(&b, "retention", "  ", nil, c.Retention)
 	section(&b, "health", "  ", nil, c.Health)
 	section(&b, "log", "  ", nil, c.Log)
 	return b.String()

@@ -322,9 +322,11 @@ func (d *Daemon) Get(ctx context.Context, path string) (int, []byte, error) {
 
 // Status is the part of /status the tests, chaos and bench read.
 type Status struct {
-	State     string `json:"state"`
-	Ready     bool   `json:"ready"`
-	LastError string `json:"last_error"`
+	State     string    `json:"state"`
+	Since     time.Time `json:"since"`
+	Ready     bool      `json:"ready"`
+	LastError string    `json:"last_error"`
+	NotReady  []string  `json:"not_ready_reasons"`
 	Slot      *struct {
 		Name              string `json:"name"`
 		Plugin            string `json:"plugin"`
@@ -346,6 +348,7 @@ type Status struct {
 		DeadLettered uint64 `json:"dead_lettered"`
 	} `json:"counters"`
 	Kafka struct {
+		Brokers          int `json:"brokers"`
 		BrokersReachable int `json:"brokers_reachable"`
 	} `json:"kafka"`
 }

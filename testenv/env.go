@@ -47,21 +47,48 @@ type Options struct {
 
 	// NoAutoCreateTopics sets the broker's auto.create.topics.enable=false.
 	NoAutoCreateTopics bool
-	// Listeners are client listeners the broker has besides its own.
+	// Listeners are client listeners the broker has besides its own
+	// PLAINTEXT one (which stays, for the tests' own clients).
 	Listeners []Listener
 	// KafkaNodes above 1 starts a cluster of that many brokers and a KRaft
 	// controller (cluster.go, kafka-cluster.sh) instead of one broker;
 	// Brokers are per-broker settings of a cluster, by broker id (1..n).
 	KafkaNodes int
 	Brokers    map[int]BrokerOptions
+
+	// PostgresTLS starts PostgreSQL with ssl = on and a hostssl-only
+	// pg_hba.conf (pg.sh PG_SSL=on): PGDSN then says sslmode=verify-full.
+	PostgresTLS bool
 }
 
 // Listener is an extra client listener of the broker: it binds a port of its
 // own and is advertised at Advertise, e.g. a TCP proxy in front of it, so a
 // client that bootstraps there keeps going through the proxy.
 type Listener struct {
-	Name      string // upper case, e.g. "PROXIED"
-	Advertise string // host:port
+	Name string // upper case, e.g. "PROXIED"
+	// Protocol is the listener's security protocol: "" (PLAINTEXT), "SSL"
+	// (a client certificate signed by the environment's CA is required),
+	// "SASL_SSL" or "SASL_PLAINTEXT" (PLAIN, SCRAM-SHA-256 and
+	// SCRAM-SHA-512 for the user Env.KafkaSASL names). See kafka.sh.
+	Protocol string
+	// Advertise is the host:port the broker advertises for the listener;
+	// "": 127.0.0.1 and its own port.
+	Advertise string
+}
+
+// spec is the listener as kafka.sh reads it: NAME[:PROTOCOL][=HOST:PORT].
+func (l Listener) spec() (string, error) {
+	if l.Name == "" {
+		return "", fmt.Errorf("testenv: listener %+v needs a Name", l)
+	}
+	s := l.Name
+	if l.Protocol != "" {
+		s += ":" + l.Protocol
+	}
+	if l.Advertise != "" {
+		s += "=" + l.Advertise
+	}
+	return s, nil
 }
 
 // Env is a running PostgreSQL and Kafka pair in its own state folder.
@@ -140,9 +167,14 @@ func (o Options) environ() ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	ssl := "off"
+	if o.PostgresTLS {
+		ssl = "on"
+	}
 	return append(cluster,
 		"PG_VERSION="+pgVersion,
 		"PG_WAL_LEVEL="+wal,
+		"PG_SSL="+ssl,
 		"KAFKA_AUTO_CREATE="+strconv.FormatBool(!o.NoAutoCreateTopics),
 		"KAFKA_LISTENERS="+ls,
 	), nil
@@ -152,10 +184,11 @@ func (o Options) environ() ([]string, error) {
 func listenerSpec(ls []Listener) (string, error) {
 	var specs []string
 	for _, l := range ls {
-		if l.Name == "" || l.Advertise == "" {
-			return "", fmt.Errorf("testenv: listener %+v needs a Name and an Advertise address", l)
+		s, err := l.spec()
+		if err != nil {
+			return "", err
 		}
-		specs = append(specs, l.Name+"="+l.Advertise)
+		specs = append(specs, s)
 	}
 	return strings.Join(specs, ","), nil
 }
@@ -191,7 +224,8 @@ func (e *Env) load() error {
 	return nil
 }
 
-// readEnvFile reads the KEY=VALUE lines the scripts write; a missing file
+// readEnvFile reads the KEY=VALUE lines the scripts write, a value in
+// single quotes (for the shell: a DSN with &) without them; a missing file
 // is an empty map.
 func readEnvFile(path string) (map[string]string, error) {
 	m := map[string]string{}
@@ -206,6 +240,9 @@ func readEnvFile(path string) (map[string]string, error) {
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		if k, v, ok := strings.Cut(sc.Text(), "="); ok {
+			if len(v) >= 2 && v[0] == '\'' && v[len(v)-1] == '\'' {
+				v = v[1 : len(v)-1]
+			}
 			m[k] = v
 		}
 	}
@@ -269,6 +306,42 @@ func (e *Env) KafkaListener(name string) (string, error) {
 	return "127.0.0.1:" + port, nil
 }
 
+// PKI is the environment's throwaway certificate authority (pki.sh), made
+// when a service uses TLS: PEM files.
+type PKI struct {
+	CAFile            string // the CA that signed the servers' certificates
+	CertFile, KeyFile string // a client certificate (CN outboxd) and its key
+	OtherCAFile       string // an unrelated CA: a wrong ca_file
+}
+
+// PKI is the environment's CA and client certificate; an error when no
+// service uses TLS.
+func (e *Env) PKI() (PKI, error) {
+	m, err := readEnvFile(filepath.Join(e.Dir, "pki", "pki.env"))
+	if err != nil {
+		return PKI{}, err
+	}
+	p := PKI{CAFile: m["TLS_CA_FILE"], CertFile: m["TLS_CERT_FILE"], KeyFile: m["TLS_KEY_FILE"], OtherCAFile: m["TLS_OTHER_CA_FILE"]}
+	if p.CAFile == "" {
+		return PKI{}, fmt.Errorf("testenv: no PKI in %s (no service uses TLS)", e.Dir)
+	}
+	return p, nil
+}
+
+// KafkaSASL is the user the broker's SASL listeners accept and the file
+// holding its password (made at the broker's first start).
+func (e *Env) KafkaSASL() (user, passwordFile string, err error) {
+	k, err := readEnvFile(filepath.Join(e.Dir, "kafka.env"))
+	if err != nil {
+		return "", "", err
+	}
+	user, passwordFile = k["KAFKA_SASL_USERNAME"], k["KAFKA_SASL_PASSWORD_FILE"]
+	if user == "" || passwordFile == "" {
+		return "", "", errors.New("testenv: the broker has no SASL listener")
+	}
+	return user, passwordFile, nil
+}
+
 // KafkaPID is the broker's process id.
 func (e *Env) KafkaPID() (int, error) {
 	b, err := os.ReadFile(filepath.Join(e.Dir, "kafka", "broker.pid"))
@@ -319,7 +392,7 @@ func (e *Env) CreateDatabase(name, schema string) (string, error) {
 func (e *Env) CreateTopic(topic string, partitions int) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	return createTopic(ctx, e.KafkaBrokers, topic, partitions, e.replicationFactor())
+	return createTopic(ctx, e.KafkaBrokers, topic, partitions, e.replicationFactor(), nil)
 }
 
 // script runs one of the scripts with extra environment.

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/outboxd/outboxd/backoff"
 )
 
 func splitBrokers(brokers string) []string {
@@ -26,12 +28,19 @@ func splitBrokers(brokers string) []string {
 // CreateTopic creates a topic via the cluster controller (replication factor
 // 1) and waits until all partitions have a leader. brokers is "h:p[,h:p...]".
 func CreateTopic(ctx context.Context, brokers, topic string, partitions int) error {
-	return createTopic(ctx, brokers, topic, partitions, 1)
+	return CreateTopicWith(ctx, brokers, topic, partitions, nil)
 }
 
-// createTopic creates a topic with rf replicas of each partition and waits
-// until every partition has a leader and rf replicas in sync.
-func createTopic(ctx context.Context, brokers, topic string, partitions, rf int) error {
+// CreateTopicWith is CreateTopic with topic-level settings, e.g.
+// {"max.message.bytes": "10000"}.
+func CreateTopicWith(ctx context.Context, brokers, topic string, partitions int, configs map[string]string) error {
+	return createTopic(ctx, brokers, topic, partitions, 1, configs)
+}
+
+// createTopic creates a topic with rf replicas of each partition and the
+// topic-level settings configs, and waits until every partition has a
+// leader and rf replicas in sync.
+func createTopic(ctx context.Context, brokers, topic string, partitions, rf int, configs map[string]string) error {
 	if partitions <= 0 {
 		partitions = 1
 	}
@@ -54,7 +63,11 @@ func createTopic(ctx context.Context, brokers, topic string, partitions, rf int)
 			return err
 		}
 		defer cc.Close()
-		err = cc.CreateTopics(kafka.TopicConfig{Topic: topic, NumPartitions: partitions, ReplicationFactor: rf})
+		tc := kafka.TopicConfig{Topic: topic, NumPartitions: partitions, ReplicationFactor: rf}
+		for k, v := range configs {
+			tc.ConfigEntries = append(tc.ConfigEntries, kafka.ConfigEntry{ConfigName: k, ConfigValue: v})
+		}
+		err = cc.CreateTopics(tc)
 		if errors.Is(err, kafka.TopicAlreadyExists) {
 			return nil
 		}
@@ -65,7 +78,7 @@ func createTopic(ctx context.Context, brokers, topic string, partitions, rf int)
 		if err = create(); err == nil {
 			break
 		}
-		if !sleepCtx(ctx, 200*time.Millisecond) {
+		if !backoff.Sleep(ctx, 200*time.Millisecond) {
 			return fmt.Errorf("testenv: create topic %q: %w (last error: %v)", topic, ctx.Err(), err)
 		}
 	}
@@ -74,7 +87,7 @@ func createTopic(ctx context.Context, brokers, topic string, partitions, rf int)
 		if err == nil && len(ps) >= partitions && allLed(ps, rf) {
 			return nil
 		}
-		if !sleepCtx(ctx, 100*time.Millisecond) {
+		if !backoff.Sleep(ctx, 100*time.Millisecond) {
 			return fmt.Errorf("testenv: topic %q not ready: %w (last: %d partitions, err %v)", topic, ctx.Err(), len(ps), err)
 		}
 	}
@@ -103,17 +116,6 @@ func readPartitions(ctx context.Context, broker, topic string) ([]kafka.Partitio
 	return conn.ReadPartitions(topic)
 }
 
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
-}
-
 // Consume reads all partitions of topic from the first offset (no consumer
 // group, one reader per partition) until want messages were read or ctx ends.
 // The result is sorted by partition, then offset, and carries Partition,
@@ -133,7 +135,7 @@ func Consume(ctx context.Context, brokers, topic string, want int) ([]kafka.Mess
 			parts = ps
 			break
 		}
-		if !sleepCtx(ctx, 200*time.Millisecond) {
+		if !backoff.Sleep(ctx, 200*time.Millisecond) {
 			if want <= 0 {
 				return nil, nil
 			}

@@ -15,10 +15,22 @@
 # Settings read at the first start and kept in kafka.env, like the ports, so
 # a restarted broker keeps its addresses, topics and data:
 #   KAFKA_AUTO_CREATE  auto.create.topics.enable (default true)
-#   KAFKA_LISTENERS    extra client listeners, NAME=HOST:PORT[,NAME=HOST:PORT]:
+#   KAFKA_LISTENERS    extra client listeners, NAME[:PROTOCOL][=HOST:PORT],...:
 #                      each binds a port of its own and is advertised at
-#                      HOST:PORT (e.g. a TCP proxy in front of it). PLAINTEXT
-#                      (clients, inter-broker) is always there, as itself.
+#                      HOST:PORT (e.g. a TCP proxy in front of it), or at
+#                      127.0.0.1 on its own port without one. PROTOCOL is
+#                      PLAINTEXT (the default), SSL (mTLS: a client
+#                      certificate is required), SASL_SSL or SASL_PLAINTEXT.
+#                      PLAINTEXT (clients, inter-broker) is always there, as
+#                      itself. A TLS listener uses DIR/pki (pki.sh: a CA of
+#                      this DIR, the server certificate for 127.0.0.1 and
+#                      localhost); a SASL listener takes PLAIN, SCRAM-SHA-256
+#                      and SCRAM-SHA-512 for the user outboxd, whose random
+#                      password is made at the first start (SCRAM credentials
+#                      with StorageTool format --add-scram) and kept in
+#                      DIR/kafka/sasl.password; kafka.env then names it
+#                      (KAFKA_SASL_USERNAME, KAFKA_SASL_PASSWORD_FILE) and the
+#                      PKI's files (TLS_CA_FILE, TLS_CERT_FILE, ...).
 # Knobs read at every start: KAFKA_HEAP_OPTS (default "-Xms256m -Xmx512m"),
 # KAFKA_LOG_LEVEL (default info), KAFKA_START_TIMEOUT (seconds, default 90).
 # All subcommands are idempotent.
@@ -29,7 +41,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 . "$HERE/common.sh"
 
 usage() {
-  sed -n '2,24p' "$0" >&2
+  sed -n '2,36p' "$0" >&2
   exit 2
 }
 
@@ -65,8 +77,9 @@ broker_pid() {
 }
 
 # The settings: PORT (PLAINTEXT), CPORT (CONTROLLER), AUTO_CREATE, and the
-# extra listeners as three parallel arrays: XNAME, XADV (its advertised
-# address) and XPORT (its own port).
+# extra listeners as four parallel arrays: XNAME, XPROTO (its security
+# protocol), XADV (its advertised address, "" for its own port) and XPORT
+# (its own port).
 
 # load_settings: the settings kafka.env keeps; fails before the first start.
 load_settings() {
@@ -92,19 +105,38 @@ first_settings() {
   claim_ports
 }
 
-# parse_listeners SPEC: fills XNAME and XADV from NAME=HOST:PORT,...
+# parse_listeners SPEC: fills XNAME, XPROTO and XADV from
+# NAME[:PROTOCOL][=HOST:PORT],...
 parse_listeners() {
-  local items item name adv
-  XNAME=() XADV=() XPORT=()
+  local items item name proto adv
+  XNAME=() XPROTO=() XADV=() XPORT=()
   IFS=',' read -ra items <<<"$1"
   for item in "${items[@]}"; do
     [[ -n "$item" ]] || continue
-    name="${item%%=*}" adv="${item#*=}"
+    name="${item%%=*}" adv=""
+    [[ "$item" == *=* ]] && adv="${item#*=}"
+    proto=PLAINTEXT
+    if [[ "$name" == *:* ]]; then proto="${name#*:}" name="${name%%:*}"; fi
     [[ "$name" =~ ^[A-Z][A-Z0-9_]*$ && "$name" != PLAINTEXT && "$name" != CONTROLLER ]] ||
       die "KAFKA_LISTENERS: bad listener name '$name' (upper case, not PLAINTEXT or CONTROLLER)"
-    [[ "$adv" =~ ^[^:=]+:[0-9]+$ ]] || die "KAFKA_LISTENERS: listener $name needs HOST:PORT, got '$adv'"
-    XNAME+=("$name") XADV+=("$adv")
+    case "$proto" in
+      PLAINTEXT | SSL | SASL_SSL | SASL_PLAINTEXT) ;;
+      *) die "KAFKA_LISTENERS: listener $name: protocol '$proto' is not PLAINTEXT, SSL, SASL_SSL or SASL_PLAINTEXT" ;;
+    esac
+    [[ -z "$adv" || "$adv" =~ ^[^:=]+:[0-9]+$ ]] ||
+      die "KAFKA_LISTENERS: listener $name: the advertised address must be HOST:PORT, got '$adv'"
+    XNAME+=("$name") XPROTO+=("$proto") XADV+=("$adv")
   done
+}
+
+# uses PATTERN: some extra listener's protocol matches ('*SSL', 'SASL_*').
+uses() {
+  local p
+  for p in "${XPROTO[@]}"; do
+    # shellcheck disable=SC2053
+    [[ "$p" == $1 ]] && return 0
+  done
+  return 1
 }
 
 all_ports() { echo "$PORT" "$CPORT" "${XPORT[@]}"; }
@@ -125,7 +157,7 @@ new_ports() {
 
 write_env() {
   local i spec=""
-  for i in "${!XNAME[@]}"; do spec+="${spec:+,}${XNAME[$i]}=${XADV[$i]}"; done
+  for i in "${!XNAME[@]}"; do spec+="${spec:+,}${XNAME[$i]}:${XPROTO[$i]}${XADV[$i]:+=${XADV[$i]}}"; done
   {
     echo "KAFKA_PORT=$PORT"
     echo "KAFKA_CONTROLLER_PORT=$CPORT"
@@ -133,6 +165,11 @@ write_env() {
     echo "KAFKA_AUTO_CREATE=$AUTO_CREATE"
     echo "KAFKA_LISTENERS=$spec"
     for i in "${!XNAME[@]}"; do echo "KAFKA_${XNAME[$i]}_PORT=${XPORT[$i]}"; done
+    if uses 'SASL_*'; then
+      echo "KAFKA_SASL_USERNAME=$SASL_USER"
+      echo "KAFKA_SASL_PASSWORD_FILE=$KD/sasl.password"
+    fi
+    if uses '*SSL'; then cat "$DIR/pki/pki.env"; fi
   } >"$ENVF"
 }
 
@@ -146,7 +183,8 @@ write_props() {
   local names=(PLAINTEXT CONTROLLER) protos=(PLAINTEXT PLAINTEXT) ports=("$PORT" "$CPORT")
   local advs=("127.0.0.1:$PORT" "") i listeners="" advertised="" protomap=""
   for i in "${!XNAME[@]}"; do
-    names+=("${XNAME[$i]}") protos+=(PLAINTEXT) ports+=("${XPORT[$i]}") advs+=("${XADV[$i]}")
+    names+=("${XNAME[$i]}") protos+=("${XPROTO[$i]}") ports+=("${XPORT[$i]}")
+    advs+=("${XADV[$i]:-127.0.0.1:${XPORT[$i]}}")
   done
   for i in "${!names[@]}"; do
     listeners+="${listeners:+,}${names[$i]}://127.0.0.1:${ports[$i]}"
@@ -182,6 +220,49 @@ delete.topic.enable=true
 broker.heartbeat.interval.ms=500
 broker.session.timeout.ms=3000
 EOF
+  write_security_props
+}
+
+# The secured listeners' properties: one PEM keystore and truststore for
+# every TLS listener, a client certificate required on SSL ones (mTLS), and
+# PLAIN and SCRAM for the user outboxd on SASL ones.
+SASL_USER=outboxd
+write_security_props() {
+  local i lname password=""
+  if uses '*SSL'; then
+    (umask 077 && cat "$DIR/pki/server.key" "$DIR/pki/server.pem" >"$KD/keystore.pem")
+    cat >>"$PROPS" <<EOF
+ssl.keystore.type=PEM
+ssl.keystore.location=$KD/keystore.pem
+ssl.truststore.type=PEM
+ssl.truststore.location=$DIR/pki/ca.pem
+EOF
+  fi
+  if uses 'SASL_*'; then password="$(cat "$KD/sasl.password")"; fi
+  for i in "${!XNAME[@]}"; do
+    lname="listener.name.${XNAME[$i],,}"
+    case "${XPROTO[$i]}" in
+      SSL) echo "$lname.ssl.client.auth=required" >>"$PROPS" ;;
+      SASL_*)
+        cat >>"$PROPS" <<EOF
+$lname.sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-256,SCRAM-SHA-512
+$lname.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required user_$SASL_USER="$password";
+$lname.scram-sha-256.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+$lname.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+EOF
+        ;;
+    esac
+  done
+}
+
+# make_secrets: what the secured listeners need before the first format:
+# the environment's PKI and the SASL user's password (hex: nothing to
+# escape in the JAAS line or in --add-scram).
+make_secrets() {
+  if uses '*SSL'; then bash "$HERE/pki.sh" make "$DIR" >/dev/null 9>&-; fi
+  if uses 'SASL_*' && [[ ! -s "$KD/sasl.password" ]]; then
+    (umask 077 && od -An -N18 -tx1 /dev/urandom | tr -d ' \n' >"$KD/sasl.password")
+  fi
 }
 
 gen_cluster_id() {
@@ -199,9 +280,13 @@ gen_cluster_id() {
 
 format_storage() {
   [[ -f "$KD/data/meta.properties" ]] && return 0
-  local id
+  local id scram=() m password
   id="$(gen_cluster_id)"
-  java -XX:TieredStopAtLevel=1 -XX:+UseSerialGC -cp "$LIB/*" kafka.tools.StorageTool format -t "$id" -c "$PROPS" --ignore-formatted \
+  if uses 'SASL_*'; then
+    password="$(cat "$KD/sasl.password")"
+    for m in SCRAM-SHA-256 SCRAM-SHA-512; do scram+=(--add-scram "$m=[name=$SASL_USER,password=$password]"); done
+  fi
+  java -XX:TieredStopAtLevel=1 -XX:+UseSerialGC -cp "$LIB/*" kafka.tools.StorageTool format -t "$id" -c "$PROPS" --ignore-formatted "${scram[@]}" \
     >"$KD/format.log" 2>&1 9>&- || { cat "$KD/format.log" >&2; die "kafka storage format failed"; }
 }
 
@@ -266,6 +351,7 @@ cmd_start() {
       if ((first)); then new_ports; continue; fi
       die "a port of $(all_ports) on 127.0.0.1 is in use by another process (a stray broker for $DIR?)"
     fi
+    make_secrets
     write_env
     write_props
     write_node_props

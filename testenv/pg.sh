@@ -19,6 +19,13 @@
 # role needs a SCRAM password. wal_level=logical, fsync=off.
 # PG_WAL_LEVEL (default logical) sets wal_level when the cluster is created,
 # e.g. PG_WAL_LEVEL=replica for a test of outboxd's preflight check.
+# PG_SSL=on (read when the cluster is created) turns ssl on with the server
+# certificate of DIR/pki (pki.sh: a throwaway CA of this DIR, 127.0.0.1 and
+# localhost) and makes pg_hba.conf hostssl-only: postgres trusted over TLS,
+# the role outboxd by its client certificate (CN outboxd, method cert), every
+# other role by SCRAM password; no connection without TLS. OUTBOXD_PG_DSN
+# then says sslmode=verify-full and sslrootcert, and pg.env gets the PKI's
+# files (TLS_CA_FILE, TLS_CERT_FILE, TLS_KEY_FILE, TLS_OTHER_CA_FILE, ...).
 # All subcommands are idempotent. Run as root, the server runs as the
 # `postgres` OS user. PG_BINDIR overrides the PostgreSQL binaries folder;
 # PG_VERSION (14, 15, 16, 17) picks one through pg-fetch.sh. Both are read
@@ -35,7 +42,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 . "$HERE/common.sh"
 
 usage() {
-  sed -n '2,33p' "$0" >&2
+  sed -n '2,37p' "$0" >&2
   exit 2
 }
 
@@ -69,6 +76,10 @@ find_client_bindir() {
 case "${PG_WAL_LEVEL:-logical}" in
   logical | replica) ;;
   *) die "PG_WAL_LEVEL must be logical or replica, not ${PG_WAL_LEVEL}" ;;
+esac
+case "${PG_SSL:-off}" in
+  on | off) ;;
+  *) die "PG_SSL must be on or off, not ${PG_SSL}" ;;
 esac
 
 # as_pg CMD...: run CMD as the postgres OS user when we are root.
@@ -138,8 +149,56 @@ password_encryption = 'scram-sha-256'
 logging_collector = off
 log_min_messages = warning
 EOF
+  if [[ "${PG_SSL:-off}" == on ]]; then
+    cat >>"$CONF" <<EOF
+ssl = on
+ssl_cert_file = 'server.crt'
+ssl_key_file = 'server.key'
+ssl_ca_file = 'root.crt'
+EOF
+  fi
   if [[ $EUID -eq 0 ]]; then chown postgres:postgres "$CONF"; fi
 }
+
+# install_tls: the server's certificate and key, and the CA its clients'
+# certificates must chain to, from DIR/pki into the data directory (the
+# key readable by the server's OS user only, as PostgreSQL demands).
+install_tls() {
+  local f
+  bash "$HERE/pki.sh" make "$DIR" >/dev/null 9>&-
+  cp "$DIR/pki/server.pem" "$PGD/server.crt"
+  cp "$DIR/pki/server.key" "$PGD/server.key"
+  cp "$DIR/pki/ca.pem" "$PGD/root.crt"
+  for f in server.crt server.key root.crt; do
+    chmod 0600 "$PGD/$f"
+    if [[ $EUID -eq 0 ]]; then chown postgres:postgres "$PGD/$f"; fi
+  done
+}
+
+write_hba() {
+  if [[ "${PG_SSL:-off}" == on ]]; then
+    cat >"$PGD/pg_hba.conf" <<'EOF'
+# written by testenv/pg.sh (PG_SSL=on): TLS only
+local   all          postgres                   trust
+hostssl all          postgres   127.0.0.1/32    trust
+hostssl replication  postgres   127.0.0.1/32    trust
+hostssl all          outboxd    127.0.0.1/32    cert
+hostssl replication  outboxd    127.0.0.1/32    cert
+hostssl all          all        127.0.0.1/32    scram-sha-256
+hostssl replication  all        127.0.0.1/32    scram-sha-256
+EOF
+    return
+  fi
+  cat >"$PGD/pg_hba.conf" <<'EOF'
+# written by testenv/pg.sh
+local   all          postgres                   trust
+host    all          postgres   127.0.0.1/32    trust
+host    replication  postgres   127.0.0.1/32    trust
+host    all          all        127.0.0.1/32    scram-sha-256
+host    replication  all        127.0.0.1/32    scram-sha-256
+EOF
+}
+
 
 # new_data_dir: an empty $PGD the server's OS user owns.
 new_data_dir() {
@@ -168,29 +227,27 @@ init_cluster() {
   port="$(claim_port "$DIR")"
   write_conf "$port"
   echo "include 'outboxd.conf'" >>"$PGD/postgresql.conf"
-  cat >"$PGD/pg_hba.conf" <<'EOF'
-# written by testenv/pg.sh
-local   all          postgres                   trust
-host    all          postgres   127.0.0.1/32    trust
-host    replication  postgres   127.0.0.1/32    trust
-host    all          all        127.0.0.1/32    scram-sha-256
-host    replication  all        127.0.0.1/32    scram-sha-256
-EOF
+  write_hba
+  if [[ "${PG_SSL:-off}" == on ]]; then install_tls; fi
   touch "$PGD/.outboxd-ready"
   if [[ $EUID -eq 0 ]]; then chown postgres:postgres "$PGD/.outboxd-ready"; fi
   echo "$BINDIR" >"$DIR/pg.bindir"
 }
 
 write_env() {
-  local port
+  local port tls="sslmode=disable"
   port="$(conf_get port)"
-  cat >"$ENVF" <<EOF
+  if [[ "$(conf_get ssl)" == on ]]; then tls="sslmode=verify-full&sslrootcert=$DIR/pki/ca.pem"; fi
+  {
+    cat <<EOF
 PGHOST=127.0.0.1
 PGPORT=$port
 PGUSER=postgres
-OUTBOXD_PG_DSN=postgres://postgres@127.0.0.1:$port/postgres?sslmode=disable
+OUTBOXD_PG_DSN='postgres://postgres@127.0.0.1:$port/postgres?$tls'
 PGDATA_DIR=$PGD
 EOF
+    if [[ "$(conf_get ssl)" == on ]]; then cat "$DIR/pki/pki.env"; fi
+  } >"$ENVF"
   cat "$ENVF"
 }
 

@@ -4,6 +4,7 @@
 //	outboxd check     -c outboxd.yaml          preflight checklist
 //	outboxd status    -c outboxd.yaml          what a running instance reports
 //	outboxd slot drop -c outboxd.yaml --yes    drop the replication slot
+//	outboxd replay    -c outboxd.yaml --from T  republish outbox rows from the table
 //	outboxd health    -c outboxd.yaml          exit 0 when /healthz (--ready: /readyz) says 200
 //	outboxd version                            the version it was built as
 package main
@@ -30,6 +31,9 @@ commands:
   check      -c FILE                          preflight checklist of PostgreSQL and Kafka (exit 0 only if all pass)
   status     [-c FILE | --url URL] [--json]   print the /status of a running instance
   slot drop  -c FILE --yes                    drop the replication slot (undelivered events are lost with it)
+  replay     -c FILE --from TIME [--to TIME] [--route R] | --id ID[,ID...]
+                                              republish outbox rows from the table by creat_en (or by id), as the stream would;
+                                              TIME: RFC 3339, a UTC "2026-12-03 10:00", a date, or a duration ago ("90m")
   health     [-c FILE | --url URL] [--ready]  exit 0 when a running instance's /healthz (--ready: /readyz) answers 200, else 1 with the reason
   version                                     print the version, the Go version and the commit (also --version)
 
@@ -63,8 +67,14 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 	var url string
 	var asJSON, yes, ready bool
 	var timeout time.Duration
+	var ra replayArgs
 	switch cmd {
 	case "run", "check":
+	case "replay":
+		fs.StringVar(&ra.from, "from", "", "republish rows with creat_en at or after TIME")
+		fs.StringVar(&ra.to, "to", "", "and before TIME")
+		fs.StringVar(&ra.route, "route", "", "only the route of this table (schema.table) or topic")
+		fs.Var(&ra.ids, "id", "republish the rows with this id (repeatable, or comma-separated)")
 	case "status":
 		fs.StringVar(&url, "url", "", "base URL of a running instance, instead of health.listen from -c")
 		fs.BoolVar(&asJSON, "json", false, "print the raw JSON")
@@ -99,6 +109,8 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		err = status(ctx, *path, url, asJSON, stdout)
 	case "slot drop":
 		err = slotDrop(ctx, *path, yes, stdout)
+	case "replay":
+		err = replay(ctx, *path, ra, stdout, stderr)
 	case "health":
 		err = healthCheck(ctx, *path, url, ready, timeout, stdout)
 	}

@@ -10,11 +10,12 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/outboxd/outboxd/catalog"
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/envelope"
 	"github.com/outboxd/outboxd/health"
 	"github.com/outboxd/outboxd/replication"
+	"github.com/outboxd/outboxd/republish"
+	"github.com/outboxd/outboxd/retention"
 	"github.com/outboxd/outboxd/sink"
 )
 
@@ -63,7 +64,23 @@ func run(ctx context.Context, path string, proc *process) error {
 			Routes: rc.Routes, Brokers: cfg.Kafka.Brokers, Probe: probe, Interval: cfg.Health.PollInterval}, log.Named("health"))
 		rc.OnStreaming = mon.PollNow
 	}
-	runner := buildRunner(cfg, rc, sc, log)
+	router, err := newRouter(cfg)
+	if err != nil {
+		return usageError{err}
+	}
+	var marker *republish.Marker
+	if cfg.Postgres.MarkPublished {
+		marker = republish.NewMarker(conn, outboxTables(cfg), log.Named("mark"))
+		rc.Mark = marker.Wrap
+	}
+	if cfg.Postgres.Snapshot == config.SnapshotPending {
+		snap := &republish.Snapshotter{Conn: conn, Router: router, Tables: outboxTables(cfg), Marker: marker,
+			MaxInFlight: cfg.Pipeline.MaxInFlightEvents, DeliveryTimeout: cfg.Kafka.DeliveryTimeout, Log: log.Named("snapshot")}
+		rc.Snapshot = func(ctx context.Context, snapshot, at string, prod replication.Producer) error {
+			return snap.Publish(ctx, snapshot, at, prod)
+		}
+	}
+	runner := buildRunner(rc, sc, router, log)
 	if mon != nil {
 		// Bound now, so a port clash fails at start.
 		srv, err = health.Listen(cfg.Health.Listen, runner, mon, metrics,
@@ -85,6 +102,22 @@ func run(ctx context.Context, path string, proc *process) error {
 		go func() { defer wg.Done(); serveErr <- srv.Serve() }()
 		go func() { defer wg.Done(); mon.Run(hctx, srv.Watch) }()
 	}
+	if marker != nil {
+		// Until the runner has stopped: its last acknowledgements wait
+		// for their marks.
+		wg.Add(1)
+		go func() { defer wg.Done(); marker.Run(hctx) }()
+	}
+	if rt := cfg.Retention; rt.MaxAge > 0 {
+		var tables []retention.Table
+		for _, r := range cfg.Routes {
+			tables = append(tables, retention.Table{Schema: r.Schema, Name: r.Name, CreatEn: r.Columns.CreatEn})
+		}
+		job := retention.New(retention.Config{Conn: conn, Slot: cfg.Postgres.Slot, Tables: tables, MaxAge: rt.MaxAge,
+			Interval: rt.Interval, BatchSize: rt.BatchSize, ConfirmTimeout: rt.ConfirmTimeout}, log.Named("retention"))
+		wg.Add(1)
+		go func() { defer wg.Done(); job.Run(ctx) }()
+	}
 	runErr := runner.Run(ctx)
 	stopHealth()
 	if srv != nil {
@@ -99,28 +132,11 @@ func run(ctx context.Context, path string, proc *process) error {
 	return runErr
 }
 
-// routes turns the configured routes into the envelope's and the catalog's.
-func routes(cfg config.Config) ([]envelope.Route, []catalog.Route) {
-	er := make([]envelope.Route, len(cfg.Routes))
-	cr := make([]catalog.Route, len(cfg.Routes))
-	for i, r := range cfg.Routes {
-		cols := envelope.Columns{ID: r.Columns.ID, AgregatID: r.Columns.AgregatID, Tipus: r.Columns.Tipus,
-			Versio: r.Columns.Versio, Carrega: r.Columns.Carrega, CreatEn: r.Columns.CreatEn}
-		er[i] = envelope.Route{Schema: r.Schema, Table: r.Name, Topic: r.Topic, Columns: cols}
-		if r.OnError == config.OnErrorDeadLetter {
-			er[i].DeadLetterTopic = r.DeadLetterTopic
-		}
-		cr[i] = catalog.Route{Table: catalog.Table{Schema: r.Schema, Name: r.Name}, Columns: r.Columns.Mapped()}
-	}
-	return er, cr
-}
-
 func replicationConfig(cfg config.Config, conn *pgconn.Config, metrics *health.Metrics) replication.Config {
-	_, cr := routes(cfg)
 	p, pl := cfg.Postgres, cfg.Pipeline
 	return replication.Config{
 		Conn: conn, Slot: p.Slot, Publication: p.Publication, CreateSlot: p.CreateSlot, CreatePublication: p.CreatePublication,
-		FailoverSlot: p.FailoverSlot, Routes: cr, StatusInterval: p.StatusInterval, IdleStatusInterval: p.IdleStatusInterval,
+		FailoverSlot: p.FailoverSlot, Routes: cfg.CatalogRoutes(), StatusInterval: p.StatusInterval, IdleStatusInterval: p.IdleStatusInterval,
 		MaxInFlightEvents: pl.MaxInFlightEvents, MaxInFlightBytes: pl.MaxInFlightBytes, ShutdownTimeout: pl.ShutdownTimeout,
 		BackoffMin: pl.BackoffMin, BackoffMax: pl.BackoffMax, StandbyRetry: p.StandbyRetry,
 		ReceiveTimeout: p.ReceiveTimeout, DeliveryTimeout: cfg.Kafka.DeliveryTimeout,
@@ -152,9 +168,35 @@ func kafkaConfig(ctx context.Context, cfg config.Config) (sink.Config, error) {
 
 // buildRunner makes the replication runner, with a Kafka producer per
 // session.
-func buildRunner(cfg config.Config, rc replication.Config, sc sink.Config, log hclog.Logger) *replication.Runner {
-	er, _ := routes(cfg)
+func buildRunner(rc replication.Config, sc sink.Config, router *envelope.Router, log hclog.Logger) *replication.Runner {
 	sinkLog := log.Named("sink")
 	newProducer := func() (replication.Producer, error) { return sink.New(sc, sinkLog) }
-	return replication.NewRunner(rc, envelope.NewRouter(cfg.Origen, er, int(cfg.Kafka.BatchBytes)), newProducer, log.Named("replication"))
+	return replication.NewRunner(rc, router, newProducer, log.Named("replication"))
+}
+
+// newRouter is the one envelope router of the configuration: the stream,
+// the cut-over snapshot and replay build every record through it.
+func newRouter(cfg config.Config) (*envelope.Router, error) {
+	router, err := envelope.NewRouter(cfg.Origen, cfg.EnvelopeRoutes(), int(cfg.Kafka.BatchBytes))
+	if err != nil {
+		return nil, fmt.Errorf("routes: %w", err)
+	}
+	return router, nil
+}
+
+// outboxTables are the routed tables, each once (a table may have several
+// routes; a message route has none), as the table readers and writers
+// (snapshot, replay, marks) see them.
+func outboxTables(cfg config.Config) []republish.Table {
+	var ts []republish.Table
+	seen := map[string]bool{}
+	for i, r := range cfg.EnvelopeRoutes() {
+		key := r.Schema + "\x00" + r.Table
+		if r.Table == "" || seen[key] {
+			continue
+		}
+		seen[key] = true
+		ts = append(ts, republish.Table{Route: r, PublicatEn: cfg.Routes[i].Columns.PublicatEn})
+	}
+	return ts
 }

@@ -56,7 +56,6 @@ type Load struct {
 	Logf       func(string, ...any)
 
 	reserved  atomic.Int64
-	committed atomic.Int64
 	ambiguous atomic.Int64 // rows whose COMMIT outcome is unknown (connection lost)
 	retries   atomic.Int64
 
@@ -67,9 +66,6 @@ type Load struct {
 	next   time.Time
 	seqGen atomic.Uint64
 }
-
-// Committed is how many rows committed for sure.
-func (l *Load) Committed() int64 { return l.committed.Load() }
 
 // Ambiguous is how many rows were in a transaction whose COMMIT lost its
 // connection (they may or may not be in the table; the table decides).
@@ -268,7 +264,6 @@ func (l *Load) txn(ctx context.Context, conn *pgx.Conn, rng *rand.Rand, w, n int
 	l.mu.Lock()
 	l.txns = append(l.txns, testenv.Txn{U: u, At: at, IDs: ids})
 	l.mu.Unlock()
-	l.committed.Add(int64(n))
 	return nil
 }
 

@@ -270,7 +270,7 @@ func (b *bench) drainOutboxd(ctx context.Context, rows int, dsn, name, slot, end
 			ws.sample()
 			samples = append(samples, sample{now, float64(acked)})
 		}
-		if acked >= uint64(rows) {
+		if acked >= uint64(rows*b.recordsPerRow()) {
 			seconds = now
 			samples = append(samples, sample{now, float64(acked)})
 			self.sample()
@@ -279,7 +279,7 @@ func (b *bench) drainOutboxd(ctx context.Context, rows int, dsn, name, slot, end
 			break
 		}
 		if time.Now().After(deadline) {
-			return drainResult{}, fmt.Errorf("%d of %d acknowledged after 30 minutes", acked, rows)
+			return drainResult{}, fmt.Errorf("%d of %d acknowledged after 30 minutes", acked, rows*b.recordsPerRow())
 		}
 	}
 	r := drainResult{sys: sysOutboxd, seconds: seconds, cpu: self.used(), rss: float64(d.PeakRSSKB()) / 1024,

@@ -59,6 +59,7 @@ type options struct {
 	binary     string // a prebuilt outboxd instead of this tree's (A/B runs)
 	outboxEnv  string // extra environment for outboxd, "K=V,K=V" (e.g. GOMAXPROCS=1)
 	pipeYAML   string // keys for outboxd's pipeline section, for experiments
+	routing    string // "" (the seed's route) or "rich" (every routing feature, two records per row)
 
 	kafka, pipeline testenv.Section // kafkaYAML and pipeYAML, parsed
 }
@@ -87,6 +88,7 @@ func main() {
 	flag.StringVar(&o.pipeYAML, "outboxd-pipeline", "", `keys for outboxd's pipeline section, e.g. "max_in_flight_events: 20000"`)
 	flag.StringVar(&o.outboxEnv, "outboxd-env", "", `extra environment for outboxd only, "K=V,K=V" (e.g. "GOMAXPROCS=2" to override outboxd's default)`)
 	flag.StringVar(&o.binary, "outboxd-bin", "", "run this outboxd binary instead of building the working tree's (to compare versions)")
+	flag.StringVar(&o.routing, "routing", "", `"rich": outboxd with every routing feature at once (two routes per row, a template, an override, fields, the trace context, position headers, the record timestamp): two records per row`)
 	flag.StringVar(&o.services, "services", "", "reuse the PostgreSQL and Kafka that `bash testenv/services.sh up DIR` started (left running; for repeated development runs)")
 	flag.Parse()
 	var err error
@@ -98,6 +100,9 @@ func main() {
 	}
 	if err == nil {
 		o.pipeline, err = section(o.pipeYAML)
+	}
+	if err == nil && o.routing != "" && o.routing != "rich" {
+		err = fmt.Errorf("-routing %q: want rich", o.routing)
 	}
 	if err == nil {
 		err = run(o)
@@ -319,9 +324,17 @@ func (b *bench) setupDB(ctx context.Context, name string) (string, *pgx.Conn, er
 	if err != nil {
 		return "", nil, err
 	}
+	if b.o.routing == "rich" {
+		seed += fmt.Sprintf("\nALTER TABLE outbox ADD COLUMN traceparent text DEFAULT %s;", "'"+richTraceparent+"'")
+	}
 	dsn, err := b.env.CreateDatabase(name, seed+"\nCREATE PUBLICATION "+name+" FOR TABLE outbox WITH (publish = 'insert');")
 	if err != nil {
 		return "", nil, err
+	}
+	if b.o.routing == "rich" {
+		if err := b.env.CreateTopic(name+".comanda", b.o.partitions); err != nil {
+			return "", nil, err
+		}
 	}
 	db, err := pgx.Connect(ctx, dsn)
 	if err != nil {
@@ -352,7 +365,7 @@ func carregaSQL(g, extra string) string {
 func (b *bench) startOutboxd(name, dsn, slot string) (*testenv.Daemon, error) {
 	d, err := testenv.StartDaemon(b.tmp, testenv.Config{
 		DSN: dsn, Brokers: b.env.KafkaBrokers, Slot: slot,
-		Routes:   []testenv.Route{{Table: "public.outbox", Topic: name}},
+		Routes:   b.routes(name),
 		Postgres: testenv.Section{"publication": name, "create_slot": "false", "create_publication": "false"},
 		Kafka:    b.o.kafka,
 		Pipeline: b.o.pipeline,
@@ -367,6 +380,36 @@ func (b *bench) startOutboxd(name, dsn, slot string) (*testenv.Daemon, error) {
 	b.daemons = append(b.daemons, d)
 	b.mu.Unlock()
 	return d, nil
+}
+
+// richTraceparent is every rich-routing row's trace context.
+const richTraceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+// routes is outboxd's routes: the seed's one, or with -routing rich two
+// routes per row using every routing feature (the templated one gives
+// name.comanda, with the raw payload; the filtered one keeps topic name and
+// the envelope, for the latency consumer).
+func (b *bench) routes(name string) []testenv.Route {
+	if b.o.routing != "rich" {
+		return []testenv.Route{{Table: "public.outbox", Topic: name}}
+	}
+	return []testenv.Route{
+		{Table: "public.outbox", Topic: `"` + name + `.{agregat}"`, More: testenv.Section{
+			"topic_fallback": name, "value": "payload", "position_headers": "true", "timestamp": "creat_en",
+			"overrides": "[{when: {tipus: comanda.prova}, drop: true}]", "trace": "{traceparent: traceparent}",
+			"fields": "[{column: agregat, header: agregat}]"}},
+		{Table: "public.outbox", Topic: name, More: testenv.Section{
+			"filter": "{tipus: comanda.creada}", "position_headers": "true", "trace": "{traceparent: traceparent}",
+			"fields": "[{column: agregat, header: agregat}, {column: agregat, envelope: agregat}]"}},
+	}
+}
+
+// recordsPerRow is how many records outboxd makes of one backlog row.
+func (b *bench) recordsPerRow() int {
+	if b.o.routing == "rich" {
+		return 2
+	}
+	return 1
 }
 
 func envList(s string) []string {

@@ -63,6 +63,9 @@ func (r *report) write(stdout io.Writer) error {
 		}
 		fmt.Fprintf(&b, "\n1. Backlog drain: %d rows (~200-byte carrega, transactions of 100, %.0f MB of WAL), %d partitions, acks=all; median of %d runs\n",
 			rows, median(wal), r.o.partitions, len(r.drains))
+		if r.o.routing == "rich" {
+			fmt.Fprintf(&b, "   outboxd with -routing rich: two records per row (events/s counts rows; outboxd produced and acknowledged twice as many records)\n")
+		}
 		fmt.Fprintf(&b, "%-26s %9s %9s %9s | %-11s %8s %8s | %-11s %8s | %8s\n", "", "seconds", "events/s", "×recvlog",
 			"reader", "CPU s", "peak RSS", "server", "CPU s", "broker")
 		fmt.Fprintf(&b, "%-26s %9s %9s %9s | %-11s %8s %8s | %-11s %8s | %8s\n", "", "", "", "",

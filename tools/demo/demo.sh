@@ -6,7 +6,12 @@
 #   -> topic comandes.esdeveniments (3 partitions)
 #   -> outboxd run with examples/outboxd.yaml
 #   -> 4 transactions writing orders and 5 outbox events
-#   -> what a Kafka consumer reads, outboxd status, the slot, clean SIGTERM.
+#   -> what a Kafka consumer reads, outboxd status
+#   -> the inventari consumer (examples/inventari) taking stock once per
+#      order: killed between its database commit and its offset commit,
+#      every event replayed (outboxd replay), an order beyond the stock
+#      dead-lettered
+#   -> the slot, clean SIGTERM.
 #
 # Usage: tools/demo/demo.sh        (KEEP=1 keeps the state folder and logs)
 # Needs: go, make, psql, curl, PostgreSQL server binaries, Java (for Kafka;
@@ -27,6 +32,7 @@ BIN="$STATE/bin"
 OUTBOXD="$ROOT/bin/outboxd"
 OUTBOXD_LOG="$STATE/outboxd.log"
 OUTBOXD_PID=""
+INVENTARI_PID=""
 HEALTH_PORT=""
 SERVICES_UP=0
 
@@ -43,6 +49,10 @@ fail() {
 cleanup() {
   local rc=$?
   set +e
+  if [[ -n "$INVENTARI_PID" ]]; then
+    kill -TERM "$INVENTARI_PID" 2>/dev/null
+    wait "$INVENTARI_PID" 2>/dev/null
+  fi
   if [[ -n "$OUTBOXD_PID" ]] && kill -0 "$OUTBOXD_PID" 2>/dev/null; then
     kill -TERM "$OUTBOXD_PID" 2>/dev/null
     for _ in $(seq 1 100); do kill -0 "$OUTBOXD_PID" 2>/dev/null || break; sleep 0.1; done
@@ -69,7 +79,8 @@ trap 'exit 143' TERM
 section "Building outboxd (make build) and the demo consumer"
 make -s -C "$ROOT" build || fail "make build"
 (cd "$ROOT" && go build -o "$BIN/demo-consumer" ./tools/demo) || fail "go build ./tools/demo"
-echo "built $OUTBOXD and $BIN/demo-consumer"
+(cd "$ROOT" && go build -o "$BIN/inventari" ./examples/inventari) || fail "go build ./examples/inventari"
+echo "built $OUTBOXD, $BIN/demo-consumer and $BIN/inventari"
 
 # ---------------------------------------------------------------------------
 section "Starting PostgreSQL 15 and Kafka (KRaft, single node)"
@@ -184,6 +195,66 @@ echo "all 5 events acknowledged and their 4 transactions confirmed (at most $(((
 # ---------------------------------------------------------------------------
 section "outboxd status --url $HEALTH_URL"
 "$OUTBOXD" status --url "$HEALTH_URL" || fail "outboxd status"
+
+# ---------------------------------------------------------------------------
+section "The inventari consumer (examples/inventari): stock taken once per order"
+INV_DB=km0_inventari
+DLQ=comandes.esdeveniments.dlq
+pg -d postgres -c "CREATE DATABASE $INV_DB" || fail "create database $INV_DB"
+pg -d "$INV_DB" -f "$ROOT/examples/inventari/schema.sql" || fail "apply examples/inventari/schema.sql"
+pg -d "$INV_DB" -c "INSERT INTO estoc VALUES ('formatge-curat', 5), ('llonganissa', 10), ('fesols-santpau', 20), ('oli-arbequina', 8), ('mel-de-romani', 12)"
+"$BIN/demo-consumer" create-topic "$OUTBOXD_KAFKA_BROKERS" "$DLQ" 1 || fail "create topic $DLQ"
+INV_DSN="postgres://postgres@127.0.0.1:$PGPORT/$INV_DB?sslmode=disable"
+INVENTARI=("$BIN/inventari" -dsn "$INV_DSN" -brokers "$OUTBOXD_KAFKA_BROKERS" -session-timeout 6s)
+estoc() { pg -d "$INV_DB" -Atc "SELECT string_agg(producte || '=' || unitats, ' ' ORDER BY producte) FROM estoc"; }
+echo "estoc before: $(estoc)"
+# wait_for FILE TEXT N SECONDS: until FILE has N lines containing TEXT.
+wait_for() {
+  for _ in $(seq 1 $(($4 * 10))); do
+    (($(grep -c -- "$2" "$1" 2>/dev/null || true) >= $3)) && return 0
+    sleep 0.1
+  done
+  fail "no $3 lines with '$2' in $1 within $4 s: $(cat "$1")"
+}
+
+echo
+echo "inventari -crash-after 2: it dies right after its 2nd database commit, before that event's offset commit"
+# (the braces keep bash from reporting the kill)
+{ timeout 60 "${INVENTARI[@]}" -crash-after 2 >"$STATE/inventari-crash.log" 2>&1 || true; } 2>/dev/null
+sed 's/^/  | /' "$STATE/inventari-crash.log"
+grep -q "SIGKILL after the database commit" "$STATE/inventari-crash.log" || fail "inventari did not crash as asked"
+
+echo
+echo "inventari again: Kafka redelivers the 2nd order (its offset was not committed); missatges_processats says it is done"
+"${INVENTARI[@]}" >"$STATE/inventari.log" 2>&1 &
+INVENTARI_PID=$!
+wait_for "$STATE/inventari.log" ": processat" 2 60
+wait_for "$STATE/inventari.log" ": duplicat" 1 10
+sed 's/^/  | /' "$STATE/inventari.log"
+want="fesols-santpau=17 formatge-curat=3 llonganissa=9 mel-de-romani=10 oli-arbequina=7"
+got="$(estoc)"
+echo "estoc after the 4 orders: $got"
+[[ "$got" == "$want" ]] || fail "stock is '$got', want '$want'"
+
+section "outboxd replay --from 1h: every event published again; inventari finds each one processed"
+"$OUTBOXD" replay -c "$STATE/outboxd.yaml" --from 1h || fail "outboxd replay"
+wait_for "$STATE/inventari.log" ": duplicat" 5 30
+sed 's/^/  | /' "$STATE/inventari.log" | tail -n 4
+got="$(estoc)"
+echo "estoc after the replay: $got (unchanged)"
+[[ "$got" == "$want" ]] || fail "stock is '$got' after the replay, want '$want'"
+
+section "An order beyond the stock: to the dead-letter topic $DLQ, nothing taken"
+comanda P-2026-000125 nuria reus formatge-curat 9 1450
+wait_for "$STATE/inventari.log" "P-2026-000125: a la cua morta" 1 30
+"$BIN/demo-consumer" consume "$OUTBOXD_KAFKA_BROKERS" "$DLQ" 1 20s || fail "the dead-letter record"
+got="$(estoc)"
+[[ "$got" == "$want" ]] || fail "stock is '$got' after the refused order, want '$want'"
+echo "estoc: $got (unchanged)"
+pg -d "$INV_DB" -c "SELECT left(id_missatge, 8) AS id_missatge, consumidor, processat_en FROM missatges_processats ORDER BY processat_en"
+kill -TERM "$INVENTARI_PID"
+wait "$INVENTARI_PID" || true
+INVENTARI_PID=""
 
 # ---------------------------------------------------------------------------
 section "Stopping outboxd with SIGTERM"

@@ -29,6 +29,8 @@ INSERT INTO outbox (id, agregat, agregat_id, tipus, versio, carrega, creat_en) V
    '{"id": "P-2026-000123", "client": "anna", "linies": [{"producte": "formatge-curat", "quantitat": 2, "preu_centims": 1450}]}',
    '2026-09-10 09:33:20.123999+02');
 SELECT pg_logical_emit_message(true, 'km0', 'ignored by outboxd');
+SELECT pg_logical_emit_message(true, 'comandes', '{"id_esdeveniment": "9c4f2b5d-3d7e-4fb0-8a4c-5e6f708192a3", "agregat_id": "P-2026-000123", "tipus": "comanda.notificada", "dades": {"canal": "sms"}}');
+SELECT pg_logical_emit_message(false, 'comandes', '{"id_esdeveniment": "not-transactional"}');
 INSERT INTO outbox (id, agregat, agregat_id, tipus, versio, carrega, creat_en) VALUES
   ('7a2d0f3b-1b5c-4d9f-8e2a-3c4d5e6f7081', 'comanda', 'P-2026-000123', 'comanda.pagada', 2, '{"import_centims": 2900}', '1969-12-31 23:59:59.9995+00');
 COMMIT;

@@ -1,0 +1,38 @@
+package catalog
+
+import (
+	"fmt"
+	"hash/fnv"
+)
+
+// A cut-over is outboxd publishing, from a slot it has just created, the
+// rows the slot's exported snapshot sees as pending, before it streams
+// (replication/cutover.go). Two names make it safe across crashes and
+// instances, and are read here by everyone who must respect it:
+//
+//   - the marker: a physical replication slot, created without reserving
+//     WAL (it pins nothing), that exists from before the logical slot is
+//     created until Kafka has acknowledged the snapshot. While it exists
+//     the logical slot's position means nothing: its snapshot rows may not
+//     all be delivered, and the next start publishes them again;
+//   - the lock: an advisory lock held exclusively, for the session, by the
+//     instance doing the cut-over; the retention job takes it shared, so
+//     no cut-over starts while it decides what the slot has confirmed.
+
+// CutoverMarker is the name of the marker slot of slot.
+func CutoverMarker(slot string) string {
+	const suffix = "_snapshot"
+	if len(slot)+len(suffix) <= 63 {
+		return slot + suffix
+	}
+	h := fnv.New32a()
+	h.Write([]byte(slot))
+	return fmt.Sprintf("%s_%08x%s", slot[:63-len(suffix)-9], h.Sum32(), suffix)
+}
+
+// CutoverLock is the advisory lock key of slot's cut-over.
+func CutoverLock(slot string) int64 {
+	h := fnv.New64a()
+	h.Write([]byte("outboxd cut-over " + slot))
+	return int64(h.Sum64())
+}

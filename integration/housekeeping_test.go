@@ -1,0 +1,181 @@
+package integration_test
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+)
+
+// Outbox housekeeping: rows deleted in the transaction that inserts them,
+// and the retention job (retention/).
+
+// TestDeleteInSameTransaction: a service that deletes its outbox row in the
+// transaction that inserted it loses nothing: the publication is
+// insert-only and the WAL keeps the insert, so every event arrives, with
+// outboxd running and with outboxd stopped while they were committed, and
+// the table stays empty.
+func TestDeleteInSameTransaction(t *testing.T) {
+	f := newFixture(t, seedSchema, map[string]int{"comandes": 3})
+	ctx := context.Background()
+	topic := f.topic("comandes")
+	cfg := f.config(seedRoute(topic))
+	want := map[string]string{} // id -> key
+	n := 0
+	commit := func(rows int) {
+		t.Helper()
+		tx, err := f.db.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		var ids []string
+		for i := 0; i < rows; i++ {
+			n++
+			id, key := fmt.Sprintf("00000000-0000-4000-9000-%012d", n), fmt.Sprintf("P-2026-%06d", n%13)
+			if _, err := tx.Exec(ctx, "INSERT INTO outbox (id, agregat, agregat_id, tipus, carrega) VALUES ($1, 'comanda', $2, 'comanda.creada', $3)",
+				id, key, fmt.Sprintf(`{"id": %q, "n": %d}`, key, n)); err != nil {
+				t.Fatal(err)
+			}
+			ids = append(ids, id)
+			want[id] = key
+		}
+		if _, err := tx.Exec(ctx, "DELETE FROM outbox WHERE id = ANY($1::uuid[])", ids); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d := f.start(cfg)
+	for i := 0; i < 20; i++ {
+		commit(1 + i%5)
+	}
+	d.term()
+	for i := 0; i < 20; i++ { // only the WAL has these
+		commit(1 + i%5)
+	}
+	d = f.start(cfg)
+	msgs := consumeExactly(t, topic, len(want))
+	for _, m := range msgs {
+		id := header(m, "id_esdeveniment")
+		if key, ok := want[id]; !ok || string(m.Key) != key || header(m, "tipus") != "comanda.creada" {
+			t.Fatalf("unexpected record %s key %s headers %v", id, m.Key, m.Headers)
+		}
+		delete(want, id)
+	}
+	if len(want) != 0 {
+		t.Fatalf("%d events missing", len(want))
+	}
+	var left int
+	if err := f.mon.QueryRow(ctx, "SELECT count(*) FROM outbox").Scan(&left); err != nil || left != 0 {
+		t.Fatalf("the outbox holds %d rows (%v), want 0", left, err)
+	}
+	d.term()
+}
+
+// TestRetentionNeverDeletesUndelivered: the retention job (max_age 1h,
+// checking every 300 ms) with postgres.mark_published. Old rows delivered
+// while Kafka is up are marked and deleted. With the broker stopped, old
+// rows committed meanwhile stay in the table, unmarked, for as long as it
+// is down, however many times the job runs; once it is back they are
+// delivered, marked and deleted. Young rows stay. Every event is in Kafka.
+func TestRetentionNeverDeletesUndelivered(t *testing.T) {
+	f := newFixture(t, seedSchema, map[string]int{"comandes": 2})
+	ctx := context.Background()
+	topic := f.topic("comandes")
+	cfg := f.config(seedRoute(topic))
+	cfg.Postgres["mark_published"] = "true"
+	cfg.Retention = map[string]string{"max_age": "1h", "interval": "300ms", "batch_size": "40", "confirm_timeout": "1s"}
+	d := f.start(cfg)
+	var all []string
+	insert := func(rows int, age string) []string {
+		t.Helper()
+		r, err := f.db.Query(ctx, `INSERT INTO outbox (id, agregat, agregat_id, tipus, carrega, creat_en)
+			SELECT gen_random_uuid(), 'comanda', 'P-' || (g % 7), 'comanda.creada', jsonb_build_object('n', g), now() - $1::interval
+			FROM generate_series(1, $2) g RETURNING id::text`, age, rows)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids, err := pgx.CollectRows(r, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		all = append(all, ids...)
+		return ids
+	}
+	counts := func(ids []string) (rows, marked int) {
+		t.Helper()
+		if err := f.mon.QueryRow(ctx, "SELECT count(*), count(publicat_en) FROM outbox WHERE id = ANY($1::uuid[])", ids).Scan(&rows, &marked); err != nil {
+			t.Fatal(err)
+		}
+		return rows, marked
+	}
+
+	young := insert(50, "1 minute")
+	var old1 []string
+	for i := 0; i < 3; i++ {
+		old1 = append(old1, insert(100, "2 hours")...)
+	}
+	eventually(t, 60*time.Second, "the 300 delivered old rows deleted", func() bool { n, _ := counts(old1); return n == 0 })
+
+	if err := env.StopKafka(); err != nil {
+		t.Fatal(err)
+	}
+	kafkaUp := false
+	defer func() {
+		if !kafkaUp {
+			_ = env.StartKafka()
+		}
+	}()
+	var old2 []string
+	var first pglogrepl.LSN // right after the first of them committed: at or past its commit's end
+	for i := 0; i < 5; i++ {
+		old2 = append(old2, insert(40, "3 hours")...)
+		if i == 0 {
+			first = f.walLSN()
+		}
+	}
+	for end := time.Now().Add(6 * time.Second); time.Now().Before(end); time.Sleep(250 * time.Millisecond) {
+		if n, marked := counts(old2); n != len(old2) || marked != 0 {
+			t.Fatalf("with Kafka down: %d of the %d undelivered old rows left, %d marked published", n, len(old2), marked)
+		}
+		if c, _ := f.slot(); c >= first {
+			t.Fatalf("with Kafka down the slot confirmed %s, past the first undelivered transaction (before %s)", c, first)
+		}
+	}
+	if !strings.Contains(d.Log(), "nothing deleted for now") {
+		t.Fatalf("the retention job did not wait for the slot while Kafka was down:\n%s", d.Log())
+	}
+	if err := env.StartKafka(); err != nil {
+		t.Fatal(err)
+	}
+	kafkaUp = true
+	eventually(t, 90*time.Second, "the old rows delivered after the outage deleted", func() bool { n, _ := counts(old2); return n == 0 })
+	if n, marked := counts(young); n != len(young) || marked != len(young) {
+		t.Fatalf("young rows: %d of %d left, %d marked; want all left and marked", n, len(young), marked)
+	}
+
+	msgs := f.consumeAll(topic, len(all))
+	seen := map[string]bool{}
+	for _, m := range msgs {
+		seen[header(m, "id_esdeveniment")] = true
+	}
+	var missing []string
+	for _, id := range all {
+		if !seen[id] {
+			missing = append(missing, id)
+		}
+	}
+	sort.Strings(missing)
+	if len(missing) > 0 {
+		t.Fatalf("%d of %d events not in Kafka, e.g. %v", len(missing), len(all), missing[:min(3, len(missing))])
+	}
+	t.Logf("%d events delivered; %d old rows deleted after delivery, %d of them held while Kafka was down", len(all), len(old1)+len(old2), len(old2))
+	d.term()
+}

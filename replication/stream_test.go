@@ -1,0 +1,171 @@
+package replication
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/jackc/pglogrepl"
+
+	"github.com/outboxd/outboxd"
+	"github.com/outboxd/outboxd/envelope"
+)
+
+// syncProducer is a Producer the stream and the test share: it keeps the
+// records (copies), acknowledges nothing by itself, and fails every record
+// with fail when set, as a fenced producer does.
+type syncProducer struct {
+	mu   sync.Mutex
+	recs []outboxd.Record
+	fail error
+}
+
+func (p *syncProducer) Produce(r *outboxd.Record) error {
+	p.mu.Lock()
+	fail := p.fail
+	if fail == nil {
+		c := *r
+		c.Key = append([]byte(nil), r.Key...)
+		c.Value = append([]byte(nil), r.Value...)
+		c.Headers = nil
+		for _, h := range r.Headers {
+			c.Headers = append(c.Headers, outboxd.Header{Key: h.Key, Value: append([]byte(nil), h.Value...)})
+		}
+		p.recs = append(p.recs, c)
+	}
+	p.mu.Unlock()
+	if fail != nil {
+		r.Ack.Ack(fail)
+		return fail
+	}
+	return nil
+}
+
+func (p *syncProducer) Close(context.Context) error { return nil }
+
+func (p *syncProducer) Flush() {}
+
+// record waits for the n-th record (from 0) the stream produced.
+func (p *syncProducer) record(t testing.TB, n int) outboxd.Record {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		p.mu.Lock()
+		if len(p.recs) > n {
+			r := p.recs[n]
+			p.mu.Unlock()
+			return r
+		}
+		p.mu.Unlock()
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatalf("the stream produced no record %d", n)
+	return outboxd.Record{}
+}
+
+const outboxRelID = 16385
+
+var outboxColumns = []string{"id", "agregat_id", "tipus", "versio", "carrega", "creat_en"}
+
+func beginMsg(final pglogrepl.LSN) []byte {
+	b := []byte{'B'}
+	b = binary.BigEndian.AppendUint64(b, uint64(final))
+	b = binary.BigEndian.AppendUint64(b, 0)
+	return binary.BigEndian.AppendUint32(b, 1234)
+}
+
+func commitMsg(commit, end pglogrepl.LSN) []byte {
+	b := []byte{'C', 0}
+	b = binary.BigEndian.AppendUint64(b, uint64(commit))
+	b = binary.BigEndian.AppendUint64(b, uint64(end))
+	return binary.BigEndian.AppendUint64(b, 0)
+}
+
+func relationMsg() []byte {
+	b := []byte{'R'}
+	b = binary.BigEndian.AppendUint32(b, outboxRelID)
+	b = append(b, "public\x00outbox\x00"...)
+	b = append(b, 'd')
+	b = binary.BigEndian.AppendUint16(b, uint16(len(outboxColumns)))
+	for _, c := range outboxColumns {
+		b = append(b, 0)
+		b = append(b, c...)
+		b = append(b, 0)
+		oid := uint32(25) // text
+		if c == "carrega" {
+			oid = 3802 // jsonb
+		}
+		b = binary.BigEndian.AppendUint32(b, oid)
+		b = binary.BigEndian.AppendUint32(b, 0xffffffff)
+	}
+	return b
+}
+
+// insertMsg is an outbox row for key; a key "bad" has a NULL tipus.
+func insertMsg(key string) []byte {
+	vals := []string{"id-" + key, key, "comanda.creada", "1", `{"k":1}`, "2026-01-01 00:00:00+00"}
+	b := []byte{'I'}
+	b = binary.BigEndian.AppendUint32(b, outboxRelID)
+	b = append(b, 'N')
+	b = binary.BigEndian.AppendUint16(b, uint16(len(vals)))
+	for i, v := range vals {
+		if key == "bad" && i == 2 {
+			b = append(b, 'n')
+			continue
+		}
+		b = append(b, 't')
+		b = binary.BigEndian.AppendUint32(b, uint32(len(v)))
+		b = append(b, v...)
+	}
+	return b
+}
+
+func outboxRoute(deadLetter string) []envelope.Route {
+	return []envelope.Route{{Schema: "public", Table: "outbox", Topic: "comandes.esdeveniments", DeadLetterTopic: deadLetter,
+		Columns: envelope.Columns{ID: "id", AgregatID: "agregat_id", Tipus: "tipus", Versio: "versio", Carrega: "carrega", CreatEn: "creat_en"}}}
+}
+
+var errInjected = errors.New("injected")
+
+// TestReplaceRefusedFailsEveryRefusalWhenTheProducerStops: when the
+// producer refuses the dead-letter record of one refused record (it was
+// fenced), every other refusal handed over in the same call must still end
+// in its transaction (failed, as the fenced producer fails its record), or
+// that transaction waits for ever: a stop then waits out its whole timeout
+// for an acknowledgement that cannot come.
+func TestReplaceRefusedFailsEveryRefusalWhenTheProducerStops(t *testing.T) {
+	tr := NewTracker(0x100, 100, 1<<20)
+	prod := &syncProducer{}
+	s := &stream{r: &Runner{router: mustRouter(t, outboxRoute("dlq")), log: hclog.NewNullLogger()},
+		prod: prod, tracker: tr, relations: map[uint32][]*envelope.Binding{}}
+	if err := s.handleMessage(relationMsg()); err != nil {
+		t.Fatal(err)
+	}
+	for _, x := range []struct {
+		commit, end pglogrepl.LSN
+		key         string
+	}{{0x1000, 0x1010, "P-1"}, {0x2000, 0x2010, "P-2"}} {
+		for _, m := range [][]byte{beginMsg(x.commit), insertMsg(x.key), commitMsg(x.commit, x.end)} {
+			if err := s.handleMessage(m); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	first, second := prod.record(t, 0), prod.record(t, 1)
+	// The later transaction's refusal is heard first.
+	second.Ack.Ack(&outboxd.RefusedError{Topic: second.Topic, Key: second.Key, Err: errInjected})
+	first.Ack.Ack(&outboxd.RefusedError{Topic: first.Topic, Key: first.Key, Err: errInjected})
+	prod.mu.Lock()
+	prod.fail = errInjected // fenced: every record is failed through its Acker
+	prod.mu.Unlock()
+	if err := s.replaceRefused(); !errors.Is(err, errInjected) {
+		t.Fatalf("replaceRefused: %v", err)
+	}
+	if st := tr.State(); !st.Settled || st.Refused != 0 || st.Confirmed != 0x100 {
+		t.Fatalf("after the producer refused the dead letters: %+v (a transaction still waits for a record nobody will send)", st)
+	}
+}

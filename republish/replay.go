@@ -1,0 +1,125 @@
+package republish
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outboxd/outboxd/catalog"
+	"github.com/outboxd/outboxd/envelope"
+)
+
+// ReplayRequest says which rows a replay republishes: those of Tables
+// whose creat_en is in [From, To), or those whose id is in IDs.
+type ReplayRequest struct {
+	Tables []Table
+	// From and To are timestamps as PostgreSQL reads a timestamptz
+	// ("2026-12-03T10:00:00Z"); an empty one leaves that end open.
+	From, To string
+	IDs      []string // instead of a time range
+}
+
+// TableCount is how many rows of one table a replay published.
+type TableCount struct {
+	Table, Topic string
+	Rows         int
+}
+
+// Replayer republishes outbox rows from the table, by creat_en or by id,
+// with the stream's envelope, key and headers: the recovery after a lost or
+// dropped slot, or a backfill for a new consumer. It only reads, in one
+// REPEATABLE READ transaction, so it is safe while the daemon streams (the
+// consumers are idempotent: a replayed event is a duplicate to them).
+type Replayer struct {
+	Conn        *pgconn.Config
+	Router      *envelope.Router
+	MaxInFlight int
+	// DeliveryTimeout: Kafka acknowledging nothing for this long fails the
+	// replay (kafka.delivery_timeout).
+	DeliveryTimeout time.Duration
+	Log             hclog.Logger
+	// Every is how often progress is called while rows are published.
+	Every time.Duration
+}
+
+// Replay publishes the rows through prod, each table in creat_en order (so
+// each aggregate's events go in their order), and returns once Kafka
+// acknowledged every one. progress, when set, is told how far it has got
+// every Every and at the end.
+func (r *Replayer) Replay(ctx context.Context, req ReplayRequest, prod Producer, progress func(Progress)) ([]TableCount, error) {
+	if (len(req.IDs) > 0) == (req.From != "" || req.To != "") {
+		return nil, errors.New("replay: give a creat_en range or ids, not both and not neither")
+	}
+	conn, err := connect(ctx, r.Conn, "outboxd-replay")
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close(context.Background())
+	if err := exec(ctx, conn, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"); err != nil {
+		return nil, fmt.Errorf("replay: %w", err)
+	}
+	var sels []selection
+	total := 0
+	for _, t := range req.Tables {
+		sel := selection{t: t}
+		sel.where, sel.params = replayWhere(t, req)
+		n, err := count(ctx, conn, "SELECT count(*)"+sel.where, sel.params)
+		if err != nil {
+			return nil, privilege(fmt.Errorf("replay: count the rows of %s: %w", t.Name(), err), "the role needs SELECT on the outbox table")
+		}
+		total += n
+		sels = append(sels, sel)
+	}
+
+	p := newPublisher(r.Router, prod, limits{r.MaxInFlight, r.DeliveryTimeout}, nil, "replay", r.Log)
+	p.progress.Total = total
+	stop := func() {}
+	if progress != nil {
+		stop = every(r.Every, time.Second, func() { progress(p.state()) })
+	}
+	counts, err := publishAll(ctx, conn, r.Router, sels, p)
+	stop()
+	if progress != nil {
+		progress(p.state())
+	}
+	if err != nil {
+		return counts, fmt.Errorf("replay: %w", err)
+	}
+	return counts, nil
+}
+
+// replayWhere is the FROM ... WHERE clause of a request for one table and
+// its parameters (text).
+func replayWhere(t Table, req ReplayRequest) (string, [][]byte) {
+	where := " FROM " + t.quoted()
+	if len(req.IDs) > 0 {
+		ids := make([][]byte, len(req.IDs))
+		for i, id := range req.IDs {
+			ids[i] = []byte(id)
+		}
+		return where + " WHERE " + catalog.QuoteIdent(t.Route.Columns.ID) + " = ANY($1)", [][]byte{textArray(ids)}
+	}
+	creat := catalog.QuoteIdent(t.Route.Columns.CreatEn)
+	var cond []string
+	var params [][]byte
+	if req.From != "" {
+		params = append(params, []byte(req.From))
+		cond = append(cond, fmt.Sprintf("%s >= $%d::timestamptz", creat, len(params)))
+	}
+	if req.To != "" {
+		params = append(params, []byte(req.To))
+		cond = append(cond, fmt.Sprintf("%s < $%d::timestamptz", creat, len(params)))
+	}
+	for i, c := range cond {
+		if i == 0 {
+			where += " WHERE " + c
+		} else {
+			where += " AND " + c
+		}
+	}
+	return where, params
+}

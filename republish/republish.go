@@ -1,0 +1,458 @@
+// Package republish publishes outbox rows read from the table itself rather
+// than from the WAL: the rows a new slot's exported snapshot sees as
+// pending when outboxd takes over from the polling relay (snapshot.go), and
+// the rows `outboxd replay` republishes by creat_en or by id (replay.go).
+// Each row becomes its record through envelope.Router.Build, exactly as a
+// streamed row does, and goes to Kafka through the same producer; a row
+// that cannot become a record follows its route's on_error. mark.go sets
+// publicat_en once Kafka acknowledged a row, for the stream and the
+// snapshot alike.
+package republish
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outboxd/outboxd"
+	"github.com/outboxd/outboxd/catalog"
+	"github.com/outboxd/outboxd/envelope"
+)
+
+// Producer publishes records asynchronously: every accepted record's Acker
+// is told its outcome later (sink.Producer).
+type Producer interface {
+	// Produce copies the record; an error means the producer takes
+	// nothing more (the record's Acker has been told).
+	Produce(r *outboxd.Record) error
+}
+
+// Table is one routed outbox table: the first of its routes (for the
+// columns a table reader needs: id, creat_en) and its publicat_en column.
+// Every route of the table gets its rows (the router binds them all).
+type Table struct {
+	Route envelope.Route
+	// PublicatEn is the column the polling relay set once it published a
+	// row (NULL: pending); "" when the table has none.
+	PublicatEn string
+}
+
+// Name is the table as a Binding names it (quoted where it needs to be).
+func (t Table) Name() string {
+	return catalog.Table{Schema: t.Route.Schema, Name: t.Route.Table}.String()
+}
+
+func (t Table) quoted() string {
+	return catalog.Table{Schema: t.Route.Schema, Name: t.Route.Table}.Quoted()
+}
+
+// Progress is how far a publication has got.
+type Progress struct {
+	Table    string // schema.table being read
+	Total    int    // rows it will publish, counted beforehand (all tables)
+	Read     int    // rows read so far
+	Records  int    // records they made (one per route that takes a row) handed to the producer
+	Acked    int    // of them, acknowledged by Kafka (and marked, when marking)
+	Dead     int    // of them, dead-lettered (their route's on_error)
+	Finished bool
+}
+
+// PermanentError is a failure no retry can fix: a row that cannot become a
+// record on a route that stops on it, a column the configuration names and
+// the table lacks, a missing privilege. The replication stream stops on it
+// rather than retrying.
+type PermanentError struct{ Err error }
+
+func (e *PermanentError) Error() string     { return e.Err.Error() }
+func (e *PermanentError) Unwrap() error     { return e.Err }
+func (e *PermanentError) Permanent() string { return e.Err.Error() }
+
+// publisher hands rows to a producer as records, keeps at most max in
+// flight, and tells when Kafka acknowledged them all.
+type publisher struct {
+	router *envelope.Router
+	prod   Producer
+	max    int
+	mark   *Marker // nil: publicat_en is not set
+	// source goes into a dead-letter record's outboxd.lsn header: where
+	// the row came from, since no commit LSN is known.
+	source string
+	log    hclog.Logger
+	// deliveryTimeout: no acknowledgement for this long while records
+	// wait means an unreachable broker (kafka.delivery_timeout); 0: none.
+	deliveryTimeout time.Duration
+
+	sc  envelope.Scratch
+	rec outboxd.Record
+
+	mu       sync.Mutex
+	progress Progress
+	ackedAt  time.Time // last acknowledgement, or when records began to wait
+	inFlight int
+	err      error
+	refused  []refusal
+	wake     chan struct{}
+}
+
+// refusal is a record the broker refused for its own content, on a route
+// with a dead-letter topic: a dead-letter record takes its place.
+type refusal struct {
+	b   *envelope.Binding
+	err *outboxd.RefusedError
+}
+
+// limits bound a publication: records in flight, and how long Kafka may
+// stay silent while they wait (0: for ever).
+type limits struct {
+	maxInFlight     int
+	deliveryTimeout time.Duration
+}
+
+func newPublisher(router *envelope.Router, prod Producer, l limits, mark *Marker, source string, log hclog.Logger) *publisher {
+	return &publisher{router: router, prod: prod, max: max(l.maxInFlight, 1), deliveryTimeout: l.deliveryTimeout,
+		mark: mark, source: source, log: log, wake: make(chan struct{}, 1)}
+}
+
+// ticket is the Acker of one record.
+type ticket struct {
+	p *publisher
+	b *envelope.Binding // set for a Refusable record
+}
+
+func (k *ticket) Ack(err error) {
+	p := k.p
+	p.mu.Lock()
+	p.inFlight--
+	var refused *outboxd.RefusedError
+	p.ackedAt = time.Now()
+	switch {
+	case err == nil:
+		p.progress.Acked++
+	case k.b != nil && errors.As(err, &refused):
+		p.refused = append(p.refused, refusal{k.b, refused})
+	case p.err == nil:
+		p.err = err
+	}
+	p.mu.Unlock()
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+// row publishes one row read from a table, once per route that takes it
+// (bs: the table's bindings, in the configuration's order), as the stream
+// does. The records reference the row's memory only until the producer has
+// copied them. A row read from the table has no WAL position: position
+// headers are left out (a consumer deduplicates such a copy by its event
+// id).
+func (p *publisher) row(ctx context.Context, bs []*envelope.Binding, row []envelope.Column) error {
+	p.mu.Lock()
+	p.progress.Read++
+	p.mu.Unlock()
+	for _, b := range bs {
+		if err := p.room(ctx, p.max); err != nil {
+			return err
+		}
+		rec := &p.rec
+		var verdict envelope.Verdict
+		var err error
+		*rec, verdict, err = p.router.Build(b, row, envelope.Position{}, &p.sc)
+		if err == nil && verdict != envelope.Publish {
+			continue // filtered out of this route, or dropped on purpose
+		}
+		dead := false
+		if err != nil {
+			if b.Route == nil || b.Route.DeadLetterTopic == "" {
+				return &PermanentError{fmt.Errorf("%w. A committed row cannot be changed: to move past it, set on_error: dead_letter and a dead_letter_topic on the route of %s (the row then goes to that topic with the reason) and start again", err, b.Name)}
+			}
+			*rec = p.router.DeadLetter(b, row, err, p.source, time.Now())
+			p.log.Warn("row dead-lettered", "table", b.Name, "topic", rec.Topic, "reason", err.Error())
+			dead = true
+		}
+		k := &ticket{p: p}
+		if rec.Refusable {
+			k.b = b
+		}
+		rec.Ack = k
+		if p.mark != nil && !dead {
+			rec.Ack = p.mark.Wrap(b.Name, rec.Header(envelope.HeaderID), k)
+		}
+		p.mu.Lock()
+		if p.inFlight == 0 {
+			p.ackedAt = time.Now()
+		}
+		p.inFlight++
+		p.progress.Records++
+		if dead {
+			p.progress.Dead++
+		}
+		p.mu.Unlock()
+		if err := p.produce(rec); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// produce hands rec over and clears it, so nothing keeps the row's memory.
+func (p *publisher) produce(rec *outboxd.Record) error {
+	err := p.prod.Produce(rec)
+	*rec = outboxd.Record{}
+	if err != nil {
+		p.mu.Lock()
+		if p.err != nil {
+			err = p.err // the delivery failure that fenced the producer
+		}
+		p.mu.Unlock()
+		return err
+	}
+	return nil
+}
+
+// room waits until fewer than limit records are in flight, putting a
+// dead-letter record in the place of each refused one meanwhile.
+func (p *publisher) room(ctx context.Context, limit int) error {
+	for {
+		p.mu.Lock()
+		err, n, refused := p.err, p.inFlight, p.refused
+		p.refused = nil
+		p.mu.Unlock()
+		if err != nil {
+			return err
+		}
+		if len(refused) > 0 {
+			for _, rf := range refused {
+				if err := p.replace(rf); err != nil {
+					return err
+				}
+			}
+			continue
+		}
+		if n < limit {
+			return nil
+		}
+		wait := time.Hour
+		if p.deliveryTimeout > 0 {
+			p.mu.Lock()
+			silent := time.Since(p.ackedAt)
+			p.mu.Unlock()
+			if silent > p.deliveryTimeout {
+				return fmt.Errorf("kafka acknowledged nothing for %s with %d records in flight: broker presumed unreachable", p.deliveryTimeout, n)
+			}
+			wait = p.deliveryTimeout - silent
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-p.wake:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// replace produces the dead-letter record of a refused one.
+func (p *publisher) replace(rf refusal) error {
+	rec := &p.rec
+	*rec = p.router.DeadLetterRefused(rf.b, rf.err, p.source, time.Now())
+	p.log.Warn("record refused by the broker dead-lettered", "table", rf.b.Name, "topic", rec.Topic, "reason", rf.err.Error())
+	rec.Ack = &ticket{p: p}
+	p.mu.Lock()
+	p.inFlight++
+	p.progress.Dead++
+	p.mu.Unlock()
+	return p.produce(rec)
+}
+
+// drain waits until Kafka acknowledged every record handed over.
+func (p *publisher) drain(ctx context.Context) error {
+	if err := p.room(ctx, 1); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	p.progress.Finished = true
+	p.mu.Unlock()
+	return nil
+}
+
+func (p *publisher) state() Progress {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.progress
+}
+
+// selection is the rows of one table to publish: " FROM ... WHERE ..."
+// and its parameters (text).
+type selection struct {
+	t      Table
+	where  string
+	params [][]byte
+}
+
+// publishAll publishes the rows of every selection, each table in creat_en
+// order, inside the transaction open on conn (so that the counts taken
+// before and the rows agree), ends the transaction once everything is read
+// rather than keep its snapshot (holding back vacuum) while Kafka answers,
+// and waits until Kafka acknowledged every record. It returns how many rows
+// of each table it handed over.
+func publishAll(ctx context.Context, conn *pgconn.PgConn, router *envelope.Router, sels []selection, p *publisher) ([]TableCount, error) {
+	counts := make([]TableCount, 0, len(sels))
+	for _, s := range sels {
+		p.mu.Lock()
+		p.progress.Table = s.t.Name()
+		before := p.progress.Read
+		p.mu.Unlock()
+		creat := s.t.Route.Columns.CreatEn
+		err := scan(ctx, conn, router, s.t, "SELECT *"+s.where+" ORDER BY "+catalog.QuoteIdent(creat)+", ctid", s.params,
+			func(bs []*envelope.Binding, row []envelope.Column) error { return p.row(ctx, bs, row) })
+		if err != nil {
+			return counts, missingColumn(fmt.Errorf("%s: %w", s.t.Name(), err), s.t, "creat_en", creat, "")
+		}
+		counts = append(counts, TableCount{Table: s.t.Name(), Topic: s.t.Route.Topic, Rows: p.state().Read - before})
+	}
+	if err := exec(ctx, conn, "COMMIT"); err != nil {
+		return counts, fmt.Errorf("end the transaction: %w", err)
+	}
+	return counts, p.drain(ctx)
+}
+
+// every calls fn every d (def when d is not positive) until stop returns.
+func every(d, def time.Duration, fn func()) (stop func()) {
+	if d <= 0 {
+		d = def
+	}
+	done, finished := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(d)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				fn()
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-finished
+	}
+}
+
+// connect opens a connection whose text output is what envelope.Build
+// parses (envelope.SessionParams).
+func connect(ctx context.Context, cfg *pgconn.Config, app string) (*pgconn.PgConn, error) {
+	pc := cfg.Copy()
+	if pc.RuntimeParams == nil {
+		pc.RuntimeParams = map[string]string{}
+	}
+	for k, v := range envelope.SessionParams {
+		pc.RuntimeParams[k] = v
+	}
+	pc.RuntimeParams["application_name"] = app
+	conn, err := pgconn.ConnectConfig(ctx, pc)
+	if err != nil {
+		return nil, fmt.Errorf("connect to PostgreSQL: %w", err)
+	}
+	return conn, nil
+}
+
+// exec runs statements (simple protocol) and returns the first error.
+func exec(ctx context.Context, conn *pgconn.PgConn, sql string) error {
+	_, err := conn.Exec(ctx, sql).ReadAll()
+	return err
+}
+
+// count runs a SELECT count(*) and returns its value.
+func count(ctx context.Context, conn *pgconn.PgConn, sql string, params [][]byte) (int, error) {
+	res := conn.ExecParams(ctx, sql, params, nil, nil, nil).Read()
+	if res.Err != nil {
+		return 0, res.Err
+	}
+	if len(res.Rows) != 1 || len(res.Rows[0]) != 1 {
+		return 0, errors.New("count: no row")
+	}
+	var n int
+	_, err := fmt.Sscan(string(res.Rows[0][0]), &n)
+	return n, err
+}
+
+// scan runs a SELECT * of t's table, in text format, and hands each row to
+// fn decoded as pgoutput sends it, with the binding a Relation message for
+// the table would give: what Build gets from the stream. A row and its
+// values are valid until fn returns. After an error the connection is in
+// an unknown state: close it.
+func scan(ctx context.Context, conn *pgconn.PgConn, router *envelope.Router, t Table, sql string, params [][]byte,
+	fn func(bs []*envelope.Binding, row []envelope.Column) error) error {
+	rr := conn.ExecParams(ctx, sql, params, nil, nil, nil)
+	fields := rr.FieldDescriptions()
+	rel := &pglogrepl.RelationMessage{Namespace: t.Route.Schema, RelationName: t.Route.Table, ColumnNum: uint16(len(fields))}
+	for _, f := range fields {
+		rel.Columns = append(rel.Columns, &pglogrepl.RelationMessageColumn{Name: f.Name, DataType: f.DataTypeOID})
+	}
+	bs := router.Bind(rel)
+	row := make([]envelope.Column, len(fields))
+	for rr.NextRow() {
+		for i, v := range rr.Values() {
+			if v == nil {
+				row[i] = envelope.Column{Kind: pglogrepl.TupleDataTypeNull}
+			} else {
+				row[i] = envelope.Column{Kind: pglogrepl.TupleDataTypeText, Data: v}
+			}
+		}
+		if err := fn(bs, row); err != nil {
+			return err
+		}
+	}
+	_, err := rr.Close()
+	return err
+}
+
+// textArray is ids as the text form of an SQL array, for a parameter whose
+// type the server infers (uuid[], text[]...).
+func textArray(ids [][]byte) []byte {
+	out := []byte{'{'}
+	for i, id := range ids {
+		if i > 0 {
+			out = append(out, ',')
+		}
+		out = append(out, '"')
+		for _, c := range id {
+			if c == '"' || c == '\\' {
+				out = append(out, '\\')
+			}
+			out = append(out, c)
+		}
+		out = append(out, '"')
+	}
+	return append(out, '}')
+}
+
+// missingColumn turns "column does not exist" into the configuration fix.
+func missingColumn(err error, t Table, key, column string, fix string) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42703" {
+		return &PermanentError{fmt.Errorf("%s has no column %q: set routes[].columns.%s to its name%s (%w)", t.Name(), column, key, fix, err)}
+	}
+	return err
+}
+
+// privilege marks a refused privilege as permanent, with what to grant.
+func privilege(err error, grant string) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+		return &PermanentError{fmt.Errorf("%w: %s", err, grant)}
+	}
+	return err
+}

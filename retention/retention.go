@@ -1,0 +1,290 @@
+// Package retention deletes outbox rows older than an age, in small
+// batches, and never a row whose transaction the slot has not confirmed,
+// that is, never a row Kafka may not have yet.
+//
+// How that is known, in one REPEATABLE READ transaction per batch:
+//
+//  1. SELECT pg_current_wal_insert_lsn(): the first statement fixes the
+//     transaction's snapshot, then reads the WAL insert position L. A
+//     transaction is visible in a snapshot only once its commit record has
+//     been inserted, so every row this transaction can see was committed
+//     before L. (The insert position rather than pg_current_wal_lsn(), the
+//     write position: with synchronous_commit = off a transaction becomes
+//     visible before its commit record is written out.)
+//  2. pg_try_advisory_xact_lock_shared(the cut-over lock), and the cut-over
+//     marker absent: no cut-over is publishing a snapshot, whose rows lie
+//     before the slot's position, and none can start until this
+//     transaction ends (replication/cutover.go).
+//  3. Wait, at most ConfirmTimeout, until the slot's confirmed_flush_lsn
+//     reaches L. outboxd confirms a position only when Kafka acknowledged
+//     every event of every transaction committed before it, so from then on
+//     every row the snapshot sees is in Kafka.
+//  4. DELETE, in that same snapshot, at most BatchSize rows whose creat_en
+//     is older than MaxAge: rows committed after L are invisible to it,
+//     however old their creat_en.
+//
+// If the slot does not reach L in time (Kafka is down, outboxd is stopped or
+// behind), the batch deletes nothing and the job tries again later.
+package retention
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/outboxd/outboxd/catalog"
+)
+
+// Table is an outbox table and its creat_en column.
+type Table struct {
+	Schema, Name, CreatEn string
+}
+
+// Config is the job's configuration; durations and BatchSize are positive.
+type Config struct {
+	Conn           *pgconn.Config
+	Slot           string
+	Tables         []Table
+	MaxAge         time.Duration
+	Interval       time.Duration
+	BatchSize      int
+	ConfirmTimeout time.Duration
+	// Poll is how often the slot is read while a batch waits (default
+	// 100ms).
+	Poll time.Duration
+}
+
+// Job is the retention job of one slot's tables.
+type Job struct {
+	cfg     Config
+	log     hclog.Logger
+	deleted atomic.Uint64
+}
+
+// New prepares the job; Run runs it.
+func New(cfg Config, log hclog.Logger) *Job {
+	if cfg.Poll <= 0 {
+		cfg.Poll = 100 * time.Millisecond
+	}
+	return &Job{cfg: cfg, log: log}
+}
+
+// Deleted is how many rows the job has deleted so far.
+func (j *Job) Deleted() uint64 { return j.deleted.Load() }
+
+// notYet is a batch that deleted nothing on purpose: its rows cannot be
+// known delivered yet. The job logs a reason once, however its detail (the
+// positions) changes from pass to pass.
+type notYet struct{ reason, detail string }
+
+func (e *notYet) Error() string {
+	if e.detail == "" {
+		return e.reason
+	}
+	return e.reason + " (" + e.detail + ")"
+}
+
+// Run deletes old rows every Interval until ctx ends. Failures are logged
+// (once per change) and the next pass tries again.
+func (j *Job) Run(ctx context.Context) {
+	j.log.Info("retention: deleting delivered outbox rows older than max_age", "max_age", j.cfg.MaxAge, "interval", j.cfg.Interval, "batch_size", j.cfg.BatchSize)
+	var conn *pgconn.PgConn
+	defer func() {
+		if conn != nil {
+			_ = conn.Close(context.Background())
+		}
+	}()
+	lastErr := ""
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		var err error
+		if conn == nil || conn.IsClosed() {
+			conn, err = j.connect(ctx)
+		}
+		if err == nil {
+			err = j.pass(ctx, conn)
+		}
+		var ny *notYet
+		waiting := errors.As(err, &ny)
+		key := ""
+		switch {
+		case waiting:
+			key = ny.reason
+		case err != nil:
+			key = err.Error()
+		}
+		switch {
+		case ctx.Err() != nil:
+			return
+		case key == lastErr:
+			if err != nil {
+				j.log.Debug("retention: nothing deleted", "reason", err)
+			}
+		case waiting:
+			j.log.Info("retention: nothing deleted for now", "reason", err)
+		case err != nil:
+			j.log.Warn("retention: pass failed; trying again", "error", err, "in", j.cfg.Interval)
+		}
+		lastErr = key
+		if err != nil && !waiting && conn != nil {
+			_ = conn.Close(context.Background())
+			conn = nil
+		}
+		t.Reset(j.cfg.Interval)
+	}
+}
+
+func (j *Job) connect(ctx context.Context) (*pgconn.PgConn, error) {
+	pc := j.cfg.Conn.Copy()
+	if pc.RuntimeParams == nil {
+		pc.RuntimeParams = map[string]string{}
+	}
+	pc.RuntimeParams["application_name"] = "outboxd-retention"
+	conn, err := pgconn.ConnectConfig(ctx, pc)
+	if err != nil {
+		return nil, fmt.Errorf("connect to PostgreSQL: %w", err)
+	}
+	return conn, nil
+}
+
+// pass deletes batches from each table until one comes back short.
+func (j *Job) pass(ctx context.Context, conn *pgconn.PgConn) error {
+	for _, t := range j.cfg.Tables {
+		total, conflicts := 0, 0
+		for {
+			n, err := j.batch(ctx, conn, t)
+			total += n
+			if hasCode(err, "40001") && conflicts < 5 {
+				// A row of the snapshot changed since (postgres.mark_published
+				// marked it): a new snapshot sees the new version.
+				conflicts++
+				continue
+			}
+			if err != nil {
+				if total > 0 {
+					j.log.Info("retention: deleted old rows", "table", t.Schema+"."+t.Name, "rows", total)
+				}
+				return err
+			}
+			if n < j.cfg.BatchSize {
+				break
+			}
+		}
+		if total > 0 {
+			j.log.Info("retention: deleted old rows", "table", t.Schema+"."+t.Name, "rows", total, "older_than", j.cfg.MaxAge)
+		}
+	}
+	return nil
+}
+
+// batch deletes at most BatchSize old rows of t that the slot has
+// confirmed, in one transaction (see the package comment).
+func (j *Job) batch(ctx context.Context, conn *pgconn.PgConn, t Table) (int, error) {
+	if _, err := conn.Exec(ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ").ReadAll(); err != nil {
+		return 0, err
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			_, _ = conn.Exec(context.Background(), "ROLLBACK").ReadAll()
+		}
+	}()
+	text, err := value(ctx, conn, "SELECT pg_current_wal_insert_lsn()")
+	if err != nil {
+		return 0, err
+	}
+	l, err := pglogrepl.ParseLSN(text)
+	if err != nil {
+		return 0, err
+	}
+	free, err := value(ctx, conn, fmt.Sprintf("SELECT pg_try_advisory_xact_lock_shared(%d)", catalog.CutoverLock(j.cfg.Slot)))
+	if err != nil {
+		return 0, err
+	}
+	if free != "t" {
+		return 0, &notYet{reason: "a cut-over is publishing its snapshot"}
+	}
+	if err := j.waitConfirmed(ctx, conn, l); err != nil {
+		return 0, err
+	}
+	table, creat := catalog.Table{Schema: t.Schema, Name: t.Name}.Quoted(), catalog.QuoteIdent(t.CreatEn)
+	res := conn.ExecParams(ctx, fmt.Sprintf(`DELETE FROM %s WHERE ctid = ANY(ARRAY(
+		SELECT ctid FROM %s WHERE %s < now() - make_interval(secs => $1) ORDER BY %s LIMIT $2))`, table, table, creat, creat),
+		[][]byte{[]byte(strconv.FormatFloat(j.cfg.MaxAge.Seconds(), 'f', -1, 64)), []byte(strconv.Itoa(j.cfg.BatchSize))}, nil, nil, nil).Read()
+	if err := res.Err; err != nil {
+		if hasCode(err, "42501") {
+			return 0, fmt.Errorf("delete from %s: %w: the retention job needs DELETE on the outbox table (GRANT DELETE ON ... TO outboxd)", table, err)
+		}
+		return 0, fmt.Errorf("delete from %s: %w", table, err)
+	}
+	if _, err := conn.Exec(ctx, "COMMIT").ReadAll(); err != nil {
+		return 0, err
+	}
+	committed = true
+	n := int(res.CommandTag.RowsAffected())
+	j.deleted.Add(uint64(n))
+	return n, nil
+}
+
+func hasCode(err error, code string) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == code
+}
+
+// value runs one statement and returns its first column's text.
+func value(ctx context.Context, conn *pgconn.PgConn, sql string) (string, error) {
+	res, err := conn.Exec(ctx, sql).ReadAll()
+	if err != nil {
+		return "", err
+	}
+	if len(res) == 0 || len(res[0].Rows) == 0 {
+		return "", fmt.Errorf("%s: no row", sql)
+	}
+	return string(res[0].Rows[0][0]), nil
+}
+
+// waitConfirmed waits until the slot has confirmed l, at most
+// ConfirmTimeout, with no cut-over in progress.
+func (j *Job) waitConfirmed(ctx context.Context, conn *pgconn.PgConn, l pglogrepl.LSN) error {
+	marker, err := catalog.ReadSlot(ctx, conn, catalog.CutoverMarker(j.cfg.Slot))
+	if err != nil {
+		return fmt.Errorf("read the cut-over marker slot: %w", err)
+	}
+	if marker != nil {
+		return &notYet{reason: "a cut-over did not finish: its snapshot rows may not be in Kafka"}
+	}
+	deadline := time.Now().Add(j.cfg.ConfirmTimeout)
+	for {
+		slot, err := catalog.ReadSlot(ctx, conn, j.cfg.Slot)
+		if err != nil {
+			return fmt.Errorf("read replication slot %q: %w", j.cfg.Slot, err)
+		}
+		switch {
+		case slot == nil:
+			return &notYet{reason: fmt.Sprintf("replication slot %q does not exist: nothing is known to be delivered", j.cfg.Slot)}
+		case slot.ConfirmedFlush >= l:
+			return nil
+		case time.Now().After(deadline):
+			return &notYet{reason: fmt.Sprintf("replication slot %q has not confirmed the transactions of the old rows within %s: Kafka may not have them all (outboxd stopped or behind, or Kafka down)", j.cfg.Slot, j.cfg.ConfirmTimeout),
+				detail: fmt.Sprintf("confirmed %s, needs %s", slot.ConfirmedFlush, l)}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(j.cfg.Poll):
+		}
+	}
+}
