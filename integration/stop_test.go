@@ -21,6 +21,7 @@ func TestFatalStopConfirmsAcknowledgedWork(t *testing.T) {
 	f := newFixture(t, looseSchema, map[string]int{"comandes": 3, "comandes.dlq": 1})
 	ctx := context.Background()
 	cfg := f.config(seedRoute(f.topic("comandes")))
+	cfg.Postgres["snapshot"] = "none" // the loose table has no publicat_en
 	f.start(cfg).term() // creates the slot and the publication
 	start, _ := f.slot()
 
@@ -49,6 +50,7 @@ func TestFatalStopConfirmsAcknowledgedWork(t *testing.T) {
 		}
 	}
 	dl := f.config(dlqRoute(f.topic("comandes"), f.topic("comandes.dlq")))
+	dl.Postgres["snapshot"] = "none"
 	d := f.start(dl)
 	f.waitConfirmed(f.walLSN(), 30*time.Second)
 	d.term()
