@@ -22,7 +22,7 @@ func TestFatalStopConfirmsAcknowledgedWork(t *testing.T) {
 	ctx := context.Background()
 	cfg := f.config(seedRoute(f.topic("comandes")))
 	cfg.Postgres["snapshot"] = "none" // the loose table has no publicat_en
-	f.start(cfg).term() // creates the slot and the publication
+	f.start(cfg).term()               // creates the slot and the publication
 	start, _ := f.slot()
 
 	const good = 200

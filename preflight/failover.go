@@ -124,10 +124,15 @@ func evalFailover(pg config.Postgres, v failoverView) Result {
 	slot := pg.Slot
 	if !v.srv.FailoverSlots() {
 		detail := fmt.Sprintf("PostgreSQL %d has no failover slots: a standby promoted after a failover has no slot %s, outboxd stops there (\"does not exist\"), and the events committed after the slot's last confirmed position, up to its re-creation on the new primary, are not delivered unless reconciled", v.srv.Major(), slot)
+		fix := "after a failover, reconcile (README, Failover) and start outboxd with postgres.create_slot: true; PostgreSQL 17's failover slots remove this window"
+		if pg.Snapshot == config.SnapshotPending {
+			detail += "; with postgres.snapshot: pending the re-created slot's snapshot publishes every row whose publicat_en is NULL, which covers the window where that column exists (duplicates, not loss)"
+			fix = "after a failover, start outboxd with postgres.create_slot: true (its snapshot republishes the pending rows; reconcile tables without publicat_en, README, Failover); PostgreSQL 17's failover slots remove this window"
+		}
 		if s := standbyNames(v); s != "" {
 			detail += "; standbys: " + s
 		}
-		return warn(name, detail, "after a failover, reconcile (README, Failover) and start outboxd with postgres.create_slot: true; PostgreSQL 17's failover slots remove this window")
+		return warn(name, detail, fix)
 	}
 	if v.srv.InRecovery {
 		return warn(name, "the DSN leads to a standby (in recovery): only a primary's slot can be a failover slot",

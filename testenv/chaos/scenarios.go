@@ -91,6 +91,7 @@ type kafkaSide struct {
 func Scenarios() []Scenario {
 	return []Scenario{
 		{"1", "kill -9 under load", true, killScenario},
+		{"1b", "kill -9 half-way through a full-speed drain", false, drainKillScenario},
 		{"2", "broker killed, down >=30 s", false, brokerScenario},
 		{"3", "PostgreSQL restarted fast/immediate", true, pgRestartScenario},
 		{"4a", "PG connection cut", true, netScenario("pg", "cut")},

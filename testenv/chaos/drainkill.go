@@ -1,0 +1,67 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/outboxd/outboxd/testenv"
+)
+
+// 1b: kill -9 in the middle of a full-speed drain. A backlog of 10-row
+// transactions is written while outboxd is stopped; outboxd drains it as
+// fast as it can and is killed half-way; its restart produces again what
+// Kafka acknowledged after the last standby status: the duplicates a crash
+// costs at full speed, which the status cadence (every status_interval, and
+// every 1,000 acknowledgements) bounds.
+func drainKillScenario(ctx context.Context, h *Harness, res *Result) error {
+	rows, kills := 200000, 3
+	if h.Short {
+		rows, kills = 40000, 1
+	}
+	f, err := h.setup(ctx, "drainkill", res)
+	if err != nil {
+		return err
+	}
+	defer f.daemon.Close()
+	var txns []testenv.Txn
+	for k := 0; k < kills; k++ {
+		// The backlog, written with outboxd stopped.
+		load := &Load{DSN: f.dsn, Writers: 4, Aggregates: 300, Total: rows, TxnRows: 10, Prefix: fmt.Sprintf("D%d-", k)}
+		if err := load.Run(ctx); err != nil {
+			return fmt.Errorf("backlog %d: %w", k+1, err)
+		}
+		txns = append(txns, load.Txns()...)
+		base := f.ver.Distinct()
+		if err := f.startDaemon(ctx); err != nil {
+			return err
+		}
+		// Half-way through the drain.
+		for f.ver.Distinct() < base+int64(rows/2) {
+			if err := sleepCtx(ctx, time.Millisecond); err != nil {
+				return err
+			}
+		}
+		killedAt := time.Now()
+		f.daemon.Kill()
+		res.Runs++
+		dups := f.ver.Dups()
+		if err := f.startDaemon(ctx); err != nil {
+			return err
+		}
+		at, err := f.ver.WaitSeen(ctx, ids(load.Txns()), 3*time.Minute)
+		if err != nil {
+			return fmt.Errorf("kill %d: %w", k+1, err)
+		}
+		f.res.recovery(at.Sub(killedAt))
+		// The replay from the slot delivers its duplicates before the rows
+		// that were never acknowledged: every one of them is in by now.
+		f.res.note("kill %d at %d of %d rows delivered: %d duplicates", k+1, int64(rows/2), rows, f.ver.Dups()-dups)
+		if k < kills-1 {
+			if err := f.daemon.Term(40 * time.Second); err != nil {
+				return fmt.Errorf("stop before backlog %d: %w", k+2, err)
+			}
+		}
+	}
+	return f.check(ctx, txns, true)
+}
