@@ -46,7 +46,7 @@ type Replayer struct {
 	Every time.Duration
 }
 
-// Replay publishes the rows through prod, each table in creat_en order (so
+// Replay publishes the rows through prod, each table in commit order (rowOrder; so
 // each aggregate's events go in their order), and returns once Kafka
 // acknowledged every one. progress, when set, is told how far it has got
 // every Every and at the end.

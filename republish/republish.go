@@ -298,24 +298,33 @@ type selection struct {
 	params [][]byte
 }
 
-// publishAll publishes the rows of every selection, each table in creat_en
-// order, inside the transaction open on conn (so that the counts taken
-// before and the rows agree), ends the transaction once everything is read
-// rather than keep its snapshot (holding back vacuum) while Kafka answers,
-// and waits until Kafka acknowledged every record. It returns how many rows
-// of each table it handed over.
+// publishAll publishes the rows of every selection, each table in commit
+// order as far as the server can tell (rowOrder), inside the transaction
+// open on conn (so that the counts taken before and the rows agree), ends
+// the transaction once everything is read rather than keep its snapshot
+// (holding back vacuum) while Kafka answers, and waits until Kafka
+// acknowledged every record. It returns how many rows of each table it
+// handed over.
 func publishAll(ctx context.Context, conn *pgconn.PgConn, router *envelope.Router, sels []selection, p *publisher) ([]TableCount, error) {
+	byCommit, err := commitTimestamps(ctx, conn)
+	if err != nil {
+		return nil, err
+	}
+	if byCommit {
+		p.log.Info("rows in commit order: track_commit_timestamp is on", "source", p.source)
+	} else {
+		p.log.Info("rows in creat_en order (the relay's): track_commit_timestamp is off, so the commit order of concurrent transactions of one aggregate is not known (README, Ordering)", "source", p.source)
+	}
 	counts := make([]TableCount, 0, len(sels))
 	for _, s := range sels {
 		p.mu.Lock()
 		p.progress.Table = s.t.Name()
 		before := p.progress.Read
 		p.mu.Unlock()
-		creat := s.t.Route.Columns.CreatEn
-		err := scan(ctx, conn, router, s.t, "SELECT *"+s.where+" ORDER BY "+catalog.QuoteIdent(creat)+", ctid", s.params,
+		err := scan(ctx, conn, router, s.t, "SELECT *"+s.where+" ORDER BY "+rowOrder(s.t, byCommit), s.params,
 			func(bs []*envelope.Binding, row []envelope.Column) error { return p.row(ctx, bs, row) })
 		if err != nil {
-			return counts, missingColumn(fmt.Errorf("%s: %w", s.t.Name(), err), s.t, "creat_en", creat, "")
+			return counts, missingColumn(fmt.Errorf("%s: %w", s.t.Name(), err), s.t, "creat_en", s.t.Route.Columns.CreatEn, "")
 		}
 		counts = append(counts, TableCount{Table: s.t.Name(), Topic: s.t.Route.Topic, Rows: p.state().Read - before})
 	}
@@ -366,6 +375,34 @@ func connect(ctx context.Context, cfg *pgconn.Config, app string) (*pgconn.PgCon
 		return nil, fmt.Errorf("connect to PostgreSQL: %w", err)
 	}
 	return conn, nil
+}
+
+// commitTimestamps says whether the server records commit timestamps
+// (track_commit_timestamp).
+func commitTimestamps(ctx context.Context, conn *pgconn.PgConn) (bool, error) {
+	res := conn.ExecParams(ctx, "SELECT current_setting('track_commit_timestamp')", nil, nil, nil, nil).Read()
+	if res.Err != nil {
+		return false, fmt.Errorf("read track_commit_timestamp: %w", res.Err)
+	}
+	return len(res.Rows) == 1 && string(res.Rows[0][0]) == "on", nil
+}
+
+// rowOrder is the ORDER BY that publishes t's rows in their commit order
+// as nearly as the server can tell. creat_en (the relay's order) is the
+// insert's transaction start (DEFAULT now()): of two transactions that
+// lock the same aggregate, the one that started first may commit second,
+// and its row then goes first. With track_commit_timestamp on, the
+// commit time of the row's inserting transaction orders them as they
+// committed (the second took the aggregate's lock after the first had
+// committed, so its commit time is later); rows older than the setting
+// have none and go first, by creat_en. ctid breaks ties of one
+// transaction's rows in their insertion order.
+func rowOrder(t Table, byCommit bool) string {
+	creat := catalog.QuoteIdent(t.Route.Columns.CreatEn) + ", ctid"
+	if byCommit {
+		return "pg_xact_commit_timestamp(xmin) NULLS FIRST, " + creat
+	}
+	return creat
 }
 
 // exec runs statements (simple protocol) and returns the first error.

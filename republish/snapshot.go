@@ -13,7 +13,7 @@ import (
 )
 
 // Snapshotter publishes, when outboxd creates its slot, the rows the slot's
-// exported snapshot sees as pending: publicat_en NULL, in creat_en order,
+// exported snapshot sees as pending: publicat_en NULL, in commit order (rowOrder),
 // through the stream's own producer and envelope, before the stream starts
 // from the slot's consistent point. Those rows were committed before that
 // point, so the slot is already past them: nothing but this publication

@@ -56,6 +56,11 @@ type Options struct {
 	KafkaNodes int
 	Brokers    map[int]BrokerOptions
 
+	// CommitTimestamps sets PostgreSQL's track_commit_timestamp = on
+	// (pg.sh PG_COMMIT_TS=on): the cut-over snapshot and replay then
+	// publish in commit order.
+	CommitTimestamps bool
+
 	// PostgresTLS starts PostgreSQL with ssl = on and a hostssl-only
 	// pg_hba.conf (pg.sh PG_SSL=on): PGDSN then says sslmode=verify-full.
 	PostgresTLS bool
@@ -167,14 +172,17 @@ func (o Options) environ() ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	ssl := "off"
-	if o.PostgresTLS {
-		ssl = "on"
+	onOff := func(b bool) string {
+		if b {
+			return "on"
+		}
+		return "off"
 	}
 	return append(cluster,
 		"PG_VERSION="+pgVersion,
 		"PG_WAL_LEVEL="+wal,
-		"PG_SSL="+ssl,
+		"PG_SSL="+onOff(o.PostgresTLS),
+		"PG_COMMIT_TS="+onOff(o.CommitTimestamps),
 		"KAFKA_AUTO_CREATE="+strconv.FormatBool(!o.NoAutoCreateTopics),
 		"KAFKA_LISTENERS="+ls,
 	), nil

@@ -19,6 +19,8 @@
 # role needs a SCRAM password. wal_level=logical, fsync=off.
 # PG_WAL_LEVEL (default logical) sets wal_level when the cluster is created,
 # e.g. PG_WAL_LEVEL=replica for a test of outboxd's preflight check.
+# PG_COMMIT_TS=on (read when the cluster is created) sets
+# track_commit_timestamp = on (a standby inherits it from its primary).
 # PG_SSL=on (read when the cluster is created) turns ssl on with the server
 # certificate of DIR/pki (pki.sh: a throwaway CA of this DIR, 127.0.0.1 and
 # localhost) and makes pg_hba.conf hostssl-only: postgres trusted over TLS,
@@ -80,6 +82,10 @@ esac
 case "${PG_SSL:-off}" in
   on | off) ;;
   *) die "PG_SSL must be on or off, not ${PG_SSL}" ;;
+esac
+case "${PG_COMMIT_TS:-off}" in
+  on | off) ;;
+  *) die "PG_COMMIT_TS must be on or off, not ${PG_COMMIT_TS}" ;;
 esac
 
 # as_pg CMD...: run CMD as the postgres OS user when we are root.
@@ -148,6 +154,7 @@ fsync = off
 password_encryption = 'scram-sha-256'
 logging_collector = off
 log_min_messages = warning
+track_commit_timestamp = ${PG_COMMIT_TS:-off}
 EOF
   if [[ "${PG_SSL:-off}" == on ]]; then
     cat >>"$CONF" <<EOF
@@ -405,6 +412,9 @@ cmd_standby() {
     slot="outboxd_standby_$port"
     psql_at "$pport" "SELECT pg_create_physical_replication_slot('$slot', true) WHERE NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = '$slot')" >/dev/null
     base_backup "$ppgd" "$pport" "$slot"
+    # The primary's commit timestamps: kept on the standby, and after its
+    # promotion.
+    if grep -q '^track_commit_timestamp = on' "$ppgd/outboxd.conf"; then PG_COMMIT_TS=on; fi
     write_conf "$port"
     include_ha "$PGD"
     {
