@@ -226,8 +226,9 @@ func (s *stream) handleMessage(wal []byte) error {
 			return errors.New("pgoutput: Commit outside a transaction")
 		}
 		if s.txn.Pending() {
-			// Its records go out now, not after the linger: batching
-			// happens while a request is in flight, not before.
+			// With no request in flight its records go out now, not
+			// after the linger; while one is, they batch up
+			// (sink.Producer.Flush).
 			s.prod.Flush()
 		}
 		s.tracker.Commit(s.txn, m.TransactionEndLSN)

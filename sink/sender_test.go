@@ -402,12 +402,14 @@ func closeWithin(t *testing.T, p *Producer, d time.Duration) {
 }
 
 // TestFlushSendsAtOnceAndBatchesWhileInFlight: records wait for the linger
-// (here an hour) until Flush; then they go out at once when no request is in
-// flight, and records flushed while one is in flight go together in the
-// next request: batching happens only while the broker is busy.
+// until Flush; then they go out at once when no request is in flight, and
+// records flushed while one is in flight wait for the linger and go
+// together in one request: a flush never makes the rounds of a busy stream
+// smaller.
 func TestFlushSendsAtOnceAndBatchesWhileInFlight(t *testing.T) {
 	b := &fakeBroker{partitions: 1, block: make(chan struct{})}
-	p := testProducer(t, b, Config{Linger: time.Hour})
+	const linger = 300 * time.Millisecond
+	p := testProducer(t, b, Config{Linger: linger})
 	r := newAckRecorder(4)
 	produceOne(t, p, rec(r, "K", "a"))
 	time.Sleep(100 * time.Millisecond)
@@ -420,11 +422,65 @@ func TestFlushSendsAtOnceAndBatchesWhileInFlight(t *testing.T) {
 		produceOne(t, p, rec(r, "K", v))
 		p.Flush()
 	}
+	answered := time.Now()
 	b.block <- struct{}{} // the first request answers
 	close(b.block)        // and the next one whenever it comes
+	b.waitArrived(t, 2)
+	if waited := time.Since(answered); waited < linger/2 {
+		t.Fatalf("records flushed while a request was in flight went %v after it: not batched under the linger", waited)
+	}
 	r.wait(t)
 	got := b.values()
 	if len(got) != 2 || strings.Join(got[0], ",") != "a" || strings.Join(got[1], ",") != "b,c,d" {
 		t.Fatalf("requests %v, want [a] then [b c d]", got)
+	}
+	// Idle again: a flush sends at once.
+	r2 := newAckRecorder(1)
+	produceOne(t, p, rec(r2, "K", "e"))
+	flushed := time.Now()
+	p.Flush()
+	b.waitArrived(t, 3)
+	if waited := time.Since(flushed); waited > linger/2 {
+		t.Fatalf("an idle producer's flush waited %v", waited)
+	}
+	r2.wait(t)
+}
+
+// TestFlushPacesRoundsByTheirDuration: right after a round, a flush waits
+// as long as that round took (here the broker held it 80 ms), not the
+// linger (an hour) and not zero, so that commits arriving back to back do
+// not each cost the broker a request; after an idle spell it goes at once.
+func TestFlushPacesRoundsByTheirDuration(t *testing.T) {
+	b := &fakeBroker{partitions: 1, block: make(chan struct{})}
+	p := testProducer(t, b, Config{Linger: time.Hour})
+	ra, r := newAckRecorder(1), newAckRecorder(2)
+	produceOne(t, p, rec(ra, "K", "a"))
+	p.Flush()
+	b.waitArrived(t, 1)
+	time.Sleep(80 * time.Millisecond)
+	b.block <- struct{}{} // the round took >= 80 ms
+	released := time.Now()
+	ra.wait(t)
+	time.Sleep(10 * time.Millisecond) // the sender is idle again (a flush in flight is not one)
+	produceOne(t, p, rec(r, "K", "b"))
+	p.Flush()
+	b.waitArrived(t, 2)
+	if waited := time.Since(released); waited < 60*time.Millisecond {
+		t.Fatalf("the flushed round went %v after the previous one: not paced", waited)
+	}
+	b.block <- struct{}{}
+	// Idle for longer than the last round took: the next flush goes at once.
+	time.Sleep(200 * time.Millisecond)
+	produceOne(t, p, rec(r, "K", "c"))
+	flushed := time.Now()
+	p.Flush()
+	b.waitArrived(t, 3)
+	if waited := time.Since(flushed); waited > 50*time.Millisecond {
+		t.Fatalf("after an idle spell the flushed round waited %v", waited)
+	}
+	close(b.block)
+	r.wait(t)
+	if got := b.values(); len(got) != 3 {
+		t.Fatalf("requests %v, want [a] [b] [c]", got)
 	}
 }

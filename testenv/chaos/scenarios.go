@@ -92,7 +92,8 @@ func Scenarios() []Scenario {
 	return []Scenario{
 		{"1", "kill -9 under load", true, killScenario},
 		{"1b", "kill -9 half-way through a full-speed drain", false, drainKillScenario},
-		{"2", "broker killed, down >=30 s", false, brokerScenario},
+		{"2", "broker killed, down >=30 s", false, brokerScenario(35 * time.Second)},
+		{"2b", "broker killed, down 3 min under load", false, brokerScenario(3 * time.Minute)},
 		{"3", "PostgreSQL restarted fast/immediate", true, pgRestartScenario},
 		{"4a", "PG connection cut", true, netScenario("pg", "cut")},
 		{"4b", "Kafka connections cut", true, netScenario("kafka", "cut")},
@@ -100,7 +101,8 @@ func Scenarios() []Scenario {
 		{"4d", "Kafka blackholed", false, netScenario("kafka", "blackhole")},
 		{"4e", "PG slowed 200 ms", false, netScenario("pg", "slow")},
 		{"4f", "Kafka slowed 200 ms", false, netScenario("kafka", "slow")},
-		{"5", "one txn of 500,000 rows", false, bigTxnScenario},
+		{"5", "one txn of 1,000,000 rows", false, bigTxnScenario(1000000, 0)},
+		{"5b", "one txn of 200 MB of carrega", false, bigTxnScenario(100000, 2000)},
 		{"6", "SIGTERM under load, restart", true, termScenario},
 		{"7", "slot dropped by an operator", true, slotDropScenario},
 		{"8a", "cluster: leader of the busiest partitions kill -9", true, leaderKillScenario},
@@ -400,8 +402,14 @@ func killScenario(ctx context.Context, h *Harness, res *Result) error {
 }
 
 // 2: the broker is killed under load and restarted after >= 30 s.
-func brokerScenario(ctx context.Context, h *Harness, res *Result) error {
-	down := 35 * time.Second
+func brokerScenario(down time.Duration) func(ctx context.Context, h *Harness, res *Result) error {
+	return func(ctx context.Context, h *Harness, res *Result) error { return brokerDown(ctx, h, res, down) }
+}
+
+// brokerDown: the broker killed for down while writers go on (300 rows/s);
+// outboxd holds the slot, its reading paused at the in-flight bounds, its
+// memory flat, and delivers everything once the broker is back.
+func brokerDown(ctx context.Context, h *Harness, res *Result, down time.Duration) error {
 	f, err := h.setup(ctx, "broker", res)
 	if err != nil {
 		return err
@@ -409,7 +417,7 @@ func brokerScenario(ctx context.Context, h *Harness, res *Result) error {
 	if err := f.startDaemon(ctx); err != nil {
 		return err
 	}
-	f.startLoad(ctx, 30000, 300)
+	f.startLoad(ctx, int(300*(down+30*time.Second).Seconds()), 300)
 	if err := sleepCtx(ctx, 8*time.Second); err != nil {
 		return err
 	}
@@ -586,10 +594,17 @@ func netScenario(peer, mode string) func(ctx context.Context, h *Harness, res *R
 }
 
 // 5: one transaction of 500,000 outbox rows.
-func bigTxnScenario(ctx context.Context, h *Harness, res *Result) error {
-	n := 500000
+// bigTxnScenario: one transaction of rows outbox rows, each carrega
+// padded by pad bytes (0: ~100 bytes): delivered whole, outboxd's memory
+// bounded by its in-flight limits whatever the transaction's size, the slot
+// confirmed past it only once Kafka has every record.
+func bigTxnScenario(rows, pad int) func(ctx context.Context, h *Harness, res *Result) error {
+	return func(ctx context.Context, h *Harness, res *Result) error { return bigTxn(ctx, h, res, rows, pad) }
+}
+
+func bigTxn(ctx context.Context, h *Harness, res *Result, n, pad int) error {
 	if h.Short {
-		n = 50000
+		n = min(n, 50000)
 	}
 	f, err := h.setup(ctx, "bigtxn", res)
 	if err != nil {
@@ -614,8 +629,9 @@ func bigTxnScenario(ctx context.Context, h *Harness, res *Result) error {
 		INSERT INTO outbox (id, agregat, agregat_id, tipus, versio, carrega)
 		SELECT gen_random_uuid(), 'comanda', k, 'comanda.t' || (i % 5), 1,
 		       jsonb_build_object('id', k, 'seq', seq, 'linies', jsonb_build_array(jsonb_build_object('producte', 'formatge-curat', 'quantitat', 1 + i % 9, 'preu_centims', 1450)))
+		         || CASE WHEN $2 > 0 THEN jsonb_build_object('nota', repeat(md5(i::text), $2 / 32 + 1)) ELSE '{}' END
 		FROM s ORDER BY i
-		RETURNING id::text`, n)
+		RETURNING id::text`, n, pad)
 	if err != nil {
 		return err
 	}
@@ -668,8 +684,8 @@ func bigTxnScenario(ctx context.Context, h *Harness, res *Result) error {
 	if !f.daemon.Running() {
 		restarts++
 	}
-	res.note("%d rows delivered %.1f s after COMMIT (%.0f rows/s); max in_flight.events %d; outboxd running throughout: %v",
-		n, at.Sub(committedAt).Seconds(), float64(n)/at.Sub(committedAt).Seconds(), maxInFlight, f.daemon.Running())
+	res.note("%d rows (carrega padded by %d bytes) delivered %.1f s after COMMIT (%.0f rows/s); max in_flight.events %d; outboxd running throughout: %v",
+		n, pad, at.Sub(committedAt).Seconds(), float64(n)/at.Sub(committedAt).Seconds(), maxInFlight, f.daemon.Running())
 	if restarts > 0 {
 		return fmt.Errorf("outboxd exited during the big transaction; see %s", f.daemon.LogPath())
 	}
