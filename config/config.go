@@ -248,11 +248,33 @@ const (
 
 // Pipeline bounds the work in flight and paces retries and shutdown.
 type Pipeline struct {
-	MaxInFlightEvents int           `yaml:"max_in_flight_events"`
-	MaxInFlightBytes  int64         `yaml:"max_in_flight_bytes"`
-	ShutdownTimeout   time.Duration `yaml:"shutdown_timeout"`
-	BackoffMin        time.Duration `yaml:"backoff_min"`
-	BackoffMax        time.Duration `yaml:"backoff_max"`
+	MaxInFlightEvents int   `yaml:"max_in_flight_events"`
+	MaxInFlightBytes  int64 `yaml:"max_in_flight_bytes"`
+	// MemoryLimit is the Go runtime's soft memory limit, in bytes: 0 (the
+	// default) derives it from MaxInFlightBytes (MemoryLimit method), a
+	// negative value sets none. The GOMEMLIMIT environment variable, when
+	// set, wins.
+	MemoryLimit     int64         `yaml:"memory_limit"`
+	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
+	BackoffMin      time.Duration `yaml:"backoff_min"`
+	BackoffMax      time.Duration `yaml:"backoff_max"`
+}
+
+// SoftMemoryLimit is the soft memory limit outboxd sets on the Go runtime:
+// MemoryLimit when positive, none when negative, and by default 6 ×
+// max_in_flight_bytes (24 MiB with the defaults): the records in flight
+// live once in the batch buffers, and the rest of outboxd takes a few MiB,
+// so the garbage collector works harder only as the heap nears that,
+// instead of letting it grow to twice what is live (docs/PERFORMANCE.md,
+// issue 15).
+func (p Pipeline) SoftMemoryLimit() (int64, bool) {
+	switch {
+	case p.MemoryLimit > 0:
+		return p.MemoryLimit, true
+	case p.MemoryLimit < 0:
+		return 0, false
+	}
+	return 6 * p.MaxInFlightBytes, true
 }
 
 // Retention is the optional job that deletes outbox rows older than MaxAge
@@ -313,7 +335,7 @@ func Default() Config {
 		},
 		Pipeline: Pipeline{
 			MaxInFlightEvents: 5000,
-			MaxInFlightBytes:  8 << 20,
+			MaxInFlightBytes:  4 << 20,
 			ShutdownTimeout:   30 * time.Second,
 			BackoffMin:        500 * time.Millisecond,
 			BackoffMax:        30 * time.Second,

@@ -86,7 +86,7 @@ func TestDefault(t *testing.T) {
 		},
 		Pipeline: config.Pipeline{
 			MaxInFlightEvents: 5000,
-			MaxInFlightBytes:  8388608,
+			MaxInFlightBytes:  4194304,
 			ShutdownTimeout:   30 * time.Second,
 			BackoffMin:        500 * time.Millisecond,
 			BackoffMax:        30 * time.Second,
@@ -321,6 +321,25 @@ func assertErr(t *testing.T, err error, want ...string) {
 	for _, w := range want {
 		if !strings.Contains(err.Error(), w) {
 			t.Errorf("error does not contain %q; got:\n%v", w, err)
+		}
+	}
+}
+
+// TestSoftMemoryLimit: by default 6 × max_in_flight_bytes; an explicit
+// pipeline.memory_limit wins; a negative one sets none.
+func TestSoftMemoryLimit(t *testing.T) {
+	for _, c := range []struct {
+		p     config.Pipeline
+		limit int64
+		ok    bool
+	}{
+		{config.Default().Pipeline, 24 << 20, true},
+		{config.Pipeline{MaxInFlightBytes: 16 << 20}, 96 << 20, true},
+		{config.Pipeline{MaxInFlightBytes: 4 << 20, MemoryLimit: 64 << 20}, 64 << 20, true},
+		{config.Pipeline{MaxInFlightBytes: 4 << 20, MemoryLimit: -1}, 0, false},
+	} {
+		if limit, ok := c.p.SoftMemoryLimit(); limit != c.limit || ok != c.ok {
+			t.Errorf("%+v: got %d %v, want %d %v", c.p, limit, ok, c.limit, c.ok)
 		}
 	}
 }

@@ -51,7 +51,7 @@ type stream struct {
 // postgres.status_interval: at a full drain (100,000+ events/s) the interval
 // alone would leave ~10,000 acknowledged events unconfirmed, all produced
 // again after a kill -9.
-const statusEvery = 1000
+const statusEvery = 500
 
 // farAhead reports whether enough was acknowledged since the last status to
 // send one now.

@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"time"
@@ -31,6 +33,9 @@ func run(ctx context.Context, path string, proc *process) error {
 		Output:     proc.stderr,
 	})
 	proc.useLogger(log)
+	if limit, ok := cfg.Pipeline.SoftMemoryLimit(); ok && os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(limit)
+	}
 	conn, err := cfg.Postgres.ConnConfig()
 	if err != nil {
 		return usageError{err}
