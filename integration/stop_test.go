@@ -108,7 +108,9 @@ func TestCleanStopKeepsTheConnectionAlive(t *testing.T) {
 		}
 	}
 	end := f.walLSN()
-	eventually(t, 20*time.Second, "records in flight", func() bool { return d.status().InFlight.Events > 0 })
+	// Every one of them read (a clean stop finishes the open transaction,
+	// it does not read further ones): 10 transactions of 3 rows in flight.
+	eventually(t, 20*time.Second, "all 30 records in flight", func() bool { return d.status().InFlight.Events >= 30 })
 	if err := d.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
