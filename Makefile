@@ -71,6 +71,17 @@ bench:
 	$(GO) run ./tools/bench -rows $${ROWS:-500000} -repeats $${REPEATS:-3} -duration $${DURATION:-5s} \
 		-rates $${RATES:-500,2000,10000} -out $${OUT:-bench-out} $(BENCH_ARGS)
 
+# How cost grows with the work (issue 15, docs/PERFORMANCE.md): drain rate
+# and CPU per event against carrega size (200 B to 200 KB), topic partitions
+# (1, 6, 60), routes (1 or 4 tables) and pgoutput's binary option, and
+# latency against offered rate up to saturation, each beside pg_recvlogical
+# on the same backlog; tables and SVG plots in bench-out/. About 20 minutes
+# with the defaults. Sizes in BENCH_ARGS: -cost-sweeps size,rate
+# -cost-sizes 200,20000 -cost-rows 100000 -cost-mb 100 -cost-rates ...
+.PHONY: bench-cost
+bench-cost:
+	$(GO) run ./tools/bench -cost -repeats $${REPEATS:-3} -duration $${DURATION:-5s} -out $${OUT:-bench-out} $(BENCH_ARGS)
+
 # Fault-injection scenarios (issue 4): kill -9, broker and PostgreSQL
 # outages, network cuts and blackholes, a 500,000-row transaction, SIGTERM,
 # a dropped slot; and on a three-broker cluster (issue 12) a leader killed,

@@ -49,16 +49,7 @@ func createTopic(ctx context.Context, brokers, topic string, partitions, rf int,
 		return errors.New("testenv: no brokers")
 	}
 	create := func() error {
-		conn, err := kafka.DialContext(ctx, "tcp", bs[0])
-		if err != nil {
-			return err
-		}
-		defer conn.Close()
-		ctrl, err := conn.Controller()
-		if err != nil {
-			return err
-		}
-		cc, err := kafka.DialContext(ctx, "tcp", net.JoinHostPort(ctrl.Host, fmt.Sprint(ctrl.Port)))
+		cc, err := dialController(ctx, bs)
 		if err != nil {
 			return err
 		}
@@ -91,6 +82,41 @@ func createTopic(ctx context.Context, brokers, topic string, partitions, rf int,
 			return fmt.Errorf("testenv: topic %q not ready: %w (last: %d partitions, err %v)", topic, ctx.Err(), len(ps), err)
 		}
 	}
+}
+
+// dialController connects to the cluster's controller, found through the
+// first broker.
+func dialController(ctx context.Context, brokers []string) (*kafka.Conn, error) {
+	conn, err := kafka.DialContext(ctx, "tcp", brokers[0])
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	ctrl, err := conn.Controller()
+	if err != nil {
+		return nil, err
+	}
+	return kafka.DialContext(ctx, "tcp", net.JoinHostPort(ctrl.Host, fmt.Sprint(ctrl.Port)))
+}
+
+// DeleteTopics deletes topics; one that does not exist is no error.
+func DeleteTopics(ctx context.Context, brokers string, topics ...string) error {
+	bs := splitBrokers(brokers)
+	if len(bs) == 0 {
+		return errors.New("testenv: no brokers")
+	}
+	cc, err := dialController(ctx, bs)
+	if err != nil {
+		return fmt.Errorf("testenv: delete topics: %w", err)
+	}
+	defer cc.Close()
+	_ = cc.SetDeadline(time.Now().Add(30 * time.Second))
+	for _, t := range topics {
+		if err := cc.DeleteTopics(t); err != nil && !errors.Is(err, kafka.UnknownTopicOrPartition) {
+			return fmt.Errorf("testenv: delete topic %q: %w", t, err)
+		}
+	}
+	return nil
 }
 
 func allLed(ps []kafka.Partition, rf int) bool {

@@ -39,27 +39,64 @@ type drainResult struct {
 func (d drainResult) rate(rows int) float64 { return float64(rows) / d.seconds }
 
 type drainRun struct {
-	rows    int
+	bl      backlog
 	walMB   float64
-	results map[string]drainResult
+	carrega float64                // measured: mean bytes of a row's carrega as text
+	results map[string]drainResult // by reader name
+}
+
+// backlog is what one drain reads.
+type backlog struct {
+	rows       int
+	carrega    int // bytes of carrega per row (about): 0 is the ~200-byte order
+	partitions int // of every topic
+	tables     int // outbox tables in the publication, each its own route and topic; transactions rotate over them
+}
+
+// reader is one system reading a backlog, with pgoutput's binary option
+// (pg_recvlogical -o binary=true, outboxd's postgres.binary) or not.
+type reader struct {
+	sys    string
+	binary bool
+}
+
+func (r reader) name() string {
+	if r.binary {
+		return r.sys + " binary"
+	}
+	return r.sys
+}
+
+// slot is the reader's slot on the backlog's database.
+func (r reader) slot(db string) string {
+	s := map[string]string{sysRecv: "_recv", sysOutboxd: "_outboxd"}[r.sys]
+	if r.binary {
+		s += "_bin"
+	}
+	return db + s
 }
 
 const backlogTxn = 100
 
-// drain writes one backlog and has pg_recvlogical, outboxd and the relay read it.
-// drain writes one backlog of rows and has the systems read it; label names
-// the run in the log. With profile, perf records outboxd.
-func (b *bench) drain(ctx context.Context, label string, rep, rows int, systems []string, profile bool) (drainRun, error) {
+// drain writes one backlog and has the readers read it, one after the
+// other; label names the run in the log. With profile, perf records
+// outboxd.
+func (b *bench) drain(ctx context.Context, label string, rep int, bl backlog, readers []reader, profile bool) (drainRun, error) {
 	name := fmt.Sprintf("bench_drain_%d", rep) + b.runTag
-	dsn, db, err := b.setupDB(ctx, name)
+	dsn, db, err := b.setupDB(ctx, name, bl)
 	if err != nil {
 		return drainRun{}, err
 	}
 	defer b.dropDB(ctx, name)
 	defer db.Close(ctx)
-	slotD, slotR := name+"_outboxd", name+"_recv"
-	for _, s := range []string{slotD, slotR} {
-		if _, err := db.Exec(ctx, "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", s); err != nil {
+	defer b.deleteTopics(name, bl)
+	var slotReaders []reader
+	for _, r := range readers {
+		if r.sys == sysRelay {
+			continue
+		}
+		slotReaders = append(slotReaders, r)
+		if _, err := db.Exec(ctx, "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", r.slot(name)); err != nil {
 			return drainRun{}, err
 		}
 	}
@@ -67,53 +104,58 @@ func (b *bench) drain(ctx context.Context, label string, rep, rows int, systems 
 	if err := db.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&startLSN); err != nil {
 		return drainRun{}, err
 	}
-	logf(b.log, "drain %s: writing %d rows in transactions of %d", label, rows, backlogTxn)
-	endLSN, err := writeBacklog(ctx, dsn, rows)
+	logf(b.log, "drain %s: writing %d rows (carrega %s) in transactions of %d", label, bl.rows, sizeLabel(bl.carrega), backlogTxn)
+	endLSN, err := writeBacklog(ctx, dsn, bl)
 	if err != nil {
 		return drainRun{}, err
 	}
 	var walBytes float64
 	_ = db.QueryRow(ctx, "SELECT $1::pg_lsn - $2::pg_lsn", endLSN, startLSN).Scan(&walBytes)
-	run := drainRun{rows: rows, walMB: walBytes / (1 << 20), results: map[string]drainResult{}}
+	run := drainRun{bl: bl, walMB: walBytes / (1 << 20), results: map[string]drainResult{}}
+	_ = db.QueryRow(ctx, "SELECT avg(octet_length(carrega::text)) FROM (SELECT carrega FROM outbox LIMIT 1000) s").Scan(&run.carrega)
 	start, _ := pglogrepl.ParseLSN(startLSN)
 	end, _ := pglogrepl.ParseLSN(endLSN)
 
-	// Alternate which of the two slot readers goes first (the second finds
-	// the WAL in the page cache).
-	order := []string{sysRecv, sysOutboxd}
-	if rep%2 == 1 {
-		order = []string{sysOutboxd, sysRecv}
-	}
-	for _, sys := range append(order, sysRelay) {
-		if !slices.Contains(systems, sys) {
-			continue
+	// Rotate which slot reader goes first (a later one finds the WAL in
+	// the page cache); the relay, on the table, comes last.
+	k := rep % len(slotReaders)
+	order := append(slices.Clone(slotReaders[k:]), slotReaders[:k]...)
+	for _, r := range readers {
+		if r.sys == sysRelay {
+			order = append(order, r)
 		}
+	}
+	for _, rd := range order {
 		var r drainResult
 		var err error
-		switch sys {
+		switch rd.sys {
 		case sysRecv:
-			r, err = b.drainRecvlogical(ctx, rows, dsn, name, slotR, endLSN, start, end)
+			r, err = b.drainRecvlogical(ctx, bl.rows, dsn, name, rd.slot(name), endLSN, start, end, rd.binary)
 		case sysOutboxd:
-			r, err = b.drainOutboxd(ctx, rows, dsn, name, slotD, endLSN, profile)
+			r, err = b.drainOutboxd(ctx, bl, dsn, name, rd.slot(name), endLSN, profile, rd.binary)
 		case sysRelay:
-			r, err = b.drainRelay(ctx, rows, dsn, name+"_relay")
+			r, err = b.drainRelay(ctx, bl, dsn, name+"_relay")
 		}
 		if err != nil {
-			return drainRun{}, fmt.Errorf("%s: %w", sys, err)
+			return drainRun{}, fmt.Errorf("%s: %w", rd.name(), err)
 		}
-		logf(b.log, "drain %s: %-14s %6.2f s  %8.0f events/s", label, sys, r.seconds, r.rate(rows))
-		run.results[sys] = r
+		logf(b.log, "drain %s: %-21s %6.2f s  %8.0f events/s", label, rd.name(), r.seconds, r.rate(bl.rows))
+		run.results[rd.name()] = r
 	}
 	return run, nil
 }
 
-// writeBacklog inserts rows in transactions of 100 on two connections and
-// returns an LSN inside the last transaction, after its rows: a reader past
-// it has read every row.
-func writeBacklog(ctx context.Context, dsn string, rows int) (string, error) {
-	ins := `INSERT INTO outbox (id, agregat, agregat_id, tipus, carrega)
-		SELECT gen_random_uuid(), 'comanda', 'P-2026-' || lpad((g % 5000)::text, 6, '0'), 'comanda.creada', ` + carregaSQL("g", "") + `
+// writeBacklog inserts the backlog's rows in transactions of 100 on two
+// connections, transaction i into table i % tables, and returns an LSN
+// inside the last transaction, after its rows: a reader past it has read
+// every row.
+func writeBacklog(ctx context.Context, dsn string, bl backlog) (string, error) {
+	rows := bl.rows
+	insertInto := func(t int) string {
+		return `INSERT INTO ` + outboxTable(t%bl.tables) + ` (id, agregat, agregat_id, tipus, carrega)
+		SELECT gen_random_uuid(), 'comanda', 'P-2026-' || lpad((g % 5000)::text, 6, '0'), 'comanda.creada', ` + carregaOf("g", bl.carrega, "") + `
 		FROM generate_series($1::int, $2::int) g`
+	}
 	txns := (rows + backlogTxn - 1) / backlogTxn
 	next := make(chan int)
 	errs := make(chan error, 2)
@@ -131,7 +173,7 @@ func writeBacklog(ctx context.Context, dsn string, rows int) (string, error) {
 			for t := range next {
 				lo := t * backlogTxn
 				hi := min(lo+backlogTxn, rows) - 1
-				if _, err := conn.Exec(ctx, ins, lo, hi); err != nil {
+				if _, err := conn.Exec(ctx, insertInto(t), lo, hi); err != nil {
 					errs <- err
 					return
 				}
@@ -165,7 +207,7 @@ func writeBacklog(ctx context.Context, dsn string, rows int) (string, error) {
 	}
 	defer tx.Rollback(ctx)
 	lo := (txns - 1) * backlogTxn
-	if _, err := tx.Exec(ctx, ins, lo, rows-1); err != nil {
+	if _, err := tx.Exec(ctx, insertInto(txns-1), lo, rows-1); err != nil {
 		return "", err
 	}
 	var lsn string
@@ -175,9 +217,8 @@ func writeBacklog(ctx context.Context, dsn string, rows int) (string, error) {
 	return lsn, tx.Commit(ctx)
 }
 
-func (b *bench) drainRecvlogical(ctx context.Context, rows int, dsn, pub, slot, endLSN string, start, end pglogrepl.LSN) (drainResult, error) {
-	cmd := exec.Command(recvlogical(), "-d", dsn, "--slot", slot, "--start", "--endpos", endLSN,
-		"-o", "proto_version=1", "-o", "publication_names="+pub, "-f", "/dev/null", "--no-loop")
+func (b *bench) drainRecvlogical(ctx context.Context, rows int, dsn, pub, slot, endLSN string, start, end pglogrepl.LSN, binary bool) (drainResult, error) {
+	cmd := exec.Command(recvlogical(), append(recvlogicalArgs(dsn, pub, slot, binary), "--endpos", endLSN, "-f", "/dev/null")...)
 	cmd.Stderr = os.Stderr
 	broker := newCPUWatch(b.brokerPID)
 	t0 := time.Now()
@@ -231,10 +272,11 @@ func (b *bench) drainRecvlogical(ctx context.Context, rows int, dsn, pub, slot, 
 	}
 }
 
-func (b *bench) drainOutboxd(ctx context.Context, rows int, dsn, name, slot, endLSN string, profile bool) (drainResult, error) {
+func (b *bench) drainOutboxd(ctx context.Context, bl backlog, dsn, name, slot, endLSN string, profile, binary bool) (drainResult, error) {
+	rows := bl.rows
 	broker := newCPUWatch(b.brokerPID)
 	t0 := time.Now()
-	d, err := b.startOutboxd(name, dsn, slot)
+	d, err := b.startOutboxd(name, dsn, slot, bl.tables, binary)
 	if err != nil {
 		return drainResult{}, err
 	}
@@ -352,8 +394,9 @@ func (p *profiler) stop() string {
 	return strings.Join(parts, "\n\n")
 }
 
-func (b *bench) drainRelay(ctx context.Context, rows int, dsn, topic string) (drainResult, error) {
-	if err := b.env.CreateTopic(topic, b.o.partitions); err != nil {
+func (b *bench) drainRelay(ctx context.Context, bl backlog, dsn, topic string) (drainResult, error) {
+	rows := bl.rows
+	if err := b.env.CreateTopic(topic, bl.partitions); err != nil {
 		return drainResult{}, err
 	}
 	broker := newCPUWatch(b.brokerPID)

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -34,6 +36,8 @@ type cellResult struct {
 	rss       float64 // peak RSS of the daemon so far, MiB
 	busy      float64 // the machine's busy cores during the cell (of runtime.NumCPU())
 	benchCPU  float64 // this process (writer and consumer), seconds
+	writerCPU float64 // the writer's PostgreSQL backends, seconds
+	wall      float64 // seconds from the cell's start until every row arrived
 }
 
 func (c cellResult) q(p float64) float64 {
@@ -43,11 +47,39 @@ func (c cellResult) q(p float64) float64 {
 	return c.lat[int(p*float64(len(c.lat)-1)+0.5)]
 }
 
+// latencies are the latencies received so far, per cell tag.
+type latencies struct {
+	mu  sync.Mutex
+	lat map[int][]float64
+}
+
+func (l *latencies) add(cell int, ms float64) {
+	l.mu.Lock()
+	if l.lat == nil {
+		l.lat = map[int][]float64{}
+	}
+	l.lat[cell] = append(l.lat[cell], ms)
+	l.mu.Unlock()
+}
+
+func (l *latencies) count(cell int) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.lat[cell])
+}
+
+func (l *latencies) take(cell int) []float64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := append([]float64(nil), l.lat[cell]...)
+	sort.Float64s(out)
+	return out
+}
+
 // consumer reads every partition of a topic from the start and records,
 // per cell tag, the latency from the row's bench_t to receipt.
 type consumer struct {
-	mu      sync.Mutex
-	lat     map[int][]float64
+	latencies
 	readers []*kafka.Reader
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
@@ -75,7 +107,7 @@ func field(v, tag []byte) (int64, bool) {
 
 func startConsumer(brokers, topic string, partitions int) (*consumer, error) {
 	ctx, cancel := context.WithCancel(context.Background())
-	c := &consumer{lat: map[int][]float64{}, cancel: cancel}
+	c := &consumer{cancel: cancel}
 	for p := 0; p < partitions; p++ {
 		r := kafka.NewReader(kafka.ReaderConfig{
 			Brokers:   strings.Split(brokers, ","),
@@ -104,27 +136,11 @@ func startConsumer(brokers, topic string, partitions int) (*consumer, error) {
 				if !ok1 || !ok2 {
 					continue
 				}
-				c.mu.Lock()
-				c.lat[int(cell)] = append(c.lat[int(cell)], float64(now-t)/1000)
-				c.mu.Unlock()
+				c.add(int(cell), float64(now-t)/1000)
 			}
 		}()
 	}
 	return c, nil
-}
-
-func (c *consumer) count(cell int) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.lat[cell])
-}
-
-func (c *consumer) take(cell int) []float64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	l := append([]float64(nil), c.lat[cell]...)
-	sort.Float64s(l)
-	return l
 }
 
 func (c *consumer) close() {
@@ -190,70 +206,91 @@ func write(ctx context.Context, conns []*pgx.Conn, rate, txn, cell int, dur time
 
 const writers = 6
 
-// latency runs every (rate, txn) cell against one system.
-// It also returns the system's idle CPU use, in CPU seconds per second,
-// measured for 3 s with nothing to carry.
-func (b *bench) latency(ctx context.Context, sys string, rep int) ([]cellResult, float64, error) {
-	name := fmt.Sprintf("bench_lat_%s_%d", map[string]string{sysOutboxd: "outboxd", sysRelay: "relay"}[sys], rep) + b.runTag
-	dsn, db, err := b.setupDB(ctx, name)
+// latency runs the (txn, rate) cells against one system: outboxd or the
+// relay (commit to a Kafka consumer's receipt), or pg_recvlogical (commit
+// to receipt through its standard output: the decode floor). With sweep,
+// the rates are a sweep to saturation: after a cell the writer could not
+// pace, that lost rows or whose p99 passed -cost-max-p99, the rest of
+// them are skipped; and no idle measurement and no profile. It also
+// returns the system's idle CPU use, in CPU seconds per second, measured
+// for 3 s with nothing to carry.
+func (b *bench) latency(ctx context.Context, sys string, rep int, txns, rates []int, sweep bool) ([]cellResult, float64, error) {
+	short := map[string]string{sysOutboxd: "outboxd", sysRelay: "relay", sysRecv: "recv"}[sys]
+	name := fmt.Sprintf("bench_lat_%s_%d", short, rep) + b.runTag
+	bl := backlog{partitions: b.o.partitions, tables: 1}
+	dsn, db, err := b.setupDB(ctx, name, bl)
 	if err != nil {
 		return nil, 0, err
 	}
 	defer b.dropDB(ctx, name)
 	defer db.Close(ctx)
+	defer b.deleteTopics(name, bl)
 	var conns []*pgx.Conn
 	defer func() {
 		for _, c := range conns {
 			c.Close(ctx)
 		}
 	}()
+	var backends []*cpuWatch // the writer's
 	for i := 0; i < writers; i++ {
 		c, err := pgx.Connect(ctx, dsn)
 		if err != nil {
 			return nil, 0, err
 		}
 		conns = append(conns, c)
+		backends = append(backends, newCPUWatch(int(c.PgConn().PID())))
 	}
-	cons, err := startConsumer(b.env.KafkaBrokers, name, b.o.partitions)
-	if err != nil {
-		return nil, 0, err
+	var got *latencies
+	if sys != sysRecv {
+		cons, err := startConsumer(b.env.KafkaBrokers, name, b.o.partitions)
+		if err != nil {
+			return nil, 0, err
+		}
+		defer cons.close()
+		got = &cons.latencies
 	}
-	defer cons.close()
 
 	var self, server *cpuWatch
 	var d *testenv.Daemon
 	var relay *relayProc
-	switch sys {
-	case sysOutboxd:
-		slot := name
-		if _, err := db.Exec(ctx, "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", slot); err != nil {
-			return nil, 0, err
-		}
-		if d, err = b.startOutboxd(name, dsn, slot); err != nil {
-			return nil, 0, err
-		}
-		defer d.Close()
-		self = newCPUWatch(d.PID())
+	findServer := func(pid func() int) {
 		for i := 0; i < 500 && server == nil; i++ {
-			if pid := b.slotPID(ctx, slot); pid != 0 {
-				server = newCPUWatch(pid)
+			if p := pid(); p != 0 {
+				server = newCPUWatch(p)
 			} else {
 				time.Sleep(20 * time.Millisecond)
 			}
 		}
+	}
+	switch sys {
+	case sysOutboxd, sysRecv:
+		slot := name
+		if _, err := db.Exec(ctx, "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", slot); err != nil {
+			return nil, 0, err
+		}
+		if sys == sysRecv {
+			got = &latencies{}
+			p, err := b.startRecvlogical(dsn, name, slot, got)
+			if err != nil {
+				return nil, 0, err
+			}
+			defer p.stop()
+			self = newCPUWatch(p.cmd.Process.Pid)
+		} else {
+			if d, err = b.startOutboxd(name, dsn, slot, 1, false); err != nil {
+				return nil, 0, err
+			}
+			defer d.Close()
+			self = newCPUWatch(d.PID())
+		}
+		findServer(func() int { return b.slotPID(ctx, slot) })
 	case sysRelay:
 		if relay, err = b.startRelay(dsn, name); err != nil {
 			return nil, 0, err
 		}
 		defer relay.stop()
 		self = newCPUWatch(relay.cmd.Process.Pid)
-		for i := 0; i < 500 && server == nil; i++ {
-			if pid := b.backendPID(ctx, "bench_relay"); pid != 0 {
-				server = newCPUWatch(pid)
-			} else {
-				time.Sleep(20 * time.Millisecond)
-			}
-		}
+		findServer(func() int { return b.backendPID(ctx, "bench_relay") })
 	}
 	if server == nil {
 		return nil, 0, fmt.Errorf("%s: no server process found", sys)
@@ -263,27 +300,30 @@ func (b *bench) latency(ctx context.Context, sys string, rep int) ([]cellResult,
 		return nil, 0, err
 	}
 	time.Sleep(time.Second)
-	self.sample()
-	idle0, idleT := self.cur, time.Now()
-	time.Sleep(3 * time.Second)
-	self.sample()
-	idle := (self.cur - idle0) / time.Since(idleT).Seconds()
+	var idle float64
+	if !sweep {
+		self.sample()
+		idle0, idleT := self.cur, time.Now()
+		time.Sleep(3 * time.Second)
+		self.sample()
+		idle = (self.cur - idle0) / time.Since(idleT).Seconds()
+	}
 
 	var out []cellResult
 	cell := 0
-	for _, txn := range b.o.txnSizes {
-		for _, rate := range b.o.rates {
+	for _, txn := range txns {
+		for _, rate := range rates {
 			cell++
 			broker := newCPUWatch(b.brokerPID)
 			self.sample()
 			server.sample()
-			c0, s0 := self.cur, server.cur
+			c0, s0, w0 := self.cur, server.cur, cpuSum(backends)
 			m0, b0, t0 := machineBusy(), ownCPU(), time.Now()
 			logf(b.log, "latency %d/%d: %-13s %6d events/s, %2d-row transactions, %s", rep+1, b.o.repeats, sys, rate, txn, b.o.duration)
 			// Profile outboxd during one cell: the smallest transactions at
 			// the middle rate, where the per-transaction cost shows.
 			var prof *profiler
-			if b.o.perf && rep == 0 && sys == sysOutboxd && txn == b.o.txnSizes[0] && rate == b.o.rates[len(b.o.rates)/2] {
+			if b.o.perf && !sweep && rep == 0 && sys == sysOutboxd && txn == txns[0] && rate == rates[len(rates)/2] {
 				prof = startPerf(d.PID(), filepath.Join(b.tmp, "outboxd-latency.perf.data"))
 			}
 			n, err := write(ctx, conns, rate, txn, cell, b.o.duration)
@@ -298,7 +338,7 @@ func (b *bench) latency(ctx context.Context, sys string, rep int) ([]cellResult,
 			}
 			// Wait until every row written has been received.
 			deadline := time.Now().Add(b.o.duration + time.Minute)
-			for cons.count(cell) < n && time.Now().Before(deadline) {
+			for got.count(cell) < n && time.Now().Before(deadline) {
 				if d != nil && !d.Running() {
 					return nil, 0, exitedEarly(d)
 				}
@@ -308,14 +348,19 @@ func (b *bench) latency(ctx context.Context, sys string, rep int) ([]cellResult,
 			server.sample()
 			broker.sample()
 			r := cellResult{sys: sys, rate: rate, txn: txn, rep: rep, written: n,
-				achieved: float64(n) / b.o.duration.Seconds(), lat: cons.take(cell),
+				achieved: float64(n) / b.o.duration.Seconds(), lat: got.take(cell),
 				cpu: self.cur - c0, serverCPU: server.cur - s0, brokerCPU: broker.used(), rss: self.peak(),
-				busy: (machineBusy() - m0) / time.Since(t0).Seconds(), benchCPU: ownCPU() - b0}
+				busy: (machineBusy() - m0) / time.Since(t0).Seconds(), benchCPU: ownCPU() - b0,
+				writerCPU: cpuSum(backends) - w0, wall: time.Since(t0).Seconds()}
 			r.delivered = len(r.lat)
 			logf(b.log, "latency %d/%d: %-13s %6d events/s, %2d-row: wrote %d (%.0f/s), p50 %.1f ms, p99 %.1f ms, max %.1f ms",
 				rep+1, b.o.repeats, sys, rate, txn, n, r.achieved, r.q(0.5), r.q(0.99), r.q(1))
 			out = append(out, r)
 			time.Sleep(500 * time.Millisecond)
+			if sweep && (r.achieved < 0.9*float64(rate) || r.delivered < r.written || r.q(0.99) > b.o.cost.maxP99) {
+				logf(b.log, "latency %d/%d: %s saturated at %d events/s: the sweep stops there", rep+1, b.o.repeats, sys, rate)
+				break
+			}
 		}
 	}
 	if d != nil {
@@ -329,4 +374,98 @@ func (b *bench) latency(ctx context.Context, sys string, rep int) ([]cellResult,
 func ownCPU() float64 {
 	c, _ := cpuSeconds(os.Getpid())
 	return c
+}
+
+// recvProc is pg_recvlogical streaming a slot to its standard output,
+// which the bench reads for the rows' latency tags.
+type recvProc struct {
+	cmd  *exec.Cmd
+	done chan struct{} // the reader of its output has finished
+}
+
+// startRecvlogical streams the slot through pg_recvlogical and adds the
+// latency of every tagged row to got as its output arrives (pg_recvlogical
+// writes each message with its own write(2), unbuffered).
+func (b *bench) startRecvlogical(dsn, pub, slot string, got *latencies) (*recvProc, error) {
+	cmd := exec.Command(recvlogical(), append(recvlogicalArgs(dsn, pub, slot, false), "-f", "-", "-F", "0")...)
+	out, err := b.startPiped(cmd)
+	if err != nil {
+		return nil, err
+	}
+	p := &recvProc{cmd: cmd, done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		readTags(out, got)
+	}()
+	return p, nil
+}
+
+func (p *recvProc) stop() {
+	_ = p.cmd.Process.Signal(os.Interrupt)
+	<-p.done
+	_ = p.cmd.Wait()
+}
+
+// readTags reads a stream of pgoutput messages until it ends and records
+// the latency of every row tagged with bench_c and bench_t, at the time
+// the bytes holding it were read.
+func readTags(r io.Reader, got *latencies) {
+	buf := make([]byte, 0, 1<<20)
+	chunk := make([]byte, 256<<10)
+	for {
+		n, err := r.Read(chunk)
+		now := time.Now().UnixMicro()
+		buf = append(buf, chunk[:n]...)
+		buf = scanTags(buf, func(cell, t int64) { got.add(int(cell), float64(now-t)/1000) })
+		if err != nil {
+			return
+		}
+	}
+}
+
+// scanTags calls emit for every complete bench_c ... bench_t pair in buf
+// and returns what may hold the start of an incomplete one, moved to the
+// start of buf.
+func scanTags(buf []byte, emit func(cell, t int64)) []byte {
+	p := 0
+	for {
+		c := bytes.Index(buf[p:], tagCell)
+		if c < 0 {
+			p = max(p, len(buf)-len(tagCell))
+			break
+		}
+		c += p
+		t := bytes.Index(buf[c:], tagTime)
+		if t < 0 {
+			p = c
+			break
+		}
+		end := c + t + len(tagTime)
+		for end < len(buf) && buf[end] == ' ' {
+			end++
+		}
+		for end < len(buf) && (buf[end] == '-' || buf[end] >= '0' && buf[end] <= '9') {
+			end++
+		}
+		if end == len(buf) {
+			p = c
+			break
+		}
+		cell, ok1 := field(buf[c:end+1], tagCell)
+		ts, ok2 := field(buf[c:end+1], tagTime)
+		if ok1 && ok2 {
+			emit(cell, ts)
+		}
+		p = end
+	}
+	return buf[:copy(buf, buf[p:])]
+}
+
+func cpuSum(ws []*cpuWatch) float64 {
+	var sum float64
+	for _, w := range ws {
+		w.sample()
+		sum += w.cur
+	}
+	return sum
 }

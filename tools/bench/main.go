@@ -16,6 +16,11 @@
 //  3. Cost: CPU seconds and peak RSS of outboxd (or the relay), of the Kafka
 //     broker, and of the walsender (or the relay's backend), from /proc.
 //
+// With -cost it measures instead how cost grows with the work (cost.go,
+// `make bench-cost`): drain rate and CPU per event against carrega size,
+// topic partitions, routes and pgoutput's binary option, and latency
+// against offered rate up to saturation, each beside pg_recvlogical.
+//
 // Every workload is repeated -repeats times; the table shows medians and
 // ratios measured within a run. Plots (SVG) and the table go to -out.
 //
@@ -60,6 +65,7 @@ type options struct {
 	outboxEnv  string // extra environment for outboxd, "K=V,K=V" (e.g. GOMAXPROCS=1)
 	pipeYAML   string // keys for outboxd's pipeline section, for experiments
 	routing    string // "" (the seed's route) or "rich" (every routing feature, two records per row)
+	cost       costOptions
 
 	kafka, pipeline testenv.Section // kafkaYAML and pipeYAML, parsed
 }
@@ -90,9 +96,13 @@ func main() {
 	flag.StringVar(&o.binary, "outboxd-bin", "", "run this outboxd binary instead of building the working tree's (to compare versions)")
 	flag.StringVar(&o.routing, "routing", "", `"rich": outboxd with every routing feature at once (two routes per row, a template, an override, fields, the trace context, position headers, the record timestamp): two records per row`)
 	flag.StringVar(&o.services, "services", "", "reuse the PostgreSQL and Kafka that `bash testenv/services.sh up DIR` started (left running; for repeated development runs)")
+	parseCost := costFlags(&o.cost)
 	flag.Parse()
 	var err error
 	if o.rates, err = ints(rates); err == nil {
+		err = parseCost()
+	}
+	if err == nil {
 		o.txnSizes, err = ints(txns)
 	}
 	if err == nil {
@@ -103,6 +113,9 @@ func main() {
 	}
 	if err == nil && o.routing != "" && o.routing != "rich" {
 		err = fmt.Errorf("-routing %q: want rich", o.routing)
+	}
+	if err == nil && o.routing != "" && o.cost.on {
+		err = fmt.Errorf("-routing rich and -cost: the cost curves use the seed's route")
 	}
 	if err == nil {
 		err = run(o)
@@ -171,6 +184,21 @@ func (b *bench) child(p *os.Process) {
 	b.mu.Unlock()
 }
 
+// startPiped starts a child process whose standard output the bench reads
+// and whose errors go to the bench's.
+func (b *bench) startPiped(cmd *exec.Cmd) (io.Reader, error) {
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	b.child(cmd.Process)
+	return out, nil
+}
+
 func run(o options) error {
 	if err := os.MkdirAll(o.out, 0o755); err != nil {
 		return err
@@ -237,15 +265,21 @@ func run(o options) error {
 	}
 	rep := &report{machine: machine(pgVersion, kafkaVersion()) + ", outboxd " + binaryNote(o.binary) + kafkaNote(o.kafkaYAML, o.pipeYAML, o.outboxEnv), o: o, idle: map[string][]float64{}}
 
-	all := []string{sysRecv, sysOutboxd, sysRelay}
+	if o.cost.on {
+		return b.cost(ctx, rep)
+	}
+	all := []reader{{sys: sysRecv}, {sys: sysOutboxd}, {sys: sysRelay}}
+	main := backlog{rows: o.rows, partitions: o.partitions, tables: 1}
 	if !o.skipDrain {
 		// A first, unreported drain warms the broker's JIT and the caches:
 		// without it the first outboxd drain runs 3-4 times slower.
-		if _, err := b.drain(ctx, "warm-up", 100, max(o.rows/4, 1000), all, false); err != nil {
+		warm := main
+		warm.rows = max(o.rows/4, 1000)
+		if _, err := b.drain(ctx, "warm-up", 100, warm, all, false); err != nil {
 			return fmt.Errorf("warm-up drain: %w", err)
 		}
 		for i := 0; i < o.repeats; i++ {
-			d, err := b.drain(ctx, fmt.Sprintf("%d/%d", i+1, o.repeats), i, o.rows, all, false)
+			d, err := b.drain(ctx, fmt.Sprintf("%d/%d", i+1, o.repeats), i, main, all, false)
 			if err != nil {
 				return fmt.Errorf("drain %d: %w", i+1, err)
 			}
@@ -254,7 +288,9 @@ func run(o options) error {
 		if o.perf {
 			// The profile comes from an extra, unreported drain of at least
 			// 300k rows (enough samples): perf would perturb a measured one.
-			d, err := b.drain(ctx, "profiled", 101, max(o.rows, 300000), []string{sysOutboxd}, true)
+			prof := main
+			prof.rows = max(o.rows, 300000)
+			d, err := b.drain(ctx, "profiled", 101, prof, []reader{{sys: sysOutboxd}}, true)
 			if err != nil {
 				return fmt.Errorf("profiled drain: %w", err)
 			}
@@ -264,7 +300,7 @@ func run(o options) error {
 	if !o.skipLat {
 		for i := 0; i < o.repeats; i++ {
 			for _, sys := range []string{sysOutboxd, sysRelay} {
-				cells, idle, err := b.latency(ctx, sys, i)
+				cells, idle, err := b.latency(ctx, sys, i, o.txnSizes, o.rates, false)
 				if err != nil {
 					return fmt.Errorf("latency %s %d: %w", sys, i+1, err)
 				}
@@ -284,6 +320,16 @@ const (
 
 func logf(w io.Writer, format string, args ...any) {
 	fmt.Fprintf(w, "%s bench: %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, args...))
+}
+
+// recvlogicalArgs are pg_recvlogical's arguments to stream a slot with
+// pgoutput's protocol 1 (and its binary option).
+func recvlogicalArgs(dsn, pub, slot string, binary bool) []string {
+	args := []string{"-d", dsn, "--slot", slot, "--start", "-o", "proto_version=1", "-o", "publication_names=" + pub, "--no-loop"}
+	if binary {
+		args = append(args, "-o", "binary=true")
+	}
+	return args
 }
 
 func recvlogical() string {
@@ -317,8 +363,10 @@ func kafkaVersion() string {
 	return "4.1.1"
 }
 
-// The seed's tables and an insert-only publication.
-func (b *bench) setupDB(ctx context.Context, name string) (string, *pgx.Conn, error) {
+// setupDB makes a database with the seed's tables (and bl.tables - 1
+// copies of outbox), an insert-only publication of the outbox tables and a
+// topic for each, of bl.partitions partitions.
+func (b *bench) setupDB(ctx context.Context, name string, bl backlog) (string, *pgx.Conn, error) {
 	_, _ = b.admin.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
 	seed, err := testenv.SeedSchema()
 	if err != nil {
@@ -327,12 +375,21 @@ func (b *bench) setupDB(ctx context.Context, name string) (string, *pgx.Conn, er
 	if b.o.routing == "rich" {
 		seed += fmt.Sprintf("\nALTER TABLE outbox ADD COLUMN traceparent text DEFAULT %s;", "'"+richTraceparent+"'")
 	}
-	dsn, err := b.env.CreateDatabase(name, seed+"\nCREATE PUBLICATION "+name+" FOR TABLE outbox WITH (publish = 'insert');")
+	tables := []string{"outbox"}
+	for i := 1; i < bl.tables; i++ {
+		seed += fmt.Sprintf("\nCREATE TABLE %s (LIKE outbox INCLUDING ALL);", outboxTable(i))
+		tables = append(tables, outboxTable(i))
+	}
+	dsn, err := b.env.CreateDatabase(name, seed+"\nCREATE PUBLICATION "+name+" FOR TABLE "+strings.Join(tables, ", ")+" WITH (publish = 'insert');")
 	if err != nil {
 		return "", nil, err
 	}
+	topics := b.topics(name, bl.tables)
 	if b.o.routing == "rich" {
-		if err := b.env.CreateTopic(name+".comanda", b.o.partitions); err != nil {
+		topics = append(topics, name+".comanda")
+	}
+	for _, t := range topics {
+		if err := b.env.CreateTopic(t, bl.partitions); err != nil {
 			return "", nil, err
 		}
 	}
@@ -340,17 +397,68 @@ func (b *bench) setupDB(ctx context.Context, name string) (string, *pgx.Conn, er
 	if err != nil {
 		return "", nil, err
 	}
-	if err := b.env.CreateTopic(name, b.o.partitions); err != nil {
-		db.Close(ctx)
-		return "", nil, err
-	}
 	return dsn, db, nil
+}
+
+// outboxTable is the name of outbox table i of a backlog: outbox, then
+// outbox_2, outbox_3...
+func outboxTable(i int) string {
+	if i == 0 {
+		return "outbox"
+	}
+	return fmt.Sprintf("outbox_%d", i+1)
+}
+
+// topics are the topics of a database's outbox tables: name, name_2...
+func (b *bench) topics(name string, tables int) []string {
+	var out []string
+	for i := 0; i < tables; i++ {
+		out = append(out, strings.Replace(outboxTable(i), "outbox", name, 1))
+	}
+	return out
+}
+
+// deleteTopics removes a drain's topics (outboxd's and the relay's), so
+// that the broker's disk does not fill over a sweep of large backlogs.
+func (b *bench) deleteTopics(name string, bl backlog) {
+	topics := append(b.topics(name, bl.tables), name+"_relay")
+	if b.o.routing == "rich" {
+		topics = append(topics, name+".comanda")
+	}
+	if err := testenv.DeleteTopics(context.Background(), b.env.KafkaBrokers, topics...); err != nil {
+		logf(b.log, "delete topics: %v", err)
+	}
 }
 
 // dropDB removes a workload's slots and database to keep the disk small.
 func (b *bench) dropDB(ctx context.Context, name string) {
 	_, _ = b.admin.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = $1 AND NOT active", name)
 	_, _ = b.admin.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
+}
+
+// carregaOf is the carrega of row g: the ~200-byte order, and for a size
+// over 250 bytes line items (~80 bytes of JSON text each, varied values)
+// up to about size bytes; extra adds fields.
+func carregaOf(g string, size int, extra string) string {
+	if size <= 250 {
+		return carregaSQL(g, extra)
+	}
+	items := (size - 200) / 80
+	return carregaSQL(g, fmt.Sprintf(`, 'detall', (SELECT jsonb_agg(jsonb_build_object('linia', i, 'producte', 'p-' || substr(md5((%[1]s)::text || '-' || i), 1, 12),
+	  'quantitat', (i * 7 + (%[1]s)) %% 10, 'preu_centims', (i * 131 + (%[1]s)) %% 5000)) FROM generate_series(1, %[2]d) i)`, g, items)+extra)
+}
+
+// sizeLabel is a carrega size as a table shows it.
+func sizeLabel(n int) string {
+	switch {
+	case n <= 250:
+		return "200 B"
+	case n < 1000:
+		return fmt.Sprintf("%d B", n)
+	case n < 1000000:
+		return fmt.Sprintf("%g KB", float64(n)/1000)
+	}
+	return fmt.Sprintf("%g MB", float64(n)/1e6)
 }
 
 // carregaSQL is a ~200-byte order as jsonb; extra adds fields.
@@ -362,11 +470,16 @@ func carregaSQL(g, extra string) string {
 
 // startOutboxd runs outboxd on a slot with its default settings (only what
 // a deployment must set is set, plus the -outboxd-* experiments).
-func (b *bench) startOutboxd(name, dsn, slot string) (*testenv.Daemon, error) {
+// With binary, postgres.binary is on.
+func (b *bench) startOutboxd(name, dsn, slot string, tables int, binary bool) (*testenv.Daemon, error) {
+	pg := testenv.Section{"publication": name, "create_slot": "false", "create_publication": "false"}
+	if binary {
+		pg["binary"] = "true"
+	}
 	d, err := testenv.StartDaemon(b.tmp, testenv.Config{
 		DSN: dsn, Brokers: b.env.KafkaBrokers, Slot: slot,
-		Routes:   b.routes(name),
-		Postgres: testenv.Section{"publication": name, "create_slot": "false", "create_publication": "false"},
+		Routes:   b.routes(name, tables),
+		Postgres: pg,
 		Kafka:    b.o.kafka,
 		Pipeline: b.o.pipeline,
 		Log:      testenv.Section{"level": "warn"},
@@ -389,9 +502,14 @@ const richTraceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01
 // routes per row using every routing feature (the templated one gives
 // name.comanda, with the raw payload; the filtered one keeps topic name and
 // the envelope, for the latency consumer).
-func (b *bench) routes(name string) []testenv.Route {
+// With more than one table, each table has the seed's route to its topic.
+func (b *bench) routes(name string, tables int) []testenv.Route {
 	if b.o.routing != "rich" {
-		return []testenv.Route{{Table: "public.outbox", Topic: name}}
+		var rs []testenv.Route
+		for i, topic := range b.topics(name, tables) {
+			rs = append(rs, testenv.Route{Table: "public." + outboxTable(i), Topic: topic})
+		}
+		return rs
 	}
 	return []testenv.Route{
 		{Table: "public.outbox", Topic: `"` + name + `.{agregat}"`, More: testenv.Section{
@@ -477,15 +595,10 @@ func (b *bench) startRelay(dsn, topic string) (*relayProc, error) {
 		sep = "&"
 	}
 	cmd := exec.Command(b.self, "relay", "-dsn", dsn+sep+"application_name=bench_relay", "-brokers", b.env.KafkaBrokers, "-topic", topic)
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
+	out, err := b.startPiped(cmd)
 	if err != nil {
 		return nil, err
 	}
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	b.child(cmd.Process)
 	r := &relayProc{cmd: cmd, count: make(chan int, 1024)}
 	go func() {
 		defer close(r.count)

@@ -56,7 +56,7 @@ func (r *report) write(stdout io.Writer) error {
 	var plots []string
 
 	if len(r.drains) > 0 {
-		rows := r.drains[0].rows
+		rows := r.drains[0].bl.rows
 		var wal []float64
 		for _, d := range r.drains {
 			wal = append(wal, d.walMB)
@@ -125,7 +125,7 @@ func (r *report) write(stdout io.Writer) error {
 			ss = append(ss, rateSeries(sys, med.results[sys].samples, palette[i]))
 		}
 		p := filepath.Join(r.o.out, "drain-throughput.svg")
-		if err := lineChart(p, fmt.Sprintf("Backlog drain of %d outbox rows: events/s (100 ms samples)", rows), "seconds since start", "events/s", false, ss); err != nil {
+		if err := lineChart(p, fmt.Sprintf("Backlog drain of %d outbox rows: events/s (100 ms samples)", rows), "seconds since start", "events/s", false, false, ss); err != nil {
 			return err
 		}
 		plots = append(plots, p)
@@ -243,7 +243,7 @@ func (r *report) write(stdout io.Writer) error {
 			}
 			p := filepath.Join(r.o.out, fmt.Sprintf("latency-cdf-txn%d.svg", txn))
 			if err := lineChart(p, fmt.Sprintf("Commit to consumer receipt, %d-row transactions (CDF)", txn),
-				"latency, ms (log scale)", "percent of events at or below", true, ss); err != nil {
+				"latency, ms (log scale)", "percent of events at or below", true, false, ss); err != nil {
 				return err
 			}
 			plots = append(plots, p)
@@ -256,10 +256,15 @@ func (r *report) write(stdout io.Writer) error {
 	if m, _ := filepath.Glob(filepath.Join(r.o.out, "outboxd-perf-latency-*.txt")); len(m) > 0 {
 		plots = append(plots, m...)
 	}
-	resPath := filepath.Join(r.o.out, "results.txt")
-	plots = append(plots, resPath)
-	fmt.Fprintf(&b, "\nWritten: %s\n", strings.Join(plots, ", "))
-	if err := os.WriteFile(resPath, []byte(b.String()), 0o644); err != nil {
+	return r.finish(stdout, &b, "results.txt", plots)
+}
+
+// finish lists the files written, adds the text itself as name in the
+// output folder, and prints it.
+func (r *report) finish(stdout io.Writer, b *strings.Builder, name string, written []string) error {
+	path := filepath.Join(r.o.out, name)
+	fmt.Fprintf(b, "\nWritten: %s\n", strings.Join(append(written, path), ", "))
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
 		return err
 	}
 	_, err := io.WriteString(stdout, b.String())
