@@ -206,7 +206,7 @@ func (r *report) rateTable(b *strings.Builder, run *costRun, letter string) ([]s
 		for k, p := range parts {
 			s := series{name: p.name, color: palette[k%len(palette)], dash: dash}
 			if dash {
-				s.name += " (recvlogical run)"
+				s.name = "recv run: " + strings.TrimPrefix(p.name, "pg_")
 			}
 			for _, f := range steps[sys] {
 				s.xs, s.ys = append(s.xs, f.cap), append(s.ys, p.get(f))

@@ -252,6 +252,7 @@ func (b *bench) latency(ctx context.Context, sys string, rep int, txns, rates []
 
 	var self, server *cpuWatch
 	var d *testenv.Daemon
+	var recv *recvProc
 	var relay *relayProc
 	findServer := func(pid func() int) {
 		for i := 0; i < 500 && server == nil; i++ {
@@ -270,12 +271,11 @@ func (b *bench) latency(ctx context.Context, sys string, rep int, txns, rates []
 		}
 		if sys == sysRecv {
 			got = &latencies{}
-			p, err := b.startRecvlogical(dsn, name, slot, got)
-			if err != nil {
+			if recv, err = b.startRecvlogical(dsn, name, slot, got); err != nil {
 				return nil, 0, err
 			}
-			defer p.stop()
-			self = newCPUWatch(p.cmd.Process.Pid)
+			defer recv.stop()
+			self = newCPUWatch(recv.cmd.Process.Pid)
 		} else {
 			if d, err = b.startOutboxd(name, dsn, slot, 1, false); err != nil {
 				return nil, 0, err
@@ -342,6 +342,9 @@ func (b *bench) latency(ctx context.Context, sys string, rep int, txns, rates []
 				if d != nil && !d.Running() {
 					return nil, 0, exitedEarly(d)
 				}
+				if recv != nil && recv.exited() != nil {
+					return nil, 0, recv.exited()
+				}
 				time.Sleep(20 * time.Millisecond)
 			}
 			self.sample()
@@ -379,8 +382,9 @@ func ownCPU() float64 {
 // recvProc is pg_recvlogical streaming a slot to its standard output,
 // which the bench reads for the rows' latency tags.
 type recvProc struct {
-	cmd  *exec.Cmd
-	done chan struct{} // the reader of its output has finished
+	cmd    *exec.Cmd
+	stderr bytes.Buffer  // what it said: shown if it ends on its own
+	done   chan struct{} // it exited (and its output was read)
 }
 
 // startRecvlogical streams the slot through pg_recvlogical and adds the
@@ -388,22 +392,36 @@ type recvProc struct {
 // writes each message with its own write(2), unbuffered).
 func (b *bench) startRecvlogical(dsn, pub, slot string, got *latencies) (*recvProc, error) {
 	cmd := exec.Command(recvlogical(), append(recvlogicalArgs(dsn, pub, slot, false), "-f", "-", "-F", "0")...)
+	p := &recvProc{cmd: cmd, done: make(chan struct{})}
+	// Kept, not shown: an interrupted pg_recvlogical says "unexpected
+	// termination of replication stream", which is no news at the end.
+	cmd.Stderr = &p.stderr
 	out, err := b.startPiped(cmd)
 	if err != nil {
 		return nil, err
 	}
-	p := &recvProc{cmd: cmd, done: make(chan struct{})}
 	go func() {
 		defer close(p.done)
 		readTags(out, got)
+		_ = cmd.Wait()
 	}()
 	return p, nil
+}
+
+// exited is nil while pg_recvlogical runs, and says how it ended once it
+// has.
+func (p *recvProc) exited() error {
+	select {
+	case <-p.done:
+		return fmt.Errorf("pg_recvlogical exited: %v: %s", p.cmd.ProcessState, strings.TrimSpace(p.stderr.String()))
+	default:
+		return nil
+	}
 }
 
 func (p *recvProc) stop() {
 	_ = p.cmd.Process.Signal(os.Interrupt)
 	<-p.done
-	_ = p.cmd.Wait()
 }
 
 // readTags reads a stream of pgoutput messages until it ends and records

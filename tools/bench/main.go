@@ -185,9 +185,11 @@ func (b *bench) child(p *os.Process) {
 }
 
 // startPiped starts a child process whose standard output the bench reads
-// and whose errors go to the bench's.
+// and whose errors go to the bench's, unless cmd says where.
 func (b *bench) startPiped(cmd *exec.Cmd) (io.Reader, error) {
-	cmd.Stderr = os.Stderr
+	if cmd.Stderr == nil {
+		cmd.Stderr = os.Stderr
+	}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, err

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"strconv"
 	"strings"
 )
 
@@ -51,7 +52,7 @@ func fmtTick(v float64) string {
 	case v == math.Trunc(v):
 		return fmt.Sprintf("%.0f", v)
 	default:
-		return fmt.Sprintf("%g", v)
+		return strconv.FormatFloat(v, 'g', 3, 64)
 	}
 }
 
@@ -69,13 +70,15 @@ func newAxis(lo, hi float64, log bool, n int) axis {
 		t := niceTicks(0, hi, n)
 		return axis{lo: 0, hi: t[len(t)-1], ticks: t}
 	}
-	a := axis{log: true, lo: math.Pow(10, math.Floor(math.Log10(lo))), hi: math.Pow(10, math.Ceil(math.Log10(hi)))}
-	if a.hi == a.lo {
-		a.hi *= 10
+	// Whole exponents: a fractional one makes ticks like 0.10000000000000005.
+	elo, ehi := int(math.Floor(math.Log10(lo))), int(math.Ceil(math.Log10(hi)))
+	if ehi == elo {
+		ehi++
 	}
-	for e := math.Log10(a.lo); e <= math.Log10(a.hi)+1e-9; e++ {
+	a := axis{log: true, lo: math.Pow10(elo), hi: math.Pow10(ehi)}
+	for e := elo; e <= ehi; e++ {
 		for _, m := range []float64{1, 2, 5} {
-			if v := m * math.Pow(10, e); v <= a.hi*(1+1e-9) {
+			if v := m * math.Pow10(e); v <= a.hi*(1+1e-9) {
 				a.ticks = append(a.ticks, v)
 			}
 		}
