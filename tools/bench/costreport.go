@@ -41,6 +41,33 @@ func (run *costRun) figures(p costPoint, r reader) readerFigures {
 	return readerFigures{median(rate), median(mbps), median(ratio), median(cpu), median(server), median(broker), maxOf(rss)}
 }
 
+// binaryRatios compares the binary readers with the text ones on the same
+// backlog run by run (the noise between runs is larger than the effect).
+func (run *costRun) binaryRatios(bl backlog) string {
+	var parts []string
+	for _, sys := range []string{sysRecv, sysOutboxd} {
+		var server, cpu, rate []float64
+		for _, d := range run.drains[bl] {
+			t, okT := d.results[reader{sys: sys}.name()]
+			x, okB := d.results[reader{sys: sys, binary: true}.name()]
+			if !okT || !okB {
+				continue
+			}
+			secs := func(r drainResult) float64 {
+				if sys == sysOutboxd {
+					return r.confirmed
+				}
+				return r.seconds
+			}
+			server = append(server, x.serverCPU/t.serverCPU)
+			cpu = append(cpu, x.cpu/t.cpu)
+			rate = append(rate, secs(t)/secs(x))
+		}
+		parts = append(parts, fmt.Sprintf("%s: its walsender's CPU ×%.2f, its own CPU ×%.2f, drain rate ×%.2f", sys, median(server), median(cpu), median(rate)))
+	}
+	return "   binary / text, median of the ratios within each run: " + strings.Join(parts, "; ") + "\n"
+}
+
 // pointFacts are the backlog's medians: rows, mean carrega bytes, WAL MB.
 func (run *costRun) pointFacts(p costPoint) (rows int, carrega, wal float64) {
 	var c, w []float64
@@ -77,6 +104,9 @@ func (r *report) writeCost(stdout io.Writer, run *costRun) error {
 				}
 				fmt.Fprintf(&b, "%s | %-21s %9.0f %7.1f %6.2f | %8.2f %8.2f %s | %8.1f\n", lead, rd.name(), f.rate, f.mbps, f.ratio, f.cpu, f.server, broker, f.rss)
 			}
+		}
+		if cv.sweep == "binary" {
+			b.WriteString(run.binaryRatios(cv.points[0].bl))
 		}
 		ps, err := r.costPlots(run, cv)
 		if err != nil {
