@@ -73,7 +73,8 @@ bench:
 
 # How cost grows with the work (issue 15, docs/PERFORMANCE.md): drain rate
 # and CPU per event against carrega size (200 B to 200 KB), topic partitions
-# (1, 6, 60), routes (1 or 4 tables) and pgoutput's binary option, and
+# (1, 6, 60), routes (1 or 4 tables) and pgoutput's binary option (for
+# pg_recvlogical: outboxd reads text), and
 # latency against offered rate up to saturation, each beside pg_recvlogical
 # on the same backlog; tables and SVG plots in bench-out/. About 20 minutes
 # with the defaults. Sizes in BENCH_ARGS: -cost-sweeps size,rate

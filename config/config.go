@@ -76,10 +76,6 @@ type Postgres struct {
 	// MarkPublished sets publicat_en on each row once Kafka acknowledged
 	// its record (and before the slot passes it).
 	MarkPublished bool `yaml:"mark_published"`
-	// Binary asks pgoutput for values in binary format (its binary
-	// option, PostgreSQL 14+): the walsender skips the text output of
-	// uuid and timestamptz; outboxd renders them (envelope.Binding.Text).
-	Binary bool `yaml:"binary"`
 }
 
 // Postgres.Snapshot values.

@@ -319,10 +319,8 @@ type Binding struct {
 	rt    *route
 	pos   []int    // per rt.cols: position in the tuple, -1 when absent
 	oid   []uint32 // per rt.cols: type OID (0 for a message member)
-	// columns and types: every column's name and type OID, in tuple
-	// order (for a dead letter, and Text).
+	// columns: every column's name, in tuple order (for a dead letter).
 	columns []string
-	types   []uint32
 	message bool
 }
 
@@ -334,18 +332,17 @@ type Binding struct {
 func (r *Router) Bind(rel *pglogrepl.RelationMessage) []*Binding {
 	t := catalog.Table{Schema: rel.Namespace, Name: rel.RelationName}
 	name := t.String()
-	columns := make([]string, len(rel.Columns))
-	types := make([]uint32, len(rel.Columns))
-	for i, c := range rel.Columns {
-		columns[i], types[i] = c.Name, c.DataType
-	}
 	routes := r.tables[t]
 	if len(routes) == 0 {
-		return []*Binding{{Name: name, columns: columns, types: types}}
+		return []*Binding{{Name: name}}
+	}
+	columns := make([]string, len(rel.Columns))
+	for i, c := range rel.Columns {
+		columns[i] = c.Name
 	}
 	out := make([]*Binding, len(routes))
 	for i, rt := range routes {
-		b := &Binding{Name: name, Route: rt.Route, rt: rt, columns: columns, types: types, pos: make([]int, len(rt.cols)), oid: make([]uint32, len(rt.cols))}
+		b := &Binding{Name: name, Route: rt.Route, rt: rt, columns: columns, pos: make([]int, len(rt.cols)), oid: make([]uint32, len(rt.cols))}
 		for j, col := range rt.cols {
 			b.pos[j] = -1
 			for k, c := range rel.Columns {

@@ -3,6 +3,7 @@ package replication
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"io"
 	"net"
 	"testing"
@@ -126,14 +127,30 @@ func benchStream(b *testing.B, router *envelope.Router, comp string, setup, begi
 // outbox with a market and a trace context, as pgoutput (protocol 1) sends
 // them: the recorded fixture has neither column.
 func richMessages() (rel, ins []byte) {
-	text := func(name string, oid uint32, val string) wireColumn { return wireColumn{name, oid, 't', []byte(val)} }
-	return tableMessages([]wireColumn{
-		text("id", 2950, "6f1c9e2a-0a4b-4c8e-9d1f-2b3c4d5e6f70"), text("agregat", 25, "comanda"), text("agregat_id", 25, "P-2026-000123"),
-		text("tipus", 25, "comanda.creada"), text("versio", 23, "1"),
-		text("carrega", 3802, `{"id": "P-2026-000123", "client": "anna", "linies": [{"producte": "formatge-curat", "quantitat": 2, "preu_centims": 1450}]}`),
-		text("creat_en", 1184, "2026-09-10 09:33:20.123999+02"), text("mercat", 25, "girona"),
-		text("traceparent", 25, "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"), text("tracestate", 25, "congo=t61rcWkgMzE"),
-	})
+	cols := []struct {
+		name string
+		oid  uint32
+		val  string
+	}{
+		{"id", 2950, "6f1c9e2a-0a4b-4c8e-9d1f-2b3c4d5e6f70"}, {"agregat", 25, "comanda"}, {"agregat_id", 25, "P-2026-000123"},
+		{"tipus", 25, "comanda.creada"}, {"versio", 23, "1"},
+		{"carrega", 3802, `{"id": "P-2026-000123", "client": "anna", "linies": [{"producte": "formatge-curat", "quantitat": 2, "preu_centims": 1450}]}`},
+		{"creat_en", 1184, "2026-09-10 09:33:20.123999+02"}, {"mercat", 25, "girona"},
+		{"traceparent", 25, "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}, {"tracestate", 25, "congo=t61rcWkgMzE"},
+	}
+	rel = append([]byte{'R', 0, 0, 0x40, 0x01}, "public\x00outbox\x00d"...)
+	rel = binary.BigEndian.AppendUint16(rel, uint16(len(cols)))
+	ins = append([]byte{'I', 0, 0, 0x40, 0x01, 'N'}, 0, 0)
+	binary.BigEndian.PutUint16(ins[6:], uint16(len(cols)))
+	for _, c := range cols {
+		rel = append(append(append(rel, 0), c.name...), 0)
+		rel = binary.BigEndian.AppendUint32(rel, c.oid)
+		rel = binary.BigEndian.AppendUint32(rel, 0xffffffff)
+		ins = append(ins, 't')
+		ins = binary.BigEndian.AppendUint32(ins, uint32(len(c.val)))
+		ins = append(ins, c.val...)
+	}
+	return rel, ins
 }
 
 // BenchmarkStreamRouted: BenchmarkStream with the richest routing: one op

@@ -39,10 +39,7 @@ type Config struct {
 	CreatePublication bool
 	// FailoverSlot: on a server with failover slots (PostgreSQL 17+) the
 	// slot is created as one, and an existing slot is altered to match.
-	FailoverSlot bool
-	// Binary asks pgoutput for values in binary format (PostgreSQL 14+).
-	Binary bool
-
+	FailoverSlot       bool
 	Routes             []catalog.Route // what the publication must publish
 	StatusInterval     time.Duration
 	IdleStatusInterval time.Duration

@@ -77,9 +77,6 @@ func (r *Runner) session(ctx context.Context, first bool) (progressed bool, err 
 	}
 
 	args := []string{"proto_version '1'", "publication_names " + catalog.QuoteLiteral(r.cfg.Publication), "messages 'true'"}
-	if r.cfg.Binary {
-		args = append(args, "binary 'true'")
-	}
 	// Start at 0/0: the server resumes from the slot's confirmed_flush_lsn.
 	if err := pglogrepl.StartReplication(ctx, conn, r.cfg.Slot, 0, pglogrepl.StartReplicationOptions{PluginArgs: args}); err != nil {
 		if hasCode(err, "42704") {

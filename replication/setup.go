@@ -25,9 +25,6 @@ func (r *Runner) prepare(ctx context.Context, conn *pgconn.PgConn, mayCreateSlot
 		return 0, nil, Fatal(fmt.Errorf("wal_level is %q: set wal_level = logical in postgresql.conf and restart PostgreSQL", srv.WALLevel))
 	}
 	r.serverSettings(srv)
-	if r.cfg.Binary && srv.Version < 140000 {
-		return 0, nil, Fatal(fmt.Errorf("postgres.binary needs PostgreSQL 14 or later (pgoutput's binary option); the server is %d.%d: set postgres.binary: false", srv.Major(), srv.Version%10000))
-	}
 	if t := srv.WALSenderTimeout; t > 0 && 2*r.cfg.IdleStatusInterval >= t {
 		return 0, nil, Fatal(fmt.Errorf("postgres.idle_status_interval (%s) must be under half the server's wal_sender_timeout (%s), or the server may drop the connection while outboxd waits for Kafka", r.cfg.IdleStatusInterval, t))
 	}

@@ -32,7 +32,6 @@ type stream struct {
 	// message buffer), the envelope's memory and the record handed to the
 	// producer (a local would escape to the heap through the interface).
 	row     []envelope.Column
-	text    []byte // values of row rendered from binary format
 	scratch envelope.Scratch
 	rec     outboxd.Record
 
@@ -258,12 +257,6 @@ func (s *stream) handleInsert(wal []byte) error {
 	bs := s.relations[relID]
 	if bs == nil {
 		return fmt.Errorf("pgoutput: Insert for relation %d before its Relation message", relID)
-	}
-	if s.r.cfg.Binary {
-		// Every binding of a relation has its columns' types.
-		if s.text, err = bs[0].Text(row, s.text[:0]); err != nil {
-			return Fatal(fmt.Errorf("decode pgoutput message 'I': %w", err))
-		}
 	}
 	return s.publish(bs, row)
 }

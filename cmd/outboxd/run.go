@@ -141,7 +141,7 @@ func replicationConfig(cfg config.Config, conn *pgconn.Config, metrics *health.M
 	p, pl := cfg.Postgres, cfg.Pipeline
 	return replication.Config{
 		Conn: conn, Slot: p.Slot, Publication: p.Publication, CreateSlot: p.CreateSlot, CreatePublication: p.CreatePublication,
-		FailoverSlot: p.FailoverSlot, Binary: p.Binary, Routes: cfg.CatalogRoutes(), StatusInterval: p.StatusInterval, IdleStatusInterval: p.IdleStatusInterval,
+		FailoverSlot: p.FailoverSlot, Routes: cfg.CatalogRoutes(), StatusInterval: p.StatusInterval, IdleStatusInterval: p.IdleStatusInterval,
 		MaxInFlightEvents: pl.MaxInFlightEvents, MaxInFlightBytes: pl.MaxInFlightBytes, ShutdownTimeout: pl.ShutdownTimeout,
 		BackoffMin: pl.BackoffMin, BackoffMax: pl.BackoffMax, StandbyRetry: p.StandbyRetry,
 		ReceiveTimeout: p.ReceiveTimeout, DeliveryTimeout: cfg.Kafka.DeliveryTimeout,

@@ -72,7 +72,9 @@ func (c costOptions) rowsFor(size int) int {
 }
 
 // costPoint is one point of a drain curve: a backlog, read by
-// pg_recvlogical and outboxd with pgoutput's binary option or not.
+// pg_recvlogical and outboxd, or with binary by pg_recvlogical alone with
+// pgoutput's binary option (outboxd reads text only: docs/PERFORMANCE.md
+// says why).
 type costPoint struct {
 	label  string
 	bl     backlog
@@ -80,7 +82,10 @@ type costPoint struct {
 }
 
 func (p costPoint) readers() []reader {
-	return []reader{{sys: sysRecv, binary: p.binary}, {sys: sysOutboxd, binary: p.binary}}
+	if p.binary {
+		return []reader{{sys: sysRecv, binary: true}}
+	}
+	return []reader{{sys: sysRecv}, {sys: sysOutboxd}}
 }
 
 // costCurve is one drain curve: its points, in order.
@@ -128,7 +133,7 @@ func (c costOptions) curves(partitions int) []costCurve {
 	}
 	if c.has("binary") {
 		out = append(out, costCurve{sweep: "binary", xlabel: "pgoutput value format",
-			title:  fmt.Sprintf("Drain against pgoutput's binary option: %d rows of %s carrega, %d partitions, 1 table", base.rows, sizeLabel(base.carrega), partitions),
+			title:  fmt.Sprintf("Drain against pgoutput's binary option (pg_recvlogical; outboxd reads text): %d rows of %s carrega, %d partitions, 1 table", base.rows, sizeLabel(base.carrega), partitions),
 			points: []costPoint{{label: "text", bl: base}, {label: "binary", bl: base, binary: true}}})
 	}
 	return out

@@ -6,6 +6,7 @@ import (
 	"math"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 )
 
@@ -19,6 +20,10 @@ type readerFigures struct {
 // time is until its slot was confirmed past the backlog.
 func (run *costRun) figures(p costPoint, r reader) readerFigures {
 	var rate, mbps, ratio, cpu, server, broker, rss []float64
+	if !slices.Contains(p.readers(), r) {
+		nan := math.NaN()
+		return readerFigures{nan, nan, nan, nan, nan, nan, nan}
+	}
 	for _, d := range run.drains[p.bl] {
 		x, ok := d.results[r.name()]
 		if !ok {
@@ -41,31 +46,22 @@ func (run *costRun) figures(p costPoint, r reader) readerFigures {
 	return readerFigures{median(rate), median(mbps), median(ratio), median(cpu), median(server), median(broker), maxOf(rss)}
 }
 
-// binaryRatios compares the binary readers with the text ones on the same
-// backlog run by run (the noise between runs is larger than the effect).
+// binaryRatios compares pg_recvlogical with pgoutput's binary option and
+// without on the same backlog, run by run (the noise between runs is
+// larger than the effect).
 func (run *costRun) binaryRatios(bl backlog) string {
-	var parts []string
-	for _, sys := range []string{sysRecv, sysOutboxd} {
-		var server, cpu, rate []float64
-		for _, d := range run.drains[bl] {
-			t, okT := d.results[reader{sys: sys}.name()]
-			x, okB := d.results[reader{sys: sys, binary: true}.name()]
-			if !okT || !okB {
-				continue
-			}
-			secs := func(r drainResult) float64 {
-				if sys == sysOutboxd {
-					return r.confirmed
-				}
-				return r.seconds
-			}
+	var server, cpu, rate []float64
+	for _, d := range run.drains[bl] {
+		t, okT := d.results[reader{sys: sysRecv}.name()]
+		x, okB := d.results[reader{sys: sysRecv, binary: true}.name()]
+		if okT && okB {
 			server = append(server, x.serverCPU/t.serverCPU)
 			cpu = append(cpu, x.cpu/t.cpu)
-			rate = append(rate, secs(t)/secs(x))
+			rate = append(rate, t.seconds/x.seconds)
 		}
-		parts = append(parts, fmt.Sprintf("%s: its walsender's CPU ×%.2f, its own CPU ×%.2f, drain rate ×%.2f", sys, median(server), median(cpu), median(rate)))
 	}
-	return "   binary / text, median of the ratios within each run: " + strings.Join(parts, "; ") + "\n"
+	return fmt.Sprintf("   pg_recvlogical binary / text, median of the ratios within each run: its walsender's CPU per event ×%.3f, its own ×%.3f, drain rate ×%.3f\n",
+		median(server), median(cpu), median(rate))
 }
 
 // pointFacts are the backlog's medians: rows, mean carrega bytes, WAL MB.

@@ -53,8 +53,9 @@ type backlog struct {
 	tables     int // outbox tables in the publication, each its own route and topic; transactions rotate over them
 }
 
-// reader is one system reading a backlog, with pgoutput's binary option
-// (pg_recvlogical -o binary=true, outboxd's postgres.binary) or not.
+// reader is one system reading a backlog; pg_recvlogical may ask for
+// pgoutput's binary option (-o binary=true: values by their types' send
+// functions instead of their output functions).
 type reader struct {
 	sys    string
 	binary bool
@@ -132,7 +133,7 @@ func (b *bench) drain(ctx context.Context, label string, rep int, bl backlog, re
 		case sysRecv:
 			r, err = b.drainRecvlogical(ctx, bl.rows, dsn, name, rd.slot(name), endLSN, start, end, rd.binary)
 		case sysOutboxd:
-			r, err = b.drainOutboxd(ctx, bl, dsn, name, rd.slot(name), endLSN, profile, rd.binary)
+			r, err = b.drainOutboxd(ctx, bl, dsn, name, rd.slot(name), endLSN, profile)
 		case sysRelay:
 			r, err = b.drainRelay(ctx, bl, dsn, name+"_relay")
 		}
@@ -272,11 +273,11 @@ func (b *bench) drainRecvlogical(ctx context.Context, rows int, dsn, pub, slot, 
 	}
 }
 
-func (b *bench) drainOutboxd(ctx context.Context, bl backlog, dsn, name, slot, endLSN string, profile, binary bool) (drainResult, error) {
+func (b *bench) drainOutboxd(ctx context.Context, bl backlog, dsn, name, slot, endLSN string, profile bool) (drainResult, error) {
 	rows := bl.rows
 	broker := newCPUWatch(b.brokerPID)
 	t0 := time.Now()
-	d, err := b.startOutboxd(name, dsn, slot, bl.tables, binary)
+	d, err := b.startOutboxd(name, dsn, slot, bl.tables)
 	if err != nil {
 		return drainResult{}, err
 	}

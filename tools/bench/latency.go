@@ -277,7 +277,7 @@ func (b *bench) latency(ctx context.Context, sys string, rep int, txns, rates []
 			defer recv.stop()
 			self = newCPUWatch(recv.cmd.Process.Pid)
 		} else {
-			if d, err = b.startOutboxd(name, dsn, slot, 1, false); err != nil {
+			if d, err = b.startOutboxd(name, dsn, slot, 1); err != nil {
 				return nil, 0, err
 			}
 			defer d.Close()

@@ -472,16 +472,11 @@ func carregaSQL(g, extra string) string {
 
 // startOutboxd runs outboxd on a slot with its default settings (only what
 // a deployment must set is set, plus the -outboxd-* experiments).
-// With binary, postgres.binary is on.
-func (b *bench) startOutboxd(name, dsn, slot string, tables int, binary bool) (*testenv.Daemon, error) {
-	pg := testenv.Section{"publication": name, "create_slot": "false", "create_publication": "false"}
-	if binary {
-		pg["binary"] = "true"
-	}
+func (b *bench) startOutboxd(name, dsn, slot string, tables int) (*testenv.Daemon, error) {
 	d, err := testenv.StartDaemon(b.tmp, testenv.Config{
 		DSN: dsn, Brokers: b.env.KafkaBrokers, Slot: slot,
 		Routes:   b.routes(name, tables),
-		Postgres: pg,
+		Postgres: testenv.Section{"publication": name, "create_slot": "false", "create_publication": "false"},
 		Kafka:    b.o.kafka,
 		Pipeline: b.o.pipeline,
 		Log:      testenv.Section{"level": "warn"},

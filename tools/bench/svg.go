@@ -104,7 +104,7 @@ func span(ss []series, ys bool, log bool) (lo, hi float64) {
 			vs = s.ys
 		}
 		for _, v := range vs {
-			if log && v <= 0 {
+			if math.IsNaN(v) || log && v <= 0 {
 				continue
 			}
 			lo, hi = math.Min(lo, v), math.Max(hi, v)
