@@ -49,7 +49,7 @@ func TestCutoverFromRelay(t *testing.T) {
 	errc := w.inBackground(ctx, 1200, 8, 4*time.Millisecond)
 	// Stop the relay once it has published some rows (on a loaded machine
 	// its first pass may take a while), while the writer is still going.
-	eventually(t, 30*time.Second, "the relay publishing rows", func() bool {
+	eventually(t, 90*time.Second, "the relay publishing rows", func() bool {
 		var n int
 		err := f.mon.QueryRow(ctx, "SELECT count(*) FROM outbox WHERE publicat_en IS NOT NULL").Scan(&n)
 		return err == nil && n > 0
