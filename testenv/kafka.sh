@@ -301,7 +301,17 @@ launch() {
     "-Dorg.slf4j.simpleLogger.dateTimeFormat=yyyy-MM-dd'T'HH:mm:ss.SSS" \
     -cp "$LIB/*" kafka.Kafka "$PROPS" \
     </dev/null >>"$LOGF" 2>&1 9>&- &
-  echo $! >"$PIDF"
+  local pid=$! i
+  echo "$pid" >"$PIDF"
+  # The child runs as a copy of this shell until it has exec'ed setsid and
+  # java; broker_pid, which checks the command line, would take it for a dead
+  # broker in that window (seen on a loaded CI machine: "Kafka exited during
+  # startup" with an empty log). Wait for the exec, or for the child's end.
+  for ((i = 0; i < 200; i++)); do
+    [[ -r "/proc/$pid/cmdline" ]] || break
+    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "kafka.Kafka" && break
+    sleep 0.05
+  done
 }
 
 # all_listening: every port of the broker accepts connections.
