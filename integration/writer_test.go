@@ -27,14 +27,16 @@ type event struct {
 // writer inserts outbox rows the way a service does: state and event in one
 // transaction. It remembers the commit order of every aggregate.
 type writer struct {
-	f       *fixture
-	rng     *rand.Rand
-	order   map[string][]string // aggregate -> event ids in commit order
-	events  map[string]event
-	n       int
-	aggs    int
-	table   string // "outbox" (seed columns) or "pagaments.outboxevent" (Debezium columns)
-	special []string
+	f     *fixture
+	rng   *rand.Rand
+	order map[string][]string // aggregate -> event ids in commit order
+	// committed: every event id txn committed, in commit order.
+	committed []string
+	events    map[string]event
+	n         int
+	aggs      int
+	table     string // "outbox" (seed columns) or "pagaments.outboxevent" (Debezium columns)
+	special   []string
 	// skip: rows outboxd must never publish (the relay published them);
 	// verify counts a record of one of them as unknown.
 	skip map[string]bool
@@ -85,6 +87,7 @@ func (w *writer) txn(ctx context.Context, size int) error {
 	}
 	for _, r := range rows {
 		w.order[r.key] = append(w.order[r.key], r.id)
+		w.committed = append(w.committed, r.id)
 	}
 	return nil
 }

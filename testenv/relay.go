@@ -29,6 +29,9 @@ const (
 type Relay struct {
 	conn *pgx.Conn
 	w    *kafka.Writer
+	// Failed, when set, is called with the error of each failed pass (Run
+	// retries it), for a test to show why the relay makes no progress.
+	Failed func(error)
 }
 
 // NewRelay connects to dsn and produces to topic through brokers. balancer
@@ -76,6 +79,9 @@ func (r *Relay) Run(ctx context.Context, stop <-chan struct{}, progress func(tot
 		}
 		n, err := r.Pass(ctx)
 		if err != nil {
+			if r.Failed != nil {
+				r.Failed(err)
+			}
 			if failures++; failures == 10 || ctx.Err() != nil {
 				return total, err
 			}
