@@ -23,6 +23,8 @@ import (
 const (
 	RelayBatch = 100
 	RelayIdle  = 200 * time.Millisecond
+	// RelayGiveUp: how long passes may fail in a row before Run ends.
+	RelayGiveUp = 30 * time.Second
 )
 
 // Relay is one running polling relay on the seed's outbox table.
@@ -67,10 +69,15 @@ func (r *Relay) Close() {
 // every row it produced is marked published) or ctx ends (at once). After
 // each pass it calls progress, when set, with the total published so far.
 // A failed pass rolls back (its rows stay pending: the next pass produces
-// them again, the relay's duplicates) and is retried after RelayIdle; ten
-// failures in a row end Run.
+// them again, the relay's duplicates) and is retried after RelayIdle; Run
+// ends when passes have failed for RelayGiveUp in a row. (A count of
+// failures is not enough: a topic created a moment ago is refused with
+// UNKNOWN_TOPIC_OR_PARTITION for a second or two after its metadata names
+// the leaders, and kafka-go's Writer returns that at once; ten passes in two
+// seconds failed a CI run.)
 func (r *Relay) Run(ctx context.Context, stop <-chan struct{}, progress func(total int)) (int, error) {
-	total, failures := 0, 0
+	total := 0
+	var failingSince time.Time
 	for {
 		select {
 		case <-stop:
@@ -82,7 +89,10 @@ func (r *Relay) Run(ctx context.Context, stop <-chan struct{}, progress func(tot
 			if r.Failed != nil {
 				r.Failed(err)
 			}
-			if failures++; failures == 10 || ctx.Err() != nil {
+			if failingSince.IsZero() {
+				failingSince = time.Now()
+			}
+			if time.Since(failingSince) >= RelayGiveUp || ctx.Err() != nil {
 				return total, err
 			}
 			if !backoff.Sleep(ctx, RelayIdle) {
@@ -90,7 +100,7 @@ func (r *Relay) Run(ctx context.Context, stop <-chan struct{}, progress func(tot
 			}
 			continue
 		}
-		failures = 0
+		failingSince = time.Time{}
 		total += n
 		if progress != nil {
 			progress(total)
