@@ -110,12 +110,8 @@ func (f *fixture) slotPassed(markers ...string) []string {
 	var datas [][]byte
 	// The walsender may take a moment to release the slot after outboxd exited.
 	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		rows, err := f.mon.Query(ctx, `SELECT data FROM pg_logical_slot_peek_binary_changes($1, NULL, NULL,
-			'proto_version', '1', 'publication_names', $2, 'messages', 'true')`, f.name, f.name)
-		if err == nil {
-			datas, err = pgx.CollectRows(rows, pgx.RowTo[[]byte])
-		}
-		if err == nil {
+		var err error
+		if datas, err = f.peek(ctx, f.name); err == nil {
 			break
 		}
 		if !strings.Contains(err.Error(), "is active for PID") || time.Now().After(deadline) {
@@ -138,6 +134,18 @@ func (f *fixture) slotPassed(markers ...string) []string {
 	return passed
 }
 
+// peek returns the pgoutput messages (logical messages included) that slot
+// holds from its confirmed position on, on the fixture's publication,
+// without consuming them.
+func (f *fixture) peek(ctx context.Context, slot string) ([][]byte, error) {
+	rows, err := f.mon.Query(ctx, `SELECT data FROM pg_logical_slot_peek_binary_changes($1, NULL, NULL,
+		'proto_version', '1', 'publication_names', $2, 'messages', 'true')`, slot, f.name)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[[]byte])
+}
+
 // watchCommits creates a second logical slot on the fixture's publication
 // (outboxd must have created it) and returns a function that gives the exact
 // LSN of the commit record of the first transaction, written after this
@@ -157,12 +165,7 @@ func (f *fixture) watchCommits() func(marker string) pglogrepl.LSN {
 	})
 	return func(marker string) pglogrepl.LSN {
 		f.t.Helper()
-		rows, err := f.mon.Query(ctx, `SELECT data FROM pg_logical_slot_peek_binary_changes($1, NULL, NULL,
-			'proto_version', '1', 'publication_names', $2)`, name, f.name)
-		if err != nil {
-			f.t.Fatalf("peek at the watching slot: %v", err)
-		}
-		datas, err := pgx.CollectRows(rows, pgx.RowTo[[]byte])
+		datas, err := f.peek(ctx, name)
 		if err != nil {
 			f.t.Fatalf("peek at the watching slot: %v", err)
 		}

@@ -306,10 +306,11 @@ launch() {
   # The child runs as a copy of this shell until it has exec'ed setsid and
   # java; broker_pid, which checks the command line, would take it for a dead
   # broker in that window (seen on a loaded CI machine: "Kafka exited during
-  # startup" with an empty log). Wait for the exec, or for the child's end.
+  # startup" with an empty log). Wait until broker_pid sees the broker, or
+  # for the child's end.
   for ((i = 0; i < 200; i++)); do
+    broker_pid >/dev/null && break
     [[ -r "/proc/$pid/cmdline" ]] || break
-    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "kafka.Kafka" && break
     sleep 0.05
   done
 }
