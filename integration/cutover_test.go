@@ -365,3 +365,75 @@ func TestSnapshotFollowsCommitOrder(t *testing.T) {
 		})
 	}
 }
+
+// TestSnapshotKeepsStatementOrder: the rows of one transaction, written by
+// three statements, go out in the order of those statements even when
+// their ctids say otherwise. The table is laid out so that they do, as
+// concurrent writers do by chance (TestFailover met it under load): the
+// first row, too large for the free space left anywhere, goes to a new
+// page; the second does not fit after it, and the free space map gives the
+// backend page 0, freed by a delete and a VACUUM; the third follows it
+// there. By ctid the transaction reads second, third, first.
+func TestSnapshotKeepsStatementOrder(t *testing.T) {
+	f := newFixture(t, seedSchema, map[string]int{"comandes": 1})
+	ctx := context.Background()
+	topic := f.topic("comandes")
+	for _, sql := range []string{
+		// Rows keep their size in the page: no compression, no TOAST.
+		"ALTER TABLE outbox ALTER carrega SET STORAGE PLAIN",
+		// 40 published rows of ~1.1 KB: pages 0 to 5, 7 to a page.
+		`INSERT INTO outbox (id, agregat, agregat_id, tipus, carrega, publicat_en)
+			SELECT gen_random_uuid(), 'comanda', 'FILL', 'comanda.fill', jsonb_build_object('pad', repeat('x', 1000)), now()
+			FROM generate_series(1, 40)`,
+		"DELETE FROM outbox WHERE ctid < '(0,5)'",
+		"VACUUM outbox",
+	} {
+		if _, err := f.db.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	w, err := pgx.Connect(ctx, f.dsn) // a backend with no page of its own yet
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close(ctx)
+	tx, err := w.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, size := range []int{5000, 3500, 100} {
+		if _, err := tx.Exec(ctx, `INSERT INTO outbox (id, agregat, agregat_id, tipus, carrega)
+			VALUES (gen_random_uuid(), 'comanda', 'K-1', $1, jsonb_build_object('pad', repeat('y', $2::int)))`,
+			fmt.Sprintf("comanda.u%d", i+1), size); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var byCtid string
+	if err := f.db.QueryRow(ctx, "SELECT string_agg(tipus || ' ' || ctid::text, ', ' ORDER BY ctid) FROM outbox WHERE agregat_id = 'K-1'").Scan(&byCtid); err != nil {
+		t.Fatal(err)
+	}
+	if strings.HasPrefix(byCtid, "comanda.u1") {
+		t.Fatalf("the layout did not come out as the test needs (the first row at a later ctid than the second): %s", byCtid)
+	}
+	t.Logf("by ctid: %s", byCtid)
+	d := f.start(f.config(seedRoute(topic)))
+	msgs := consumeExactly(t, topic, 3)
+	d.term()
+	if !strings.Contains(d.Log(), "snapshot published") {
+		t.Fatalf("outboxd did not publish a snapshot:\n%s", d.Log())
+	}
+	var got []string
+	for _, m := range msgs {
+		for _, h := range m.Headers {
+			if h.Key == "tipus" {
+				got = append(got, string(h.Value))
+			}
+		}
+	}
+	if want := "comanda.u1 comanda.u2 comanda.u3"; strings.Join(got, " ") != want {
+		t.Fatalf("the snapshot published %v; the transaction's statements wrote %s", got, want)
+	}
+}

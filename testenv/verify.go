@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -30,8 +31,12 @@ type Verifier struct {
 	// an error counts it as a bad record. It runs on the readers' goroutines.
 	Check     func(m kafka.Message) error
 	DSN, Slot string
+	// History keeps every record read (not only the first of each id),
+	// for History(key): a test's diagnostics of an order error.
+	History bool
 
 	mu         sync.Mutex
+	history    map[string][]string // key -> records read, in reading order
 	first      map[string]delivery
 	dups       int
 	dupDiffers []string
@@ -125,7 +130,7 @@ func (v *Verifier) record(m kafka.Message) {
 	h := fnv.New64a()
 	h.Write(m.Key)
 	h.Write([]byte{0})
-	var id, tipus string
+	var id, tipus, commitLSN, txnIndex string
 	for _, hd := range m.Headers {
 		h.Write([]byte(hd.Key))
 		h.Write([]byte{0})
@@ -136,6 +141,10 @@ func (v *Verifier) record(m kafka.Message) {
 			id = string(hd.Value)
 		case "tipus":
 			tipus = string(hd.Value)
+		case "outboxd.commit_lsn":
+			commitLSN = string(hd.Value)
+		case "outboxd.txn_index":
+			txnIndex = string(hd.Value)
 		}
 	}
 	h.Write(m.Value)
@@ -148,6 +157,16 @@ func (v *Verifier) record(m kafka.Message) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	v.offsets[m.Partition] = m.Offset + 1
+	if v.History {
+		if v.history == nil {
+			v.history = map[string][]string{}
+		}
+		src := "table (no commit_lsn)"
+		if commitLSN != "" {
+			src = "commit_lsn " + commitLSN + " index " + txnIndex
+		}
+		v.history[string(m.Key)] = append(v.history[string(m.Key)], fmt.Sprintf("%d@%d id %s %s, appended %s", m.Partition, m.Offset, id, src, m.Time.Format("15:04:05.000000")))
+	}
 	if bad != nil {
 		v.badRecords = append(v.badRecords, fmt.Sprintf("%d@%d (id %q): %v", m.Partition, m.Offset, id, bad))
 		if id == "" {
@@ -164,6 +183,14 @@ func (v *Verifier) record(m kafka.Message) {
 	}
 	v.first[id] = d
 	v.seen.Add(1)
+}
+
+// Records is every record read with key (Verifier.History), in reading
+// order: partition@offset, id, where it came from.
+func (v *Verifier) Records(key string) []string {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return append([]string(nil), v.history[key]...)
 }
 
 // Dups is how many duplicate records were read so far.
@@ -336,6 +363,8 @@ type Report struct {
 	Checked  int // transactions covered by a sample
 	Examples []string
 	LostIDs  []string // every lost row's id
+	// OrderKeys is the aggregates with an order error.
+	OrderKeys []string
 }
 
 // String is the counts, without the examples.
@@ -425,6 +454,9 @@ func (v *Verifier) Final(committed map[string]Event, txns []Txn) Report {
 		}
 		if prev := last[e.Key]; e.Pos <= prev {
 			rep.OrderErrors++
+			if !slices.Contains(rep.OrderKeys, e.Key) {
+				rep.OrderKeys = append(rep.OrderKeys, e.Key)
+			}
 			rep.example("order: aggregate %s: id %s (position %d, %d@%d) first delivered after position %d", e.Key, f.id, e.Pos, f.partition, f.offset, prev)
 		}
 		last[e.Key] = max(last[e.Key], e.Pos)
