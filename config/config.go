@@ -334,7 +334,7 @@ func Default() Config {
 			OnPartitionChange: "follow",
 		},
 		Pipeline: Pipeline{
-			MaxInFlightEvents: 5000,
+			MaxInFlightEvents: 1500,
 			MaxInFlightBytes:  4 << 20,
 			ShutdownTimeout:   30 * time.Second,
 			BackoffMin:        500 * time.Millisecond,

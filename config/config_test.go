@@ -85,7 +85,7 @@ func TestDefault(t *testing.T) {
 			OnPartitionChange: "follow",
 		},
 		Pipeline: config.Pipeline{
-			MaxInFlightEvents: 5000,
+			MaxInFlightEvents: 1500,
 			MaxInFlightBytes:  4194304,
 			ShutdownTimeout:   30 * time.Second,
 			BackoffMin:        500 * time.Millisecond,
