@@ -32,7 +32,7 @@ type Verifier struct {
 	Check     func(m kafka.Message) error
 	DSN, Slot string
 	// History keeps every record read (not only the first of each id),
-	// for History(key): a test's diagnostics of an order error.
+	// for Records(key): a test's diagnostics of an order error.
 	History bool
 
 	mu         sync.Mutex
