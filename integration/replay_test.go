@@ -3,9 +3,13 @@ package integration_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // TestReplay: `outboxd replay --from T0 --to T1` while the daemon streams
@@ -113,4 +117,73 @@ func TestReplay(t *testing.T) {
 	}
 	t.Logf("replayed %d rows while streaming: %v", inRange, rep)
 	d.term()
+}
+
+// TestReplayFromPsqlText: `replay --from` takes a creat_en exactly as psql
+// prints it (`2026-12-04 11:35:33.065544+00`), in another session time
+// zone (`+05:30`) and without a fraction, and replays the rows from that
+// instant on.
+func TestReplayFromPsqlText(t *testing.T) {
+	f := newFixture(t, seedSchema, map[string]int{"comandes": 2})
+	topic := f.topic("comandes")
+	cfg := f.config(seedRoute(topic))
+	d := f.start(cfg)
+	// Ten rows 1.5 s apart from an instant with microseconds (.065544),
+	// then one on a whole second.
+	mustExec(f, `INSERT INTO outbox (id, agregat, agregat_id, tipus, carrega, creat_en)
+		SELECT gen_random_uuid(), 'comanda', 'P-' || g, 'comanda.creada', '{}', '2026-12-04 11:35:33.065544+00'::timestamptz + g * interval '1.5 s'
+		FROM generate_series(0, 9) g`)
+	mustExec(f, `INSERT INTO outbox (id, agregat, agregat_id, tipus, carrega, creat_en)
+		VALUES (gen_random_uuid(), 'comanda', 'P-x', 'comanda.creada', '{}', '2026-12-04 11:36:00+00')`)
+	f.waitConfirmed(f.walLSN(), 30*time.Second)
+	path := f.configFile(cfg)
+	for _, tt := range []struct {
+		tz, where, want string
+		rows            int
+	}{
+		{"UTC", "agregat_id = 'P-4'", "2026-12-04 11:35:39.065544+00", 7},
+		{"Asia/Kolkata", "agregat_id = 'P-4'", "2026-12-04 17:05:39.065544+05:30", 7},
+		{"UTC", "agregat_id = 'P-x'", "2026-12-04 11:36:00+00", 1},
+	} {
+		text := creatEnText(t, f, tt.tz, "SELECT creat_en FROM outbox WHERE "+tt.where)
+		if text != tt.want {
+			t.Fatalf("creat_en in %s prints %q, want %q", tt.tz, text, tt.want)
+		}
+		r := outboxd(t, f.dsn, "replay", "-c", path, "--from", text)
+		if r.code != 0 || !strings.Contains(r.stdout, fmt.Sprintf("published %d rows", tt.rows)) {
+			t.Fatalf("replay --from %q: want %d rows published\n%v", text, tt.rows, r)
+		}
+	}
+	d.term()
+}
+
+// creatEnText is the first value query prints in psql (on PATH) with the
+// session time zone tz: the text an operator copies. Without psql, the
+// server's text output of the value, which psql prints unchanged.
+func creatEnText(t *testing.T, f *fixture, tz, query string) string {
+	t.Helper()
+	if psql, err := exec.LookPath("psql"); err == nil {
+		cmd := exec.Command(psql, "-X", "-At", "-d", f.dsn, "-c", query)
+		cmd.Env = append(os.Environ(), "PGTZ="+tz)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("psql: %v\n%s", err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	t.Logf("psql is not on PATH: using the server's text output of the value, which psql prints unchanged")
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, f.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "SELECT set_config('TimeZone', $1, false)", tz); err != nil {
+		t.Fatal(err)
+	}
+	var text string
+	if err := conn.QueryRow(ctx, "SELECT ("+query+")::text").Scan(&text); err != nil {
+		t.Fatal(err)
+	}
+	return text
 }

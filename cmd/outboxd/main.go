@@ -33,7 +33,7 @@ commands:
   slot drop  -c FILE --yes                    drop the replication slot (undelivered events are lost with it)
   replay     -c FILE --from TIME [--to TIME] [--route R] | --id ID[,ID...]
                                               republish outbox rows from the table by creat_en (or by id), as the stream would;
-                                              TIME: RFC 3339, a UTC "2026-12-03 10:00", a date, or a duration ago ("90m")
+                                              TIME: RFC 3339, a timestamptz as psql prints it, a UTC "2026-12-03 10:00", a date, or a duration ago ("90m")
   health     [-c FILE | --url URL] [--ready]  exit 0 when a running instance's /healthz (--ready: /readyz) answers 200, else 1 with the reason
   version                                     print the version, the Go version and the commit (also --version)
 

@@ -113,9 +113,12 @@ func replay(ctx context.Context, path string, a replayArgs, stdout, stderr io.Wr
 	return nil
 }
 
-// replayTime reads a --from or --to value: an RFC 3339 time, a date and
-// time without a zone (UTC), a date (midnight UTC), or a duration meaning
-// that long before now ("90m", "48h"). It returns RFC 3339 for PostgreSQL.
+// replayTime reads a --from or --to value: an RFC 3339 time, a timestamptz
+// as PostgreSQL prints it (what `SELECT creat_en` shows: "2026-12-04
+// 11:35:33.065544+00", "+05:30", seconds with or without a fraction), a
+// date and time without a zone (UTC), a date (midnight UTC), or a duration
+// meaning that long before now ("90m", "48h"). It returns RFC 3339 for
+// PostgreSQL.
 func replayTime(s string, now time.Time) (string, error) {
 	if d, err := time.ParseDuration(s); err == nil {
 		if d < 0 {
@@ -123,10 +126,21 @@ func replayTime(s string, now time.Time) (string, error) {
 		}
 		return now.Add(-d).UTC().Format(time.RFC3339Nano), nil
 	}
-	for _, layout := range []string{time.RFC3339Nano, "2006-01-02T15:04:05.999999", "2006-01-02 15:04:05.999999", "2006-01-02T15:04", "2006-01-02 15:04", "2006-01-02"} {
+	for _, layout := range timeLayouts {
 		if t, err := time.ParseInLocation(layout, s, time.UTC); err == nil {
 			return t.UTC().Format(time.RFC3339Nano), nil
 		}
 	}
-	return "", fmt.Errorf("%q is not a time: give RFC 3339 (2026-12-03T10:00:00Z), a UTC date and time (2026-12-03 10:00), a date (2026-12-03) or a duration ago (90m)", s)
+	return "", fmt.Errorf("%q is not a time: give RFC 3339 (2026-12-03T10:00:00Z), a timestamptz as PostgreSQL prints it (2026-12-03 10:00:00.123456+00), a UTC date and time (2026-12-03 10:00), a date (2026-12-03) or a duration ago (90m)", s)
+}
+
+// timeLayouts are the forms replayTime reads, with a zone first. A
+// fraction of a second after the seconds is read whether or not a layout
+// shows one. PostgreSQL's ISO output gives the zone as +hh, +hh:mm or
+// +hh:mm:ss (a zone whose offset is not whole hours, or a historical one).
+var timeLayouts = []string{
+	time.RFC3339Nano,
+	"2006-01-02 15:04:05-07", "2006-01-02 15:04:05-07:00", "2006-01-02 15:04:05-07:00:00",
+	"2006-01-02T15:04:05-07", "2006-01-02T15:04:05-07:00:00",
+	"2006-01-02T15:04:05", "2006-01-02 15:04:05", "2006-01-02T15:04", "2006-01-02 15:04", "2006-01-02",
 }
