@@ -37,6 +37,11 @@ type Record struct {
 	// Without it such a refusal stops the producer, so that no later record
 	// steps over it.
 	Refusable bool
+	// RowID is the id of the outbox row the record was built from (its
+	// routes[].columns.id), whichever header carries it, if any; nil for a
+	// logical message. It is not produced: it names the row to
+	// postgres.mark_published.
+	RowID []byte
 	// Ack is told the outcome of the produce.
 	Ack Acker
 }

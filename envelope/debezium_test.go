@@ -93,6 +93,9 @@ func TestDebeziumDocumentedShape(t *testing.T) {
 			if !reflect.DeepEqual(headers(rec), tc.headers) {
 				t.Errorf("headers %v, want %v", headers(rec), tc.headers)
 			}
+			if string(rec.RowID) != dbzID { // for postgres.mark_published: no id_esdeveniment header here
+				t.Errorf("row id %q, want %q", rec.RowID, dbzID)
+			}
 			if tc.jsonEqual {
 				var got, want any
 				if json.Unmarshal(rec.Value, &got) != nil || json.Unmarshal([]byte(tc.value), &want) != nil || !reflect.DeepEqual(got, want) {

@@ -320,6 +320,9 @@ func (r *Router) build(v *view, pos Position, sc *Scratch) (outboxd.Record, Verd
 		// A route with a dead-letter topic takes a record the broker
 		// refuses there too.
 		Refusable: rt.DeadLetterTopic != ""}
+	if !v.b.message {
+		rec.RowID = id
+	}
 	if i := rt.role[roleTimestamp]; i >= 0 {
 		// NULL: the produce time, as Debezium falls back to its own.
 		if _, null, _ := v.value(i, true); !null {

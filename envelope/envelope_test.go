@@ -105,6 +105,9 @@ func TestBuildGolden(t *testing.T) {
 		rec.Headers[1].Key != "id_esdeveniment" || string(rec.Headers[1].Value) != "6f1c9e2a-0a4b-4c8e-9d1f-2b3c4d5e6f70" {
 		t.Errorf("headers %+v", rec.Headers)
 	}
+	if string(rec.RowID) != "6f1c9e2a-0a4b-4c8e-9d1f-2b3c4d5e6f70" {
+		t.Errorf("row id %q", rec.RowID)
+	}
 	// A relay consumer decodes it with the field types it expects.
 	var env struct {
 		ID     string         `json:"id_esdeveniment"`

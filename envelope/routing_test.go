@@ -317,6 +317,9 @@ func TestLogicalMessage(t *testing.T) {
 	if h := headers(rec); h["canal"] != "web" || h["outboxd.txn_index"] != "3" || h["id_esdeveniment"] != "e-1" {
 		t.Errorf("headers %v", h)
 	}
+	if rec.RowID != nil {
+		t.Errorf("a message has no row to mark, yet row id %q", rec.RowID)
+	}
 	for in, reason := range map[string]string{
 		`[1, 2]`:                  "not a JSON object",
 		`{"id_esdeveniment": "e"`: "not a JSON object",

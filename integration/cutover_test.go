@@ -437,3 +437,55 @@ func TestSnapshotKeepsStatementOrder(t *testing.T) {
 		t.Fatalf("the snapshot published %v; the transaction's statements wrote %s", got, want)
 	}
 }
+
+// debeziumRelayOutbox is Debezium's outbox table with the publicat_en
+// column a polling relay set.
+const debeziumRelayOutbox = `CREATE SCHEMA inventory;
+CREATE TABLE inventory.outboxevent (id UUID PRIMARY KEY, aggregatetype VARCHAR(255) NOT NULL, aggregateid VARCHAR(255) NOT NULL,
+	type VARCHAR(255) NOT NULL, payload JSONB, timestamp TIMESTAMPTZ NOT NULL DEFAULT now(), publicat_en TIMESTAMPTZ);`
+
+// TestMarkPublishedDebezium: postgres.mark_published on a preset: debezium
+// route, whose records carry the row id in an "id" header rather than
+// id_esdeveniment: the rows the cut-over snapshot publishes and those the
+// stream publishes are all marked, each only once its record is in Kafka.
+func TestMarkPublishedDebezium(t *testing.T) {
+	f := newFixture(t, debeziumRelayOutbox, map[string]int{"pagaments": 2})
+	ctx := context.Background()
+	topic := f.topic("pagaments")
+	insert := func(n int) {
+		t.Helper()
+		mustExec(f, fmt.Sprintf(`INSERT INTO inventory.outboxevent (id, aggregatetype, aggregateid, type, payload)
+			SELECT gen_random_uuid(), 'payment', 'PG-' || (g %% 5), 'PaymentCaptured', jsonb_build_object('n', g) FROM generate_series(1, %d) g`, n))
+	}
+	insert(30) // pending when outboxd starts: the snapshot publishes them
+	cfg := f.config(testenv.Route{Table: "inventory.outboxevent", Topic: topic,
+		More: testenv.Section{"preset": "debezium", "columns": "{publicat_en: publicat_en}"}})
+	cfg.Postgres["mark_published"] = "true"
+	d := f.start(cfg)
+	insert(30) // streamed
+	marked := func() (rows, marked int) {
+		if err := f.mon.QueryRow(ctx, "SELECT count(*), count(publicat_en) FROM inventory.outboxevent").Scan(&rows, &marked); err != nil {
+			t.Fatal(err)
+		}
+		return rows, marked
+	}
+	eventually(t, 60*time.Second, "every row marked published", func() bool { n, m := marked(); return n == 60 && m == 60 })
+	msgs := consumeExactly(t, topic, 60)
+	ids := map[string]bool{}
+	for _, m := range msgs {
+		ids[header(m, "id")] = true
+	}
+	var delivered int
+	if err := f.mon.QueryRow(ctx, "SELECT count(*) FROM inventory.outboxevent WHERE id::text = ANY($1)", keys(ids)).Scan(&delivered); err != nil || delivered != 60 {
+		t.Fatalf("%d of the 60 rows' ids in the topic (%v)", delivered, err)
+	}
+	d.term()
+}
+
+func keys(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}

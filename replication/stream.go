@@ -344,7 +344,7 @@ func (s *stream) publish(bs []*envelope.Binding, row []envelope.Column) error {
 		if mark := s.r.cfg.Mark; mark != nil {
 			// postgres.mark_published: publicat_en is set before the
 			// acknowledgement counts (a message has no row: not marked).
-			rec.Ack = mark(b.Name, rec.Header(envelope.HeaderID), rec.Ack)
+			rec.Ack = mark(b.Name, rec.RowID, rec.Ack)
 		}
 		if err := s.produce(rec); err != nil {
 			return err

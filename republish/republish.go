@@ -182,7 +182,7 @@ func (p *publisher) row(ctx context.Context, bs []*envelope.Binding, row []envel
 		}
 		rec.Ack = k
 		if p.mark != nil && !dead {
-			rec.Ack = p.mark.Wrap(b.Name, rec.Header(envelope.HeaderID), k)
+			rec.Ack = p.mark.Wrap(b.Name, rec.RowID, k)
 		}
 		p.mu.Lock()
 		if p.inFlight == 0 {
