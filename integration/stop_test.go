@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/outboxd/outboxd/testenv"
 )
 
 // TestFatalStopConfirmsAcknowledgedWork: outboxd stops on a bad row
@@ -224,5 +226,94 @@ func TestFatalLineFollowsTheLogFormat(t *testing.T) {
 	}
 	if msg, _ := last["@message"].(string); last["@level"] != "error" || !strings.Contains(msg, "does not exist") || !strings.Contains(msg, "CREATE PUBLICATION") {
 		t.Fatalf("the last line is not the fatal error: %v", last)
+	}
+}
+
+// debeziumNoTimestamp is Debezium's outbox table without its optional
+// timestamp column, with the publicat_en column a polling relay set: the
+// cut-over has pending rows and nothing to order them by.
+const debeziumNoTimestamp = `CREATE SCHEMA inventory;
+CREATE TABLE inventory.outboxevent (id UUID PRIMARY KEY, aggregatetype VARCHAR(255) NOT NULL, aggregateid VARCHAR(255) NOT NULL,
+	type VARCHAR(255) NOT NULL, payload JSONB, publicat_en TIMESTAMPTZ);
+INSERT INTO inventory.outboxevent (id, aggregatetype, aggregateid, type, payload)
+	SELECT gen_random_uuid(), 'payment', 'PG-' || g, 'PaymentCaptured', '{}' FROM generate_series(1, 5) g;`
+
+// debeziumNoTimestampRoute routes that table with preset: debezium (whose
+// creat_en is the column timestamp) and its publicat_en.
+func debeziumNoTimestampRoute(topic string) testenv.Route {
+	return testenv.Route{Table: "inventory.outboxevent", Topic: topic,
+		More: testenv.Section{"preset": "debezium", "columns": "{publicat_en: publicat_en}"}}
+}
+
+// TestFatalErrorStopsEveryPart: the runner's fatal error (a cut-over that
+// cannot order its pending rows) stops the daemon at once with that error,
+// with exit status 1, whichever part runs beside the runner: the health
+// server and monitor (on in every test), mark_published's marker, the
+// retention job. (Before, the daemon waited for the retention job, which
+// ran until SIGTERM: it hung, silent.)
+func TestFatalErrorStopsEveryPart(t *testing.T) {
+	f := newFixture(t, debeziumNoTimestamp, map[string]int{"pagaments": 1})
+	for _, tt := range []struct {
+		part string
+		set  func(cfg *testenv.Config)
+	}{
+		{"health server and monitor", func(*testenv.Config) {}},
+		{"mark_published", func(cfg *testenv.Config) { cfg.Postgres["mark_published"] = "true" }},
+		{"retention", func(cfg *testenv.Config) {
+			cfg.Retention = testenv.Section{"max_age": "1h", "interval": "1s"}
+		}},
+	} {
+		t.Run(tt.part, func(t *testing.T) {
+			cfg := f.config(debeziumNoTimestampRoute(f.topic("pagaments")))
+			tt.set(&cfg)
+			d := f.spawn(cfg)
+			// Generous for a loaded machine; the daemon that waited for
+			// its retention job never exited at all.
+			err := d.exited(90 * time.Second)
+			var exit *exec.ExitError
+			if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+				t.Fatalf("outboxd exited with %v, want status 1\n%s", err, d.Log())
+			}
+			if log := d.Log(); !strings.Contains(log, `has no column "timestamp"`) {
+				t.Fatalf("the exit does not say why:\n%s", log)
+			}
+		})
+	}
+}
+
+// TestMarkFailureStopsTheDaemon: the marker's own permanent failure (the
+// role lacks UPDATE on publicat_en) stops the daemon at once, with the
+// grant to make, while the retention job and the health server run beside
+// it; no row is marked and the slot does not pass the rows.
+func TestMarkFailureStopsTheDaemon(t *testing.T) {
+	f := newFixture(t, seedSchema, map[string]int{"comandes": 1})
+	const password = "pw-mark-7"
+	role := f.name + "_role"
+	mustExec(f, fmt.Sprintf("CREATE ROLE %s LOGIN REPLICATION PASSWORD '%s'", role, password))
+	t.Cleanup(func() { _, _ = f.mon.Exec(context.Background(), "DROP ROLE IF EXISTS "+role) })
+	mustExec(f, fmt.Sprintf("GRANT SELECT, DELETE ON outbox TO %s", role))
+	mustExec(f, fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE outbox WITH (publish = 'insert')", f.name))
+	cfg := f.config(seedRoute(f.topic("comandes")))
+	cfg.DSN = roleDSN(f, role, password)
+	cfg.Postgres["create_publication"] = "false"
+	cfg.Postgres["snapshot"] = "none"
+	cfg.Postgres["mark_published"] = "true"
+	cfg.Retention = testenv.Section{"max_age": "1h", "interval": "1s"}
+	d := f.start(cfg)
+	mustExec(f, `INSERT INTO outbox (id, agregat, agregat_id, tipus, carrega) VALUES ('00000000-0000-4000-9000-00000000aaaa', 'comanda', 'P-1', 'comanda.creada', '{}')`)
+	err := d.exited(90 * time.Second)
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+		t.Fatalf("outboxd exited with %v, want status 1\n%s", err, d.Log())
+	}
+	if log := d.Log(); !strings.Contains(log, "permission denied") || !strings.Contains(log, "GRANT UPDATE (publicat_en)") {
+		t.Fatalf("the exit does not say what to grant:\n%s", log)
+	}
+	var marked int
+	if err := f.mon.QueryRow(context.Background(), "SELECT count(publicat_en) FROM outbox").Scan(&marked); err != nil || marked != 0 {
+		t.Fatalf("%d rows marked (%v)", marked, err)
+	}
+	if passed := f.slotPassed("00000000-0000-4000-9000-00000000aaaa"); len(passed) > 0 {
+		t.Fatalf("the slot passed the row whose mark failed: %v", passed)
 	}
 }

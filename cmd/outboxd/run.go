@@ -6,7 +6,6 @@ import (
 	"os"
 	"runtime/debug"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -98,20 +97,18 @@ func run(ctx context.Context, path string, proc *process) error {
 	log.Info("starting", "origen", cfg.Origen, "dsn", cfg.Postgres.RedactedDSN(), "slot", cfg.Postgres.Slot,
 		"publication", cfg.Postgres.Publication, "brokers", strings.Join(cfg.Kafka.Brokers, ","))
 
-	// The health goroutines live until the runner has stopped.
-	hctx, stopHealth := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	serveErr := make(chan error, 1)
+	var parts []part
 	if srv != nil {
-		wg.Add(2)
-		go func() { defer wg.Done(); serveErr <- srv.Serve() }()
-		go func() { defer wg.Done(); mon.Run(hctx, srv.Watch) }()
+		parts = append(parts, part{name: "health server", run: func(context.Context) error { return srv.Serve() }, stop: func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = srv.Shutdown(sctx)
+		}}, part{name: "health monitor", run: func(ctx context.Context) error { mon.Run(ctx, srv.Watch); return nil }})
 	}
 	if marker != nil {
-		// Until the runner has stopped: its last acknowledgements wait
-		// for their marks.
-		wg.Add(1)
-		go func() { defer wg.Done(); marker.Run(hctx) }()
+		// A mark that fails fails its record's acknowledgement: the
+		// runner stops on a permanent one (a missing privilege).
+		parts = append(parts, part{name: "mark_published", run: func(ctx context.Context) error { marker.Run(ctx); return nil }})
 	}
 	if rt := cfg.Retention; rt.MaxAge > 0 {
 		var tables []retention.Table
@@ -120,21 +117,9 @@ func run(ctx context.Context, path string, proc *process) error {
 		}
 		job := retention.New(retention.Config{Conn: conn, Slot: cfg.Postgres.Slot, Tables: tables, MaxAge: rt.MaxAge,
 			Interval: rt.Interval, BatchSize: rt.BatchSize, ConfirmTimeout: rt.ConfirmTimeout}, log.Named("retention"))
-		wg.Add(1)
-		go func() { defer wg.Done(); job.Run(ctx) }()
+		parts = append(parts, part{name: "retention", run: func(ctx context.Context) error { job.Run(ctx); return nil }})
 	}
-	runErr := runner.Run(ctx)
-	stopHealth()
-	if srv != nil {
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_ = srv.Shutdown(sctx)
-		cancel()
-		if err := <-serveErr; err != nil && runErr == nil {
-			runErr = fmt.Errorf("health server: %w", err)
-		}
-	}
-	wg.Wait()
-	return runErr
+	return runBeside(ctx, runner.Run, parts)
 }
 
 func replicationConfig(cfg config.Config, conn *pgconn.Config, metrics *health.Metrics) replication.Config {
