@@ -489,3 +489,27 @@ func keys(m map[string]bool) []string {
 	}
 	return out
 }
+
+// TestCheckFailsACutoverThatCannotOrder: a table whose cut-over cannot
+// order its pending rows (preset: debezium, a publicat_en column, no
+// timestamp column) fails check's slot line with the fix, before the slot
+// exists; the daemon, started anyway, stops with the same reason
+// (TestFatalErrorStopsEveryPart). A missing publicat_en fails the same
+// line. With the column added, the line passes and counts the rows.
+func TestCheckFailsACutoverThatCannotOrder(t *testing.T) {
+	f := newFixture(t, debeziumNoTimestamp, map[string]int{"pagaments": 1})
+	cfg := f.config(debeziumNoTimestampRoute(f.topic("pagaments")))
+	r := outboxd(t, f.dsn, "check", "-c", f.configFile(cfg))
+	wantCheckFails(t, r, "slot", "inventory.outboxevent", `has no column "timestamp"`, "routes[0].columns.creat_en", "postgres.snapshot: none")
+
+	missing := f.config(testenv.Route{Table: "inventory.outboxevent", Topic: f.topic("pagaments"),
+		More: testenv.Section{"preset": "debezium", "columns": "{publicat_en: sent_at}"}})
+	r = outboxd(t, f.dsn, "check", "-c", f.configFile(missing))
+	wantCheckFails(t, r, "slot", `has no column "sent_at"`, "routes[0].columns.publicat_en")
+
+	mustExec(f, "ALTER TABLE inventory.outboxevent ADD COLUMN timestamp TIMESTAMPTZ NOT NULL DEFAULT now()")
+	r = outboxd(t, f.dsn, "check", "-c", f.configFile(cfg))
+	if l := r.line("PASS slot:"); r.code != 0 || !strings.Contains(l, "inventory.outboxevent: 5") {
+		t.Fatalf("check with the timestamp column:\n%s", r)
+	}
+}

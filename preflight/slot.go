@@ -11,6 +11,7 @@ import (
 
 	"github.com/outboxd/outboxd/catalog"
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/republish"
 )
 
 // ---- publication ----
@@ -108,18 +109,25 @@ func checkSlot(ctx context.Context, conn *pgx.Conn, cfg config.Config) []Result 
 	if cfg.Postgres.Snapshot == config.SnapshotPending && (c.marker || s == nil && cfg.Postgres.CreateSlot) {
 		// The start creates the slot with a snapshot: say what it will
 		// publish, and whether it can.
-		for i, r := range cfg.Routes {
+		// The snapshot's own question (republish.CountPending): a cut-over
+		// that could not read or order the pending rows fails here.
+		tables, routes := tableRoutes(cfg)
+		for _, name := range tables {
+			i := routes[name][0]
+			r := cfg.Routes[i]
 			if r.Columns.PublicatEn == "" {
 				continue
 			}
-			var n int64
-			err := conn.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s WHERE %s IS NULL",
-				pgx.Identifier{r.Schema, r.Name}.Sanitize(), pgx.Identifier{r.Columns.PublicatEn}.Sanitize())).Scan(&n)
+			n, err := republish.CountPending(ctx, conn.PgConn(), republish.Table{Route: r.Envelope(), PublicatEn: r.Columns.PublicatEn})
 			if err != nil {
-				return []Result{fail("slot", fmt.Sprintf("the slot will be created with a snapshot of the rows pending in %s (publicat_en NULL), but they cannot be counted: %v", r.Table, err),
-					fmt.Sprintf("set routes[%d].columns.publicat_en to the column the polling relay sets (\"-\" when none did), or postgres.snapshot: none", i))}
+				why, fix := err.Error(), "grant outboxd's role SELECT on the table, or set postgres.snapshot: none"
+				var ce *republish.ColumnError
+				if errors.As(err, &ce) {
+					why, fix = ce.Table+" "+ce.Problem, strings.Replace(ce.Fix, "routes[]", fmt.Sprintf("routes[%d]", i), 1)
+				}
+				return []Result{fail("slot", fmt.Sprintf("the slot will be created with a snapshot of the rows pending in %s (publicat_en NULL), and the cut-over could not publish them: %s", name, why), fix)}
 			}
-			c.pending = append(c.pending, fmt.Sprintf("%s: %d", r.Table, n))
+			c.pending = append(c.pending, fmt.Sprintf("%s: %d", name, n))
 		}
 	}
 	return []Result{evalSlot(cfg.Postgres, s, c)}

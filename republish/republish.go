@@ -324,7 +324,7 @@ func publishAll(ctx context.Context, conn *pgconn.PgConn, router *envelope.Route
 		err := scan(ctx, conn, router, s.t, "SELECT *"+s.where+" ORDER BY "+rowOrder(s.t, byCommit), s.params,
 			func(bs []*envelope.Binding, row []envelope.Column) error { return p.row(ctx, bs, row) })
 		if err != nil {
-			return counts, missingColumn(fmt.Errorf("%s: %w", s.t.Name(), err), s.t, "creat_en", s.t.Route.Columns.CreatEn, "")
+			return counts, columnError(fmt.Errorf("%s: %w", s.t.Name(), err), s.t, "creat_en", s.t.Route.Columns.CreatEn, "its name")
 		}
 		counts = append(counts, TableCount{Table: s.t.Name(), Topic: s.t.Route.Topic, Rows: p.state().Read - before})
 	}
@@ -484,11 +484,42 @@ func textArray(ids [][]byte) []byte {
 	return append(out, '}')
 }
 
-// missingColumn turns "column does not exist" into the configuration fix.
-func missingColumn(err error, t Table, key, column string, fix string) error {
+// ColumnError is a column the configuration names that the table lacks, or
+// that cannot serve its use: a configuration fix, never a retry.
+type ColumnError struct {
+	Table   string // schema.table
+	Key     string // its routes[].columns key: "creat_en"
+	Problem string // what is wrong, after the table's name
+	Fix     string
+	Err     error // the server's error, if any
+}
+
+func (e *ColumnError) Error() string {
+	msg := fmt.Sprintf("%s %s: %s", e.Table, e.Problem, e.Fix)
+	if e.Err != nil {
+		msg += " (" + e.Err.Error() + ")"
+	}
+	return msg
+}
+
+func (e *ColumnError) Unwrap() error     { return e.Err }
+func (e *ColumnError) Permanent() string { return e.Error() }
+
+// columnError turns the server's "column does not exist" (or "no ordering
+// operator" for a column that must order rows) into a *ColumnError whose fix
+// is to set routes[].columns.key to fix.
+func columnError(err error, t Table, key, column, fix string) error {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42703" {
-		return &PermanentError{fmt.Errorf("%s has no column %q: set routes[].columns.%s to its name%s (%w)", t.Name(), column, key, fix, err)}
+	if !errors.As(err, &pgErr) {
+		return err
+	}
+	switch pgErr.Code {
+	case "42703":
+		return &ColumnError{Table: t.Name(), Key: key, Problem: fmt.Sprintf("has no column %q (routes[].columns.%s)", column, key),
+			Fix: fmt.Sprintf("set routes[].columns.%s to %s", key, fix), Err: err}
+	case "42883":
+		return &ColumnError{Table: t.Name(), Key: key, Problem: fmt.Sprintf("cannot order its rows by column %q (routes[].columns.%s)", column, key),
+			Fix: fmt.Sprintf("set routes[].columns.%s to %s", key, fix), Err: err}
 	}
 	return err
 }

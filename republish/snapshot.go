@@ -56,12 +56,9 @@ func (s *Snapshotter) Publish(ctx context.Context, snapshot, consistentPoint str
 			s.Log.Info("snapshot: the table has no publicat_en column; nothing of it is pending", "table", t.Name())
 			continue
 		}
-		sel := selection{t: t, where: fmt.Sprintf(" FROM %s WHERE %s IS NULL", t.quoted(), catalog.QuoteIdent(t.PublicatEn))}
-		n, err := count(ctx, conn, "SELECT count(*)"+sel.where, nil)
+		sel, n, err := pending(ctx, conn, t)
 		if err != nil {
-			err = missingColumn(fmt.Errorf("count the pending rows of %s: %w", t.Name(), err), t, "publicat_en", t.PublicatEn,
-				`, the column the polling relay sets ("-" if no relay served the table), or postgres.snapshot: none`)
-			return privilege(err, "outboxd's role needs SELECT on the outbox table")
+			return err
 		}
 		s.Log.Info("snapshot: pending rows as of the slot's consistent point", "table", t.Name(), "rows", n, "consistent_point", consistentPoint)
 		total += n
@@ -82,4 +79,37 @@ func (s *Snapshotter) Publish(ctx context.Context, snapshot, consistentPoint str
 	s.Log.Info("snapshot published: every pending row acknowledged by Kafka", "rows", st.Read, "dead_lettered", st.Dead,
 		"consistent_point", consistentPoint, "took", time.Since(started).Round(time.Millisecond))
 	return nil
+}
+
+// CountPending is how many rows of t, a table with a publicat_en column, a
+// cut-over snapshot would publish if it began now, once it is sure that it
+// could read them in their order: what outboxd check says of a cut-over to
+// come. Its errors are the snapshot's own.
+func CountPending(ctx context.Context, conn *pgconn.PgConn, t Table) (int, error) {
+	_, n, err := pending(ctx, conn, t)
+	return n, err
+}
+
+// pending selects the rows of t the snapshot publishes (publicat_en NULL)
+// and counts them, after making sure they can be read in rowOrder: a
+// cut-over that cannot order them must fail before it begins, with the
+// fix, not once the slot exists. A column the configuration names wrong is
+// a *ColumnError.
+func pending(ctx context.Context, conn *pgconn.PgConn, t Table) (selection, int, error) {
+	sel := selection{t: t, where: fmt.Sprintf(" FROM %s WHERE %s IS NULL", t.quoted(), catalog.QuoteIdent(t.PublicatEn))}
+	const noOrder = `the column that orders its rows as they were written (a timestamptz such as the relay's creat_en, or Debezium's optional timestamp column: add it if the table lacks it), or postgres.snapshot: none if nothing of the table is pending`
+	if t.Route.Columns.CreatEn == "" {
+		return sel, 0, &ColumnError{Table: t.Name(), Key: "creat_en", Problem: `has no creat_en column ("-"), so the cut-over snapshot cannot publish its pending rows in order`, Fix: "set routes[].columns.creat_en to " + noOrder}
+	}
+	n, err := count(ctx, conn, "SELECT count(*)"+sel.where, nil)
+	if err != nil {
+		err = columnError(fmt.Errorf("count the pending rows of %s: %w", t.Name(), err), t, "publicat_en", t.PublicatEn,
+			`the column the polling relay sets ("-" if no relay served the table), or postgres.snapshot: none`)
+		return sel, 0, privilege(err, "outboxd's role needs SELECT on the outbox table")
+	}
+	// What publishAll will ask of the server, without reading a row.
+	if err := exec(ctx, conn, "SELECT 1"+sel.where+" ORDER BY "+rowOrder(t, false)+" LIMIT 0"); err != nil {
+		return sel, 0, columnError(fmt.Errorf("order the pending rows of %s: %w", t.Name(), err), t, "creat_en", t.Route.Columns.CreatEn, noOrder)
+	}
+	return sel, n, nil
 }
