@@ -16,8 +16,9 @@ import (
 //     the logical slot's position means nothing: its snapshot rows may not
 //     all be delivered, and the next start publishes them again;
 //   - the lock: an advisory lock held exclusively, for the session, by the
-//     instance doing the cut-over; the retention job takes it shared, so
-//     no cut-over starts while it decides what the slot has confirmed.
+//     instance doing the cut-over; the retention job and replay take it
+//     shared (ReadDelivery), so no cut-over starts while they decide what
+//     the slot has confirmed.
 
 // CutoverMarker is the name of the marker slot of slot.
 func CutoverMarker(slot string) string {

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxd/outboxd/testenv"
 )
 
 // TestReplay: `outboxd replay --from T0 --to T1` while the daemon streams
@@ -186,4 +188,108 @@ func creatEnText(t *testing.T, f *fixture, tz, query string) string {
 		t.Fatal(err)
 	}
 	return text
+}
+
+// TestReplayWaitsForTheSlot: a replay of rows the slot has not passed yet
+// (outboxd stopped while they were committed) waits, saying so, until the
+// daemon has delivered them, so that each replayed copy comes after the
+// first delivery of the events before it in its aggregate. With the daemon
+// still stopped after --wait it refuses, exit 1, having published nothing.
+// With the slot gone (the recovery after a lost slot) it publishes at once.
+func TestReplayWaitsForTheSlot(t *testing.T) {
+	f := newFixture(t, seedSchema, map[string]int{"comandes": 2})
+	ctx := context.Background()
+	topic := f.topic("comandes")
+	cfg := f.config(seedRoute(topic))
+	path := f.configFile(cfg)
+	f.start(cfg).term() // the slot exists; nothing streams from it
+	event := func(key string, n int) string {
+		t.Helper()
+		id := fmt.Sprintf("00000000-0000-4000-9000-%06d%06d", n, len(key))
+		if _, err := f.db.Exec(ctx, "INSERT INTO outbox (id, agregat, agregat_id, tipus, carrega) VALUES ($1, 'comanda', $2, 'comanda.creada', '{}')", id, key); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	keys := []string{"P-1", "P-22", "P-333", "P-4444", "P-55555"}
+	first, second := map[string]string{}, map[string]string{}
+	var seconds []string
+	for _, k := range keys {
+		first[k] = event(k, 1)
+	}
+	for _, k := range keys {
+		second[k] = event(k, 2)
+		seconds = append(seconds, second[k])
+	}
+
+	// Replay the second events alone, while the first are undelivered
+	// (the default --wait: a minute).
+	cmd, err := testenv.Command(f.dsn, "replay", "-c", path, "--id", strings.Join(seconds, ","))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr syncBuffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var exitErr error
+	exited := make(chan struct{})
+	go func() { exitErr = cmd.Wait(); close(exited) }()
+	defer func() { _ = cmd.Process.Kill(); <-exited }()
+	ended := func() bool {
+		select {
+		case <-exited:
+			return true
+		default:
+			return false
+		}
+	}
+	eventually(t, 60*time.Second, "replay waits for the slot, or ends", func() bool {
+		return strings.Contains(stderr.String(), "waiting until the slot has passed them") || ended()
+	})
+	d := f.start(cfg)
+	select {
+	case <-exited:
+		if exitErr != nil || !strings.Contains(stdout.String(), "published 5 rows") {
+			t.Fatalf("replay: %v\n--- stdout\n%s--- stderr\n%s", exitErr, stdout.String(), stderr.String())
+		}
+	case <-time.After(3 * time.Minute):
+		t.Fatalf("replay did not end once the daemon streamed\n--- stderr\n%s", stderr.String())
+	}
+	t.Logf("replay's stderr:\n%s", stderr.String())
+	msgs := consumeExactly(t, topic, 15)
+	seen := map[string]bool{}
+	for _, m := range msgs { // by partition, then offset: an aggregate's records in their order
+		id, key := header(m, "id_esdeveniment"), string(m.Key)
+		if id == second[key] && !seen[first[key]] {
+			t.Fatalf("aggregate %s: its second event reached the topic before its first\n--- replay's stderr\n%s", key, stderr.String())
+		}
+		seen[id] = true
+	}
+	d.term()
+
+	// The daemon stopped: a replay of an undelivered row refuses.
+	third := event("P-1", 3)
+	r := outboxd(t, f.dsn, "replay", "-c", path, "--id", third, "--wait", "2s")
+	if r.code != 1 || !strings.Contains(r.stderr, "refused, nothing published") || !strings.Contains(r.stderr, "Start outboxd") {
+		t.Fatalf("replay with the daemon stopped: want exit 1 and the refusal\n%v", r)
+	}
+	t.Logf("replay with the daemon stopped:\n%s", r.stderr)
+	if n := f.topicSize(topic); n != 15 {
+		t.Fatalf("the refused replay published: %d records, want 15", n)
+	}
+
+	// No slot: nothing streams, so replay is the only delivery.
+	mustExec(f, fmt.Sprintf("SELECT pg_drop_replication_slot('%s')", f.name))
+	r = outboxd(t, f.dsn, "replay", "-c", path, "--id", third, "--wait", "2s")
+	if r.code != 0 || !strings.Contains(r.stdout, "published 1 rows") || !strings.Contains(r.stderr, "does not exist") {
+		t.Fatalf("replay without a slot:\n%v", r)
+	}
+	for _, m := range consumeExactly(t, topic, 16) {
+		if header(m, "id_esdeveniment") == third {
+			return
+		}
+	}
+	t.Fatalf("the row replayed without a slot is not in %s", topic)
 }

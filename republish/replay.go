@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxd/outboxd/catalog"
@@ -32,11 +33,23 @@ type TableCount struct {
 // Replayer republishes outbox rows from the table, by creat_en or by id,
 // with the stream's envelope, key and headers: the recovery after a lost or
 // dropped slot, or a backfill for a new consumer. It only reads, in one
-// REPEATABLE READ transaction, so it is safe while the daemon streams (the
-// consumers are idempotent: a replayed event is a duplicate to them).
+// REPEATABLE READ transaction, and publishes the rows only once the slot has
+// passed them (catalog.ReadDelivery), so it is safe while the daemon
+// streams: every copy comes after the first delivery of its event and of
+// the events before it (the consumers are idempotent: a replayed event is a
+// duplicate to them).
 type Replayer struct {
-	Conn        *pgconn.Config
-	Router      *envelope.Router
+	Conn   *pgconn.Config
+	Router *envelope.Router
+	// Slot is the daemon's replication slot. When it does not exist nothing
+	// streams from it: the rows go at once (the recovery after a lost slot).
+	Slot string
+	// Wait bounds how long the replay waits for the slot to pass the rows
+	// it read; then it refuses, having published nothing.
+	Wait time.Duration
+	// OnWait, when set, is told why the replay waits, at once and then
+	// every few seconds while it does.
+	OnWait      func(Waiting)
 	MaxInFlight int
 	// DeliveryTimeout: Kafka acknowledging nothing for this long fails the
 	// replay (kafka.delivery_timeout).
@@ -59,7 +72,8 @@ func (r *Replayer) Replay(ctx context.Context, req ReplayRequest, prod Producer,
 		return nil, err
 	}
 	defer conn.Close(context.Background())
-	if err := exec(ctx, conn, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"); err != nil {
+	at, err := catalog.BeginDelivery(ctx, conn, true)
+	if err != nil {
 		return nil, fmt.Errorf("replay: %w", err)
 	}
 	var sels []selection
@@ -73,6 +87,9 @@ func (r *Replayer) Replay(ctx context.Context, req ReplayRequest, prod Producer,
 		}
 		total += n
 		sels = append(sels, sel)
+	}
+	if err := r.waitPassed(ctx, conn, at, total); err != nil {
+		return nil, fmt.Errorf("replay: %w", err)
 	}
 
 	p := newPublisher(r.Router, prod, limits{r.MaxInFlight, r.DeliveryTimeout}, nil, "replay", r.Log)
@@ -90,6 +107,50 @@ func (r *Replayer) Replay(ctx context.Context, req ReplayRequest, prod Producer,
 		return counts, fmt.Errorf("replay: %w", err)
 	}
 	return counts, nil
+}
+
+// Waiting is why a replay does not publish yet.
+type Waiting struct {
+	Rows          int    // rows read, to publish
+	Reason        string // what the slot, or a cut-over, has not done yet
+	Waited, Limit time.Duration
+}
+
+// waitPassed waits, at most Wait, until Kafka has every row the replay's
+// transaction (begun at at) sees, or the slot does not exist.
+func (r *Replayer) waitPassed(ctx context.Context, conn *pgconn.PgConn, at pglogrepl.LSN, rows int) error {
+	const poll, tell = 200 * time.Millisecond, 5 * time.Second
+	started := time.Now()
+	var told time.Time
+	for {
+		d, err := catalog.ReadDelivery(ctx, conn, r.Slot, at)
+		switch {
+		case err != nil:
+			return err
+		case d.Delivered():
+			return nil
+		case d.Cutover == "" && d.Slot == nil:
+			r.Log.Warn("replication slot does not exist: nothing streams from it, so the rows go at once (the recovery after a lost slot); replay each aggregate's undelivered events together, from the oldest, to keep their order", "slot", r.Slot)
+			return nil
+		}
+		why := d.Cutover
+		if why == "" {
+			why = fmt.Sprintf("replication slot %q has confirmed %s, and the rows read were committed before %s", r.Slot, d.Slot.ConfirmedFlush, at)
+		}
+		waited := time.Since(started)
+		if waited >= r.Wait {
+			return fmt.Errorf("refused, nothing published: %s, still after %s. A copy published now could reach a consumer before an earlier event of its aggregate that the stream has not delivered yet. Start outboxd (or let it catch up: outboxd status shows the slot moving) and replay again, or give --wait more time", why, r.Wait)
+		}
+		if r.OnWait != nil && (told.IsZero() || time.Since(told) >= tell) {
+			r.OnWait(Waiting{Rows: rows, Reason: why, Waited: waited, Limit: r.Wait})
+			told = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(poll):
+		}
+	}
 }
 
 // replayWhere is the FROM ... WHERE clause of a request for one table and

@@ -2,7 +2,9 @@
 // batches, and never a row whose transaction the slot has not confirmed,
 // that is, never a row Kafka may not have yet.
 //
-// How that is known, in one REPEATABLE READ transaction per batch:
+// How that is known, in one REPEATABLE READ transaction per batch (the
+// proof is catalog.BeginDelivery and catalog.ReadDelivery, which replay
+// shares):
 //
 //  1. SELECT pg_current_wal_insert_lsn(): the first statement fixes the
 //     transaction's snapshot, then reads the WAL insert position L. A
@@ -193,29 +195,15 @@ func (j *Job) pass(ctx context.Context, conn *pgconn.PgConn) error {
 // batch deletes at most BatchSize old rows of t that the slot has
 // confirmed, in one transaction (see the package comment).
 func (j *Job) batch(ctx context.Context, conn *pgconn.PgConn, t Table) (int, error) {
-	if _, err := conn.Exec(ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ").ReadAll(); err != nil {
-		return 0, err
-	}
 	committed := false
 	defer func() {
 		if !committed {
 			_, _ = conn.Exec(context.Background(), "ROLLBACK").ReadAll()
 		}
 	}()
-	text, err := value(ctx, conn, "SELECT pg_current_wal_insert_lsn()")
+	l, err := catalog.BeginDelivery(ctx, conn, false)
 	if err != nil {
 		return 0, err
-	}
-	l, err := pglogrepl.ParseLSN(text)
-	if err != nil {
-		return 0, err
-	}
-	free, err := value(ctx, conn, fmt.Sprintf("SELECT pg_try_advisory_xact_lock_shared(%d)", catalog.CutoverLock(j.cfg.Slot)))
-	if err != nil {
-		return 0, err
-	}
-	if free != "t" {
-		return 0, &notYet{reason: "a cut-over is publishing its snapshot"}
 	}
 	if err := j.waitConfirmed(ctx, conn, l); err != nil {
 		return 0, err
@@ -244,42 +232,25 @@ func hasCode(err error, code string) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == code
 }
 
-// value runs one statement and returns its first column's text.
-func value(ctx context.Context, conn *pgconn.PgConn, sql string) (string, error) {
-	res, err := conn.Exec(ctx, sql).ReadAll()
-	if err != nil {
-		return "", err
-	}
-	if len(res) == 0 || len(res[0].Rows) == 0 {
-		return "", fmt.Errorf("%s: no row", sql)
-	}
-	return string(res[0].Rows[0][0]), nil
-}
-
 // waitConfirmed waits until the slot has confirmed l, at most
-// ConfirmTimeout, with no cut-over in progress.
+// ConfirmTimeout, with no cut-over in progress (catalog.ReadDelivery).
 func (j *Job) waitConfirmed(ctx context.Context, conn *pgconn.PgConn, l pglogrepl.LSN) error {
-	marker, err := catalog.ReadSlot(ctx, conn, catalog.CutoverMarker(j.cfg.Slot))
-	if err != nil {
-		return fmt.Errorf("read the cut-over marker slot: %w", err)
-	}
-	if marker != nil {
-		return &notYet{reason: "a cut-over did not finish: its snapshot rows may not be in Kafka"}
-	}
 	deadline := time.Now().Add(j.cfg.ConfirmTimeout)
 	for {
-		slot, err := catalog.ReadSlot(ctx, conn, j.cfg.Slot)
+		d, err := catalog.ReadDelivery(ctx, conn, j.cfg.Slot, l)
 		if err != nil {
-			return fmt.Errorf("read replication slot %q: %w", j.cfg.Slot, err)
+			return err
 		}
 		switch {
-		case slot == nil:
+		case d.Cutover != "":
+			return &notYet{reason: d.Cutover}
+		case d.Slot == nil:
 			return &notYet{reason: fmt.Sprintf("replication slot %q does not exist: nothing is known to be delivered", j.cfg.Slot)}
-		case slot.ConfirmedFlush >= l:
+		case d.Delivered():
 			return nil
 		case time.Now().After(deadline):
 			return &notYet{reason: fmt.Sprintf("replication slot %q has not confirmed the transactions of the old rows within %s: Kafka may not have them all (outboxd stopped or behind, or Kafka down)", j.cfg.Slot, j.cfg.ConfirmTimeout),
-				detail: fmt.Sprintf("confirmed %s, needs %s", slot.ConfirmedFlush, l)}
+				detail: fmt.Sprintf("confirmed %s, needs %s", d.Slot.ConfirmedFlush, l)}
 		}
 		select {
 		case <-ctx.Done():

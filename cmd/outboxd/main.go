@@ -31,8 +31,9 @@ commands:
   check      -c FILE                          preflight checklist of PostgreSQL and Kafka (exit 0 only if all pass)
   status     [-c FILE | --url URL] [--json]   print the /status of a running instance
   slot drop  -c FILE --yes                    drop the replication slot (undelivered events are lost with it)
-  replay     -c FILE --from TIME [--to TIME] [--route R] | --id ID[,ID...]
-                                              republish outbox rows from the table by creat_en (or by id), as the stream would;
+  replay     -c FILE --from TIME [--to TIME] [--route R] | --id ID[,ID...] [--wait 1m]
+                                              republish outbox rows from the table by creat_en (or by id), as the stream would,
+                                              once the slot has passed them;
                                               TIME: RFC 3339, a timestamptz as psql prints it, a UTC "2026-12-03 10:00", a date, or a duration ago ("90m")
   health     [-c FILE | --url URL] [--ready]  exit 0 when a running instance's /healthz (--ready: /readyz) answers 200, else 1 with the reason
   version                                     print the version, the Go version and the commit (also --version)
@@ -75,6 +76,7 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		fs.StringVar(&ra.to, "to", "", "and before TIME")
 		fs.StringVar(&ra.route, "route", "", "only the route of this table (schema.table) or topic")
 		fs.Var(&ra.ids, "id", "republish the rows with this id (repeatable, or comma-separated)")
+		fs.DurationVar(&ra.wait, "wait", time.Minute, "wait at most this long for the slot to pass the rows read, then refuse")
 	case "status":
 		fs.StringVar(&url, "url", "", "base URL of a running instance, instead of health.listen from -c")
 		fs.BoolVar(&asJSON, "json", false, "print the raw JSON")

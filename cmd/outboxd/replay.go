@@ -19,6 +19,7 @@ import (
 type replayArgs struct {
 	from, to, route string
 	ids             idList
+	wait            time.Duration
 }
 
 // idList is a repeatable --id flag; each value may hold several ids
@@ -88,8 +89,10 @@ func replay(ctx context.Context, path string, a replayArgs, stdout, stderr io.Wr
 	if err != nil {
 		return usageError{err}
 	}
-	r := &republish.Replayer{Conn: conn, Router: router, MaxInFlight: cfg.Pipeline.MaxInFlightEvents,
-		DeliveryTimeout: cfg.Kafka.DeliveryTimeout, Log: log.Named("replay")}
+	r := &republish.Replayer{Conn: conn, Router: router, Slot: cfg.Postgres.Slot, Wait: a.wait, MaxInFlight: cfg.Pipeline.MaxInFlightEvents,
+		DeliveryTimeout: cfg.Kafka.DeliveryTimeout, Log: log.Named("replay"), OnWait: func(w republish.Waiting) {
+			fmt.Fprintf(stderr, "replay: %d rows read, waiting until the slot has passed them (%s of %s): %s\n", w.Rows, w.Waited.Round(time.Second), w.Limit, w.Reason)
+		}}
 	started := time.Now()
 	counts, err := r.Replay(ctx, req, prod, func(p republish.Progress) {
 		fmt.Fprintf(stderr, "replay: %d of %d rows read, %d of their %d records acknowledged by Kafka (%s)\n", p.Read, p.Total, p.Acked, p.Records, p.Table)
