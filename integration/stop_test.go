@@ -284,36 +284,61 @@ func TestFatalErrorStopsEveryPart(t *testing.T) {
 // TestMarkFailureStopsTheDaemon: the marker's own permanent failure (the
 // role lacks UPDATE on publicat_en) stops the daemon at once, with the
 // grant to make, while the retention job and the health server run beside
-// it; no row is marked and the slot does not pass the rows.
+// it; no row is marked and the slot does not pass the row. The same on a
+// preset: debezium route, whose rows were not marked at all before (the
+// slot passed them unmarked).
 func TestMarkFailureStopsTheDaemon(t *testing.T) {
-	f := newFixture(t, seedSchema, map[string]int{"comandes": 1})
-	const password = "pw-mark-7"
-	role := f.name + "_role"
-	mustExec(f, fmt.Sprintf("CREATE ROLE %s LOGIN REPLICATION PASSWORD '%s'", role, password))
-	t.Cleanup(func() { _, _ = f.mon.Exec(context.Background(), "DROP ROLE IF EXISTS "+role) })
-	mustExec(f, fmt.Sprintf("GRANT SELECT, DELETE ON outbox TO %s", role))
-	mustExec(f, fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE outbox WITH (publish = 'insert')", f.name))
-	cfg := f.config(seedRoute(f.topic("comandes")))
-	cfg.DSN = roleDSN(f, role, password)
-	cfg.Postgres["create_publication"] = "false"
-	cfg.Postgres["snapshot"] = "none"
-	cfg.Postgres["mark_published"] = "true"
-	cfg.Retention = testenv.Section{"max_age": "1h", "interval": "1s"}
-	d := f.start(cfg)
-	mustExec(f, `INSERT INTO outbox (id, agregat, agregat_id, tipus, carrega) VALUES ('00000000-0000-4000-9000-00000000aaaa', 'comanda', 'P-1', 'comanda.creada', '{}')`)
-	err := d.exited(90 * time.Second)
-	var exit *exec.ExitError
-	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
-		t.Fatalf("outboxd exited with %v, want status 1\n%s", err, d.Log())
-	}
-	if log := d.Log(); !strings.Contains(log, "permission denied") || !strings.Contains(log, "GRANT UPDATE (publicat_en)") {
-		t.Fatalf("the exit does not say what to grant:\n%s", log)
-	}
-	var marked int
-	if err := f.mon.QueryRow(context.Background(), "SELECT count(publicat_en) FROM outbox").Scan(&marked); err != nil || marked != 0 {
-		t.Fatalf("%d rows marked (%v)", marked, err)
-	}
-	if passed := f.slotPassed("00000000-0000-4000-9000-00000000aaaa"); len(passed) > 0 {
-		t.Fatalf("the slot passed the row whose mark failed: %v", passed)
+	for _, tt := range []struct {
+		name, schema, table string
+		route               func(topic string) testenv.Route
+		retention           bool
+	}{
+		{"retention beside", seedSchema, "outbox", seedRoute, true},
+		{"preset debezium", debeziumRelayOutbox, "inventory.outboxevent", func(topic string) testenv.Route {
+			return testenv.Route{Table: "inventory.outboxevent", Topic: topic, More: testenv.Section{"preset": "debezium", "columns": "{publicat_en: publicat_en}"}}
+		}, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFixture(t, tt.schema, map[string]int{"comandes": 1})
+			const password = "pw-mark-7"
+			role := f.name + "_role"
+			mustExec(f, fmt.Sprintf("CREATE ROLE %s LOGIN REPLICATION PASSWORD '%s'", role, password))
+			t.Cleanup(func() { _, _ = f.mon.Exec(context.Background(), "DROP ROLE IF EXISTS "+role) })
+			if tt.table != "outbox" {
+				mustExec(f, fmt.Sprintf("GRANT USAGE ON SCHEMA inventory TO %s", role))
+			}
+			mustExec(f, fmt.Sprintf("GRANT SELECT, DELETE ON %s TO %s", tt.table, role))
+			mustExec(f, fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')", f.name, tt.table))
+			cfg := f.config(tt.route(f.topic("comandes")))
+			cfg.DSN = roleDSN(f, role, password)
+			cfg.Postgres["create_publication"] = "false"
+			cfg.Postgres["snapshot"] = "none"
+			cfg.Postgres["mark_published"] = "true"
+			if tt.retention {
+				cfg.Retention = testenv.Section{"max_age": "1h", "interval": "1s"}
+			}
+			d := f.start(cfg)
+			const id = "00000000-0000-4000-9000-00000000aaaa"
+			if tt.table == "outbox" {
+				mustExec(f, `INSERT INTO outbox (id, agregat, agregat_id, tipus, carrega) VALUES ('`+id+`', 'comanda', 'P-1', 'comanda.creada', '{}')`)
+			} else {
+				mustExec(f, `INSERT INTO inventory.outboxevent (id, aggregatetype, aggregateid, type, payload) VALUES ('`+id+`', 'payment', 'PG-1', 'PaymentCaptured', '{}')`)
+			}
+			err := d.exited(90 * time.Second)
+			var exit *exec.ExitError
+			if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+				t.Fatalf("outboxd exited with %v, want status 1\n%s", err, d.Log())
+			}
+			if log := d.Log(); !strings.Contains(log, "permission denied") || !strings.Contains(log, "GRANT UPDATE (publicat_en)") {
+				t.Fatalf("the exit does not say what to grant:\n%s", log)
+			}
+			var marked int
+			if err := f.mon.QueryRow(context.Background(), "SELECT count(publicat_en) FROM "+tt.table).Scan(&marked); err != nil || marked != 0 {
+				t.Fatalf("%d rows marked (%v)", marked, err)
+			}
+			if passed := f.slotPassed(id); len(passed) > 0 {
+				t.Fatalf("the slot passed the row whose mark failed: %v", passed)
+			}
+		})
 	}
 }
