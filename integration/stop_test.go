@@ -281,9 +281,9 @@ func TestFatalErrorStopsEveryPart(t *testing.T) {
 	}
 }
 
-// TestMarkFailureStopsTheDaemon: the marker's own permanent failure (the
-// role lacks UPDATE on publicat_en) stops the daemon at once, with the
-// grant to make, while the retention job and the health server run beside
+// TestMarkFailureStopsTheDaemon: check fails a role that lacks UPDATE on
+// publicat_en under mark_published, with the grant; started anyway, the
+// marker's permanent failure stops the daemon at once, with the grant, while the retention job and the health server run beside
 // it; no row is marked and the slot does not pass the row. The same on a
 // preset: debezium route, whose rows were not marked at all before (the
 // slot passed them unmarked).
@@ -293,7 +293,7 @@ func TestMarkFailureStopsTheDaemon(t *testing.T) {
 		route               func(topic string) testenv.Route
 		retention           bool
 	}{
-		{"retention beside", seedSchema, "outbox", seedRoute, true},
+		{"retention beside", seedSchema, "public.outbox", seedRoute, true},
 		{"preset debezium", debeziumRelayOutbox, "inventory.outboxevent", func(topic string) testenv.Route {
 			return testenv.Route{Table: "inventory.outboxevent", Topic: topic, More: testenv.Section{"preset": "debezium", "columns": "{publicat_en: publicat_en}"}}
 		}, false},
@@ -304,7 +304,7 @@ func TestMarkFailureStopsTheDaemon(t *testing.T) {
 			role := f.name + "_role"
 			mustExec(f, fmt.Sprintf("CREATE ROLE %s LOGIN REPLICATION PASSWORD '%s'", role, password))
 			t.Cleanup(func() { _, _ = f.mon.Exec(context.Background(), "DROP ROLE IF EXISTS "+role) })
-			if tt.table != "outbox" {
+			if tt.table != "public.outbox" {
 				mustExec(f, fmt.Sprintf("GRANT USAGE ON SCHEMA inventory TO %s", role))
 			}
 			mustExec(f, fmt.Sprintf("GRANT SELECT, DELETE ON %s TO %s", tt.table, role))
@@ -317,9 +317,11 @@ func TestMarkFailureStopsTheDaemon(t *testing.T) {
 			if tt.retention {
 				cfg.Retention = testenv.Section{"max_age": "1h", "interval": "1s"}
 			}
+			r := outboxd(t, cfg.DSN, "check", "-c", f.configFile(cfg))
+			wantCheckFails(t, r, "table "+tt.table, "may not UPDATE publicat_en", "GRANT UPDATE (publicat_en)")
 			d := f.start(cfg)
 			const id = "00000000-0000-4000-9000-00000000aaaa"
-			if tt.table == "outbox" {
+			if tt.table == "public.outbox" {
 				mustExec(f, `INSERT INTO outbox (id, agregat, agregat_id, tipus, carrega) VALUES ('`+id+`', 'comanda', 'P-1', 'comanda.creada', '{}')`)
 			} else {
 				mustExec(f, `INSERT INTO inventory.outboxevent (id, aggregatetype, aggregateid, type, payload) VALUES ('`+id+`', 'payment', 'PG-1', 'PaymentCaptured', '{}')`)

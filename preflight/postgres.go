@@ -231,9 +231,41 @@ func checkTables(ctx context.Context, conn *pgx.Conn, cfg config.Config) []Resul
 			where := func(use string) string { return cfg.Where(fmt.Sprintf("routes[%d].%s", i, use)) }
 			results = append(results, evalRoute(cfg.Routes[i], where, rel.Kind, cols))
 		}
+		if r := markPrivilege(ctx, conn, cfg, first, cols); r != nil {
+			results = append(results, *r)
+		}
 		out = append(out, merge(name, results))
 	}
 	return out
+}
+
+// markPrivilege is a FAIL when postgres.mark_published would have to set
+// r's publicat_en column and the role may not: the first mark, of the
+// cut-over snapshot or of the stream, would stop outboxd. Nil otherwise.
+func markPrivilege(ctx context.Context, conn *pgx.Conn, cfg config.Config, r config.Route, cols map[string]column) *Result {
+	if !cfg.Postgres.MarkPublished || r.Columns.PublicatEn == "" {
+		return nil
+	}
+	name := "table " + catalog.Table{Schema: r.Schema, Name: r.Name}.String()
+	if _, ok := cols[r.Columns.PublicatEn]; !ok {
+		res := fail(name, fmt.Sprintf("column %s (columns.publicat_en) does not exist: postgres.mark_published cannot set it", r.Columns.PublicatEn),
+			"set routes[].columns.publicat_en to the column to mark, or leave postgres.mark_published off")
+		return &res
+	}
+	table := catalog.Table{Schema: r.Schema, Name: r.Name}
+	var may bool
+	var col, role string // as SQL identifiers, quoted where they need it
+	if err := conn.QueryRow(ctx, "SELECT has_column_privilege($1::regclass, $2, 'UPDATE'), quote_ident($2), quote_ident(current_user)",
+		table.Quoted(), r.Columns.PublicatEn).Scan(&may, &col, &role); err != nil {
+		res := fail(name, fmt.Sprintf("could not read the role's privilege on %s: %v", r.Columns.PublicatEn, err), "check the role's access to the table")
+		return &res
+	}
+	if may {
+		return nil
+	}
+	res := fail(name, fmt.Sprintf("postgres.mark_published is on, but the role may not UPDATE %s: the first mark would stop outboxd", r.Columns.PublicatEn),
+		fmt.Sprintf("GRANT UPDATE (%s) ON %s TO %s, or leave postgres.mark_published off", col, table, role))
+	return &res
 }
 
 // merge makes the results of a table's routes one result.
