@@ -111,7 +111,7 @@ func (r *Replayer) Replay(ctx context.Context, req ReplayRequest, prod Producer,
 
 // Waiting is why a replay does not publish yet.
 type Waiting struct {
-	Rows          int    // rows read, to publish
+	Rows          int    // rows counted, to publish
 	Reason        string // what the slot, or a cut-over, has not done yet
 	Waited, Limit time.Duration
 }

@@ -91,7 +91,7 @@ func replay(ctx context.Context, path string, a replayArgs, stdout, stderr io.Wr
 	}
 	r := &republish.Replayer{Conn: conn, Router: router, Slot: cfg.Postgres.Slot, Wait: a.wait, MaxInFlight: cfg.Pipeline.MaxInFlightEvents,
 		DeliveryTimeout: cfg.Kafka.DeliveryTimeout, Log: log.Named("replay"), OnWait: func(w republish.Waiting) {
-			fmt.Fprintf(stderr, "replay: %d rows read, waiting until the slot has passed them (%s of %s): %s\n", w.Rows, w.Waited.Round(time.Second), w.Limit, w.Reason)
+			fmt.Fprintf(stderr, "replay: %d rows to publish, waiting until the slot has passed them (%s of %s): %s\n", w.Rows, w.Waited.Round(time.Second), w.Limit, w.Reason)
 		}}
 	started := time.Now()
 	counts, err := r.Replay(ctx, req, prod, func(p republish.Progress) {
