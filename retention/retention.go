@@ -160,12 +160,17 @@ func (j *Job) connect(ctx context.Context) (*pgconn.PgConn, error) {
 	return conn, nil
 }
 
-// pass deletes batches from each table until one comes back short.
+// pass deletes batches from each table until one comes back short. A
+// table that fails does not keep the others from being pruned; a reason to
+// wait (notYet) holds for every table, and ends the pass.
 func (j *Job) pass(ctx context.Context, conn *pgconn.PgConn) error {
+	var errs []error
 	for _, t := range j.cfg.Tables {
 		total, conflicts := 0, 0
+		var err error
 		for {
-			n, err := j.batch(ctx, conn, t)
+			var n int
+			n, err = j.batch(ctx, conn, t)
 			total += n
 			if hasCode(err, "40001") && conflicts < 5 {
 				// A row of the snapshot changed since (postgres.mark_published
@@ -173,21 +178,22 @@ func (j *Job) pass(ctx context.Context, conn *pgconn.PgConn) error {
 				conflicts++
 				continue
 			}
-			if err != nil {
-				if total > 0 {
-					j.log.Info("retention: deleted old rows", "table", t.Schema+"."+t.Name, "rows", total)
-				}
-				return err
-			}
-			if n < j.cfg.BatchSize {
+			if err != nil || n < j.cfg.BatchSize {
 				break
 			}
 		}
 		if total > 0 {
 			j.log.Info("retention: deleted old rows", "table", t.Schema+"."+t.Name, "rows", total, "older_than", j.cfg.MaxAge)
 		}
+		var ny *notYet
+		switch {
+		case errors.As(err, &ny) || ctx.Err() != nil || conn.IsClosed():
+			return err
+		case err != nil:
+			errs = append(errs, err)
+		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // batch deletes at most BatchSize old rows of t that the slot has
