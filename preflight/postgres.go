@@ -213,7 +213,11 @@ func checkTables(ctx context.Context, conn *pgx.Conn, cfg config.Config) []Resul
 			where := func(use string) string { return cfg.Where(fmt.Sprintf("routes[%d].%s", i, use)) }
 			results = append(results, evalRoute(cfg.Routes[i], where, rel.Kind, cols))
 		}
-		out = append(out, merge(name, results))
+		res := merge(name, results)
+		if rel.Kind == "p" && res.Status == Pass {
+			res.Detail = "partitioned, routed as one table; " + res.Detail
+		}
+		out = append(out, res)
 	}
 	return out
 }
