@@ -6,9 +6,12 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/outboxd/outboxd/testenv"
 )
 
-// Partitioned outbox tables.
+// Partitioned outbox tables, and routes of every kind (partitioned,
+// mixed-case, logical messages) together with retention.
 
 // partitionedOutbox is the seed's outbox partitioned by month of creat_en,
 // as pg_partman lays out a busy one: the primary key holds the partition
@@ -107,5 +110,87 @@ func TestPartitionedOutbox(t *testing.T) {
 	d = f.start(cfg)
 	wantRecords(t, topic, ids(pending, streamed, later, meanwhile))
 	f.waitConfirmed(f.walLSN(), 30*time.Second)
+	d.term()
+}
+
+// TestRoutesOfEveryKind: a partitioned table, a mixed-case table and a
+// message route in one configuration: check passes, every route delivers,
+// mark_published marks the rows of both tables, retention prunes both, and
+// replay republishes rows of both (of two partitions).
+func TestRoutesOfEveryKind(t *testing.T) {
+	schema := partitionedOutbox + `
+CREATE SCHEMA "Vendes";
+CREATE TABLE "Vendes"."Outbox.Events" (id UUID PRIMARY KEY, agregat TEXT NOT NULL, agregat_id TEXT NOT NULL, tipus TEXT NOT NULL,
+	versio INTEGER NOT NULL DEFAULT 1, carrega JSONB NOT NULL, creat_en TIMESTAMPTZ NOT NULL DEFAULT now(), publicat_en TIMESTAMPTZ);`
+	f := newFixture(t, schema, map[string]int{"comandes": 2, "vendes": 1, "missatges": 1})
+	ctx := context.Background()
+	const vendes = `"Vendes"."Outbox.Events"`
+	cfg := f.config(
+		testenv.Route{Message: f.name, Topic: f.topic("missatges")},
+		seedRoute(f.topic("comandes")),
+		testenv.Route{Table: "'" + vendes + "'", Topic: f.topic("vendes")},
+	)
+	cfg.Postgres["mark_published"] = "true"
+	cfg.Retention = map[string]string{"max_age": "1h", "interval": "300ms", "confirm_timeout": "1s"}
+	path := f.configFile(cfg)
+	r := outboxd(t, f.dsn, "check", "-c", path)
+	if r.code != 0 || r.line("PASS table public.outbox:") == "" || r.line(`PASS table `+vendes+":") == "" || r.line("PASS publication:") == "" {
+		t.Fatalf("check: want exit 0 with a PASS line for each table and the publication\n%s", r)
+	}
+	d := f.start(cfg)
+
+	oldOutbox := insertRows(t, f.db, "outbox", 10, "now() - interval '2 hours'", false)
+	oldVendes := insertRows(t, f.db, vendes, 10, "now() - interval '2 hours'", false)
+	youngOutbox := append(insertRows(t, f.db, "outbox", 3, "now()", false), insertRows(t, f.db, "outbox", 2, nextMonth, false)...)
+	youngVendes := insertRows(t, f.db, vendes, 5, "now()", false)
+	for i := 1; i <= 3; i++ {
+		msg := fmt.Sprintf(`{"id_esdeveniment": "m-%d", "agregat_id": "P-1", "tipus": "t", "versio": 1, "dades": {}}`, i)
+		if _, err := f.db.Exec(ctx, "SELECT pg_logical_emit_message(true, $1, $2)", f.name, msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wantRecords(t, f.topic("comandes"), ids(oldOutbox, youngOutbox))
+	wantRecords(t, f.topic("vendes"), ids(oldVendes, youngVendes))
+	wantRecords(t, f.topic("missatges"), []string{"m-1", "m-2", "m-3"})
+
+	marked := func(table string, rows []outboxRow) int {
+		var n int
+		if err := f.mon.QueryRow(ctx, "SELECT count(publicat_en) FROM "+table+" WHERE id = ANY($1::uuid[])", ids(rows)).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	eventually(t, 30*time.Second, "the young rows of both tables marked published", func() bool {
+		return marked("outbox", youngOutbox) == len(youngOutbox) && marked(vendes, youngVendes) == len(youngVendes)
+	})
+	eventually(t, 60*time.Second, "the old rows of both tables deleted", func() bool {
+		return f.count("outbox", ids(oldOutbox)) == 0 && f.count(vendes, ids(oldVendes)) == 0
+	})
+	if n, m := f.count("outbox", ids(youngOutbox)), f.count(vendes, ids(youngVendes)); n != len(youngOutbox) || m != len(youngVendes) {
+		t.Fatalf("young rows left: %d of %d in outbox, %d of %d in %s", n, len(youngOutbox), m, len(youngVendes), vendes)
+	}
+
+	r = outboxd(t, f.dsn, "replay", "-c", path, "--from", "1h")
+	if r.code != 0 || !strings.Contains(r.stdout, "published 10 rows") || !strings.Contains(r.stdout, "public.outbox -> "+f.topic("comandes")+": 5") {
+		t.Fatalf("replay of the young rows of both tables:\n%s", r)
+	}
+	// Every row once, and the young ones once more.
+	twice := func(topic string, all, replayed []string) {
+		t.Helper()
+		got := map[string]int{}
+		for _, m := range consumeExactly(t, topic, len(all)+len(replayed)) {
+			got[header(m, "id_esdeveniment")]++
+		}
+		for _, id := range replayed {
+			got[id]--
+		}
+		for _, id := range all {
+			if got[id] != 1 {
+				t.Fatalf("%s: %s delivered %d times, not counting the replay", topic, id, got[id])
+			}
+		}
+	}
+	twice(f.topic("comandes"), ids(oldOutbox, youngOutbox), ids(youngOutbox))
+	twice(f.topic("vendes"), ids(oldVendes, youngVendes), ids(youngVendes))
 	d.term()
 }

@@ -21,7 +21,8 @@
 //     every row the snapshot sees is in Kafka.
 //  4. DELETE, in that same snapshot, at most BatchSize rows whose creat_en
 //     is older than MaxAge: rows committed after L are invisible to it,
-//     however old their creat_en.
+//     however old their creat_en. A partitioned table is pruned through
+//     itself, each row by its partition and place (tableoid, ctid).
 //
 // If the slot does not reach L in time (Kafka is down, outboxd is stopped or
 // behind), the batch deletes nothing and the job tries again later.
@@ -227,8 +228,11 @@ func (j *Job) batch(ctx context.Context, conn *pgconn.PgConn, t Table) (int, err
 		return 0, err
 	}
 	table, creat := catalog.Table{Schema: t.Schema, Name: t.Name}.Quoted(), catalog.QuoteIdent(t.CreatEn)
-	res := conn.ExecParams(ctx, fmt.Sprintf(`DELETE FROM %s WHERE ctid = ANY(ARRAY(
-		SELECT ctid FROM %s WHERE %s < now() - make_interval(secs => $1) ORDER BY %s LIMIT $2))`, table, table, creat, creat),
+	// A row by (tableoid, ctid): through a partitioned table, a ctid alone
+	// names a row in each partition (a TID scan per partition finds them).
+	res := conn.ExecParams(ctx, fmt.Sprintf(`DELETE FROM %s t USING (
+		SELECT tableoid, ctid FROM %s WHERE %s < now() - make_interval(secs => $1) ORDER BY %s LIMIT $2) old
+		WHERE t.tableoid = old.tableoid AND t.ctid = old.ctid`, table, table, creat, creat),
 		[][]byte{[]byte(strconv.FormatFloat(j.cfg.MaxAge.Seconds(), 'f', -1, 64)), []byte(strconv.Itoa(j.cfg.BatchSize))}, nil, nil, nil).Read()
 	if err := res.Err; err != nil {
 		if hasCode(err, "42501") {
