@@ -35,6 +35,7 @@ func TestTableNames(t *testing.T) {
 func TestPublicationCheck(t *testing.T) {
 	outbox := catalog.Table{Schema: "public", Name: "outbox"}
 	mixed := catalog.Table{Schema: "Vendes", Name: "OutboxEvent"}
+	p1, p2 := catalog.Table{Schema: "public", Name: "outbox_p1"}, catalog.Table{Schema: "public", Name: "outbox_p2"}
 	routes := []catalog.Route{
 		{Table: outbox, Columns: []string{"id", "agregat_id", "tipus", "carrega", "creat_en"}},
 		{Table: mixed, Columns: []string{"id", "aggregateid", "type", "payload", "timestamp"}},
@@ -58,7 +59,7 @@ func TestPublicationCheck(t *testing.T) {
 	}{
 		{"good", pub(nil), nil, nil},
 		{"absent", catalog.Publication{Name: "Pub"}, []string{catalog.Unpublished},
-			[]string{`CREATE PUBLICATION "Pub" FOR TABLE "public"."outbox", "Vendes"."OutboxEvent" WITH (publish = 'insert')`}},
+			[]string{`CREATE PUBLICATION "Pub" FOR TABLE "public"."outbox", "Vendes"."OutboxEvent" WITH (publish = 'insert', publish_via_partition_root = true)`}},
 		{"no inserts", pub(func(p *catalog.Publication) { p.Inserts = false }), []string{catalog.Unpublished}, []string{`ALTER PUBLICATION "Pub" SET (publish = 'insert')`}},
 		{"mixed-case table not covered", pub(func(p *catalog.Publication) { delete(p.Tables, mixed) }), []string{catalog.Unpublished},
 			[]string{`does not cover "Vendes"."OutboxEvent"`, `ALTER PUBLICATION "Pub" ADD TABLE "Vendes"."OutboxEvent"`}},
@@ -72,6 +73,28 @@ func TestPublicationCheck(t *testing.T) {
 		}),
 			[]string{catalog.Unrouted}, []string{`covers public."Comandes", which has no route`, `DROP TABLE "public"."Comandes"`}},
 		{"all tables", pub(func(p *catalog.Publication) { p.AllTables = true }), []string{catalog.Unrouted}, []string{"FOR ALL TABLES"}},
+		// A partitioned outbox: pg_publication_tables lists its root with
+		// publish_via_partition_root, its partitions without.
+		{"partitioned, via its root", pub(func(p *catalog.Publication) { p.ViaRoot, p.Partitioned = true, map[catalog.Table]bool{outbox: true} }), nil, nil},
+		{"partitioned, under its partitions' names", pub(func(p *catalog.Publication) {
+			delete(p.Tables, outbox)
+			p.Partitioned = map[catalog.Table]bool{outbox: true}
+			p.Tables[p1] = catalog.PublishedTable{Root: outbox}
+			p.Tables[p2] = catalog.PublishedTable{Root: outbox}
+		}), []string{catalog.Unpublished}, []string{"has publish_via_partition_root off", "partitioned public.outbox", `ALTER PUBLICATION "Pub" SET (publish_via_partition_root = true)`}},
+		{"partitioned without partitions yet, not via its root", pub(func(p *catalog.Publication) {
+			delete(p.Tables, outbox)
+			p.Partitioned = map[catalog.Table]bool{outbox: true}
+		}), []string{catalog.Unpublished}, []string{`ALTER PUBLICATION "Pub" SET (publish_via_partition_root = true)`}},
+		{"partitioned through a schema, not via its root", pub(func(p *catalog.Publication) {
+			delete(p.Tables, outbox)
+			p.Tables[p1] = catalog.PublishedTable{Root: outbox}
+		}), []string{catalog.Unpublished}, []string{`ALTER PUBLICATION "Pub" SET (publish_via_partition_root = true)`}},
+		{"a partition published by itself", pub(func(p *catalog.Publication) {
+			p.ViaRoot = true
+			delete(p.Tables, outbox)
+			p.Tables[p1] = catalog.PublishedTable{Root: outbox}
+		}), []string{catalog.Unpublished, catalog.Unrouted}, []string{`ADD TABLE "public"."outbox"`, "covers public.outbox_p1 (a partition of public.outbox), which has no route"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

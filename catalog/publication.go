@@ -14,39 +14,72 @@ import (
 type Publication struct {
 	Name                       string
 	Exists, Inserts, AllTables bool
-	Tables                     map[Table]PublishedTable
+	// ViaRoot is publish_via_partition_root: a partition's rows are
+	// published under the name of its partitioned table. Without it
+	// pgoutput names the partition, and Tables lists the partitions of a
+	// partitioned table, not the table.
+	ViaRoot bool
+	// Tables: the tables whose rows pgoutput publishes, under their names
+	// (pg_publication_tables).
+	Tables map[Table]PublishedTable
+	// Partitioned: the partitioned tables the publication names itself
+	// (FOR TABLE), with or without partitions yet.
+	Partitioned map[Table]bool
 }
 
 // PublishedTable is one table's entry in a publication.
 type PublishedTable struct {
 	Columns   []string // its column list; nil: every column
 	RowFilter string   // its WHERE clause; "": none
+	// Root is the partitioned table this table is a partition of (the
+	// topmost); zero when it is no partition.
+	Root Table
 }
 
 // ReadPublication reads the publication called name; Exists is false when
 // there is none.
 func ReadPublication(ctx context.Context, conn *pgconn.PgConn, name string, serverVersion int) (Publication, error) {
-	p := Publication{Name: name, Tables: map[Table]PublishedTable{}}
-	rows, err := query(ctx, conn, "SELECT pubinsert, puballtables FROM pg_catalog.pg_publication WHERE pubname = "+QuoteLiteral(name))
+	p := Publication{Name: name, Tables: map[Table]PublishedTable{}, Partitioned: map[Table]bool{}}
+	lit := QuoteLiteral(name)
+	rows, err := query(ctx, conn, "SELECT pubinsert, puballtables, pubviaroot FROM pg_catalog.pg_publication WHERE pubname = "+lit)
 	if err != nil || len(rows) == 0 {
 		return p, err
 	}
-	p.Exists, p.Inserts, p.AllTables = true, str(rows[0][0]) == "t", str(rows[0][1]) == "t"
-	q := "SELECT schemaname, tablename, NULL, NULL FROM pg_catalog.pg_publication_tables WHERE pubname = "
+	p.Exists, p.Inserts, p.AllTables, p.ViaRoot = true, str(rows[0][0]) == "t", str(rows[0][1]) == "t", str(rows[0][2]) == "t"
+	cols := "NULL, NULL"
 	if serverVersion >= 150000 { // column lists and row filters
-		q = "SELECT schemaname, tablename, array_to_json(attnames), rowfilter FROM pg_catalog.pg_publication_tables WHERE pubname = "
+		cols = "array_to_json(t.attnames), t.rowfilter"
 	}
-	if rows, err = query(ctx, conn, q+QuoteLiteral(name)); err != nil {
+	// Each table with the root of its partition tree when it is a partition.
+	rows, err = query(ctx, conn, `SELECT t.schemaname, t.tablename, `+cols+`, rn.nspname, r.relname
+		FROM pg_catalog.pg_publication_tables t
+		JOIN pg_catalog.pg_namespace n ON n.nspname = t.schemaname
+		JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = t.tablename
+		LEFT JOIN pg_catalog.pg_class r ON c.relispartition AND r.oid = pg_catalog.pg_partition_root(c.oid)
+		LEFT JOIN pg_catalog.pg_namespace rn ON rn.oid = r.relnamespace
+		WHERE t.pubname = `+lit)
+	if err != nil {
 		return p, err
 	}
 	for _, r := range rows {
-		t := PublishedTable{RowFilter: str(r[3])}
+		t := PublishedTable{RowFilter: str(r[3]), Root: Table{str(r[4]), str(r[5])}}
 		if r[2] != nil {
 			if err := json.Unmarshal([]byte(*r[2]), &t.Columns); err != nil {
 				return p, fmt.Errorf("read the column list of %s.%s: %w", str(r[0]), str(r[1]), err)
 			}
 		}
 		p.Tables[Table{str(r[0]), str(r[1])}] = t
+	}
+	rows, err = query(ctx, conn, `SELECT n.nspname, c.relname FROM pg_catalog.pg_publication_rel pr
+		JOIN pg_catalog.pg_publication p ON p.oid = pr.prpubid
+		JOIN pg_catalog.pg_class c ON c.oid = pr.prrelid
+		JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+		WHERE c.relkind = 'p' AND p.pubname = `+lit)
+	if err != nil {
+		return p, err
+	}
+	for _, r := range rows {
+		p.Partitioned[Table{str(r[0]), str(r[1])}] = true
 	}
 	return p, nil
 }
@@ -81,13 +114,17 @@ type Problem struct {
 
 func (p Problem) String() string { return p.Text + ": " + p.Fix }
 
+// options are the publication's options: inserts only, and a partition's
+// rows under its partitioned table's name (the routed one).
+const options = "WITH (publish = 'insert', publish_via_partition_root = true)"
+
 // CreateSQL is the statement that creates the publication for routes.
 func CreateSQL(name string, routes []Route) string {
 	if len(routes) == 0 {
 		// Logical messages only: they need no table.
-		return fmt.Sprintf("CREATE PUBLICATION %s WITH (publish = 'insert')", QuoteIdent(name))
+		return fmt.Sprintf("CREATE PUBLICATION %s %s", QuoteIdent(name), options)
 	}
-	return fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')", QuoteIdent(name), quotedTables(routes))
+	return fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s %s", QuoteIdent(name), quotedTables(routes), options)
 }
 
 func quotedTables(routes []Route) string {
@@ -114,10 +151,28 @@ func (p Publication) Check(routes []Route) []Problem {
 		return append(out, Problem{Unrouted, fmt.Sprintf("publication %s is FOR ALL TABLES: an insert into a table without a route stops outboxd", p.Name),
 			fmt.Sprintf("use a publication of the outbox tables only: %s", CreateSQL(p.Name, routes))})
 	}
+	// Without ViaRoot a routed partitioned table is published under its
+	// partitions' names: one problem, whose fix covers them all.
+	underPartitions := map[Table]bool{}
+	if !p.ViaRoot {
+		for t := range p.Partitioned {
+			underPartitions[t] = true
+		}
+		for _, t := range p.Tables {
+			if t.Root != (Table{}) {
+				underPartitions[t.Root] = true
+			}
+		}
+	}
 	routed := map[Table]bool{}
+	var partitioned []string
 	for _, r := range routes {
 		routed[r.Table] = true
 		t, ok := p.Tables[r.Table]
+		if !ok && underPartitions[r.Table] {
+			partitioned = append(partitioned, r.Table.String())
+			continue
+		}
 		if !ok {
 			out = append(out, Problem{Unpublished, fmt.Sprintf("publication %s does not cover %s: its inserts do not reach outboxd", p.Name, r.Table),
 				fmt.Sprintf("ALTER PUBLICATION %s ADD TABLE %s", ref, r.Table.Quoted())})
@@ -140,15 +195,24 @@ func (p Publication) Check(routes []Route) []Problem {
 				fmt.Sprintf("ALTER PUBLICATION %s SET TABLE %s (publish the table without a WHERE clause)", ref, quotedTables(routes))})
 		}
 	}
+	if len(partitioned) > 0 {
+		out = append(out, Problem{Unpublished, fmt.Sprintf("publication %s has publish_via_partition_root off: the rows of the partitioned %s reach outboxd under its partitions' names, which have no route (outboxd would stop at the first)",
+			p.Name, strings.Join(partitioned, ", ")),
+			fmt.Sprintf("ALTER PUBLICATION %s SET (publish_via_partition_root = true)", ref)})
+	}
 	var extra []Table
-	for t := range p.Tables {
-		if !routed[t] {
+	for t, pt := range p.Tables {
+		if !routed[t] && !(routed[pt.Root] && underPartitions[pt.Root]) {
 			extra = append(extra, t)
 		}
 	}
 	sort.Slice(extra, func(i, j int) bool { return extra[i].String() < extra[j].String() })
 	for _, t := range extra {
-		out = append(out, Problem{Unrouted, fmt.Sprintf("publication %s covers %s, which has no route: an insert into it stops outboxd", p.Name, t),
+		what := t.String()
+		if root := p.Tables[t].Root; root != (Table{}) {
+			what += " (a partition of " + root.String() + ")"
+		}
+		out = append(out, Problem{Unrouted, fmt.Sprintf("publication %s covers %s, which has no route: an insert into it stops outboxd", p.Name, what),
 			fmt.Sprintf("ALTER PUBLICATION %s DROP TABLE %s, or add a route for it", ref, t.Quoted())})
 	}
 	return out
@@ -161,4 +225,23 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// Partitions maps each partition (at every level) of those of tables that
+// are partitioned to its table.
+func Partitions(ctx context.Context, conn *pgconn.PgConn, tables []Table) (map[Table]Table, error) {
+	out := map[Table]Table{}
+	for _, t := range tables {
+		rows, err := query(ctx, conn, `SELECT n.nspname, c.relname
+			FROM pg_catalog.pg_partition_tree(pg_catalog.to_regclass(`+QuoteLiteral(t.Quoted())+`)) p
+			JOIN pg_catalog.pg_class c ON c.oid = p.relid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+			WHERE p.level > 0`)
+		if err != nil {
+			return nil, fmt.Errorf("read the partitions of %s: %w", t, err)
+		}
+		for _, r := range rows {
+			out[Table{str(r[0]), str(r[1])}] = t
+		}
+	}
+	return out, nil
 }

@@ -487,10 +487,21 @@ func (c Config) EnvelopeRoutes() []envelope.Route {
 	return out
 }
 
-// CatalogRoutes is what the publication must publish: each routed table
-// once, with every column its routes read. Message routes need no table.
-func (c Config) CatalogRoutes() []catalog.Route {
-	var out []catalog.Route
+// Table is a routed table and its routes.
+type Table struct {
+	catalog.Table
+	// Routes are the indexes of its routes in Config.Routes, in the file's
+	// order. The first names the columns that reading the table itself
+	// needs (id, creat_en, publicat_en: the snapshot, replay, marks,
+	// retention).
+	Routes []int
+}
+
+// Tables is each routed table once, in the order of the file: the one list
+// of tables that the publication, check, the snapshot, replay, marks and
+// retention work on. A message route has no table.
+func (c Config) Tables() []Table {
+	var out []Table
 	index := map[catalog.Table]int{}
 	for k, r := range c.Routes {
 		if r.Message != "" {
@@ -501,13 +512,27 @@ func (c Config) CatalogRoutes() []catalog.Route {
 		if !ok {
 			i = len(out)
 			index[t] = i
-			out = append(out, catalog.Route{Table: t})
+			out = append(out, Table{Table: t})
 		}
-		for _, ref := range r.Envelope().Refs() {
-			if !slices.Contains(out[i].Columns, ref.Column) {
-				out[i].Columns = append(out[i].Columns, ref.Column)
+		out[i].Routes = append(out[i].Routes, k)
+	}
+	return out
+}
+
+// CatalogRoutes is what the publication must publish: each routed table
+// once, with every column its routes read.
+func (c Config) CatalogRoutes() []catalog.Route {
+	tables := c.Tables()
+	out := make([]catalog.Route, len(tables))
+	for i, t := range tables {
+		out[i].Table = t.Table
+		for _, k := range t.Routes {
+			for _, ref := range c.Routes[k].Envelope().Refs() {
+				if !slices.Contains(out[i].Columns, ref.Column) {
+					out[i].Columns = append(out[i].Columns, ref.Column)
+				}
+				out[i].Refs = append(out[i].Refs, catalog.Ref{Column: ref.Column, Key: c.Where(fmt.Sprintf("routes[%d].%s", k, ref.Use))})
 			}
-			out[i].Refs = append(out[i].Refs, catalog.Ref{Column: ref.Column, Key: c.Where(fmt.Sprintf("routes[%d].%s", k, ref.Use))})
 		}
 	}
 	return out

@@ -158,6 +158,9 @@ func TestCatalogRoutes(t *testing.T) {
 	if len(got) != 1 || got[0].Table != (catalog.Table{Schema: "public", Name: "outbox"}) {
 		t.Fatalf("catalog routes %+v", got)
 	}
+	if tables := cfg.Tables(); len(tables) != 1 || tables[0].Table != got[0].Table || !reflect.DeepEqual(tables[0].Routes, []int{0, 1}) {
+		t.Fatalf("tables %+v: want public.outbox with routes 0 and 1, and no table for the message route", tables)
+	}
 	for _, c := range []string{"id", "agregat_id", "tipus", "versio", "carrega", "creat_en", "agregat", "mercat", "client"} {
 		if !strings.Contains(strings.Join(got[0].Columns, ","), c) {
 			t.Errorf("column %s missing from %v", c, got[0].Columns)

@@ -104,6 +104,11 @@ func (c Config) Validate() error {
 		if rt.BatchSize <= 0 {
 			v.add("retention.batch_size", "must be > 0, got %d", rt.BatchSize)
 		}
+		for _, t := range c.Tables() {
+			if k := t.Routes[0]; c.Routes[k].Columns.CreatEn == "" {
+				v.add(fmt.Sprintf("routes[%d].columns.creat_en", k), "retention.max_age is set, but %s has no creat_en column (\"-\"): retention deletes rows by their creat_en; name the column, or turn retention off (max_age: 0)", t.Table)
+			}
+		}
 	}
 
 	pl := c.Pipeline

@@ -85,6 +85,8 @@ func TestValidateErrors(t *testing.T) {
 			[]string{`line 12: retention.max_age: must be >= 0 (0 turns retention off), got -1h0m0s`}},
 		{"retention on with bad pacing", minimal + "retention:\n  max_age: 168h\n  interval: 0s\n  batch_size: 0\n",
 			[]string{`line 13: retention.interval: must be a positive duration, got 0s`, `line 14: retention.batch_size: must be > 0, got 0`}},
+		{"retention on a table without creat_en", minimal + "    value: payload\n    columns:\n      creat_en: \"-\"\nretention:\n  max_age: 168h\n",
+			[]string{`line 13: routes[0].columns.creat_en: retention.max_age is set, but public.outbox has no creat_en column ("-")`}},
 		{"empty versio is not the spelling of no column", minimal + "    columns:\n      versio: \"\"\n",
 			[]string{`line 12: routes[0].columns.versio: column name must not be empty (write "-" if the table has no version column)`}},
 		{"bad slot", strings.Replace(minimal, "slot: outboxd_comandes", "slot: Outboxd-Comandes", 1),

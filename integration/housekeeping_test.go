@@ -10,6 +10,8 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxd/outboxd/testenv"
 )
 
 // Outbox housekeeping: rows deleted in the transaction that inserts them,
@@ -177,5 +179,148 @@ func TestRetentionNeverDeletesUndelivered(t *testing.T) {
 		t.Fatalf("%d of %d events not in Kafka, e.g. %v", len(missing), len(all), missing[:min(3, len(missing))])
 	}
 	t.Logf("%d events delivered; %d old rows deleted after delivery, %d of them held while Kafka was down", len(all), len(old1)+len(old2), len(old2))
+	d.term()
+}
+
+// outboxRow is a row insertRows inserted: its id, and where it lies (its
+// partition and its ctid there).
+type outboxRow struct{ id, part, ctid string }
+
+// insertRows inserts n rows into table (the seed's columns) with creat_en
+// the SQL expression at, already published by the relay when published,
+// and returns them in insertion order.
+func insertRows(t *testing.T, db interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, table string, n int, at string, published bool) []outboxRow {
+	t.Helper()
+	rows, err := db.Query(context.Background(), fmt.Sprintf(`INSERT INTO %s (id, agregat, agregat_id, tipus, carrega, creat_en, publicat_en)
+		SELECT gen_random_uuid(), 'comanda', 'P-' || (g %% 5), 'comanda.creada', jsonb_build_object('n', g), %s, CASE WHEN $2 THEN now() END
+		FROM generate_series(1, $1) g RETURNING id::text, tableoid::regclass::text, ctid::text`, table, at), n, published)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outboxRow, error) {
+		var o outboxRow
+		return o, r.Scan(&o.id, &o.part, &o.ctid)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func ids(rows ...[]outboxRow) []string {
+	var out []string
+	for _, rs := range rows {
+		for _, r := range rs {
+			out = append(out, r.id)
+		}
+	}
+	return out
+}
+
+// wantRecords requires topic to hold exactly one record per id, and no other.
+func wantRecords(t *testing.T, topic string, want []string) {
+	t.Helper()
+	got := map[string]int{}
+	for _, m := range consumeExactly(t, topic, len(want)) {
+		got[header(m, "id_esdeveniment")]++
+	}
+	for _, id := range want {
+		if got[id] != 1 {
+			t.Fatalf("%s holds %d records of %s, want 1 (records by id: %v)", topic, got[id], id, got)
+		}
+	}
+}
+
+// count is how many of ids table holds.
+func (f *fixture) count(table string, ids []string) int {
+	f.t.Helper()
+	var n int
+	if err := f.mon.QueryRow(context.Background(), "SELECT count(*) FROM "+table+" WHERE id = ANY($1::uuid[])", ids).Scan(&n); err != nil {
+		f.t.Fatal(err)
+	}
+	return n
+}
+
+// TestRetentionPartitioned: retention on a partitioned outbox deletes the
+// old rows it selected and nothing else. Old rows (in an earlier month's
+// partition) and young ones (in this month's) sit at the same ctids: a
+// DELETE by ctid alone through the partitioned table would take both.
+func TestRetentionPartitioned(t *testing.T) {
+	f := newFixture(t, partitionedOutbox, map[string]int{"comandes": 2})
+	ctx := context.Background()
+	topic := f.topic("comandes")
+	// The publication as the README's sql/002_publication.sql makes it.
+	mustExec(f, fmt.Sprintf("CREATE PUBLICATION %q FOR TABLE outbox WITH (publish = 'insert', publish_via_partition_root = true)", f.name))
+	cfg := f.config(seedRoute(topic))
+	cfg.Retention = map[string]string{"max_age": "24h", "interval": "300ms", "batch_size": "1000", "confirm_timeout": "1s"}
+	d := f.start(cfg)
+
+	tx, err := f.db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	young := insertRows(t, tx, "outbox", 30, "now() - interval '1 minute'", false)
+	old := insertRows(t, tx, "outbox", 30, lastMonth, false)
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	youngAt := map[string]bool{}
+	for _, r := range young {
+		youngAt[r.ctid] = true
+	}
+	shared := 0
+	for _, r := range old {
+		if youngAt[r.ctid] && r.part != young[0].part {
+			shared++
+		}
+	}
+	if shared == 0 {
+		t.Fatalf("no old row shares a ctid with a young one: the test proves nothing (young in %s, old in %s)", young[0].part, old[0].part)
+	}
+	eventually(t, 60*time.Second, "the old rows deleted", func() bool { return f.count("outbox", ids(old)) == 0 })
+	// A few more passes: the young rows stay.
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(300 * time.Millisecond) {
+		if n := f.count("outbox", ids(young)); n != len(young) {
+			t.Fatalf("retention deleted %d of the %d young rows (%d of them at the ctid of an old row in another partition)", len(young)-n, len(young), shared)
+		}
+	}
+	wantRecords(t, topic, ids(young, old))
+	t.Logf("%d old rows deleted, %d young ones kept; %d ctids in both partitions", len(old), len(young), shared)
+	d.term()
+}
+
+// TestRetentionWithMessageRoute: a route of logical messages and a table
+// whose rows cannot be deleted (a trigger refuses), both before the outbox
+// in the file, do not keep retention from pruning the outbox; the refused
+// deletes are logged.
+func TestRetentionWithMessageRoute(t *testing.T) {
+	schema := seedSchema + `
+CREATE TABLE arxiu (LIKE outbox INCLUDING ALL);
+CREATE FUNCTION keep_arxiu() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'arxiu keeps its rows'; END $$;
+CREATE TRIGGER keep BEFORE DELETE ON arxiu FOR EACH ROW EXECUTE FUNCTION keep_arxiu();`
+	f := newFixture(t, schema, map[string]int{"comandes": 1, "arxiu": 1, "missatges": 1})
+	ctx := context.Background()
+	cfg := f.config(testenv.Route{Message: f.name, Topic: f.topic("missatges")},
+		testenv.Route{Table: "public.arxiu", Topic: f.topic("arxiu")}, seedRoute(f.topic("comandes")))
+	cfg.Retention = map[string]string{"max_age": "1h", "interval": "300ms", "confirm_timeout": "1s"}
+	d := f.start(cfg)
+	kept := insertRows(t, f.db, "arxiu", 5, "now() - interval '2 hours'", false)
+	old := insertRows(t, f.db, "outbox", 20, "now() - interval '2 hours'", false)
+	young := insertRows(t, f.db, "outbox", 5, "now()", false)
+	if _, err := f.db.Exec(ctx, `SELECT pg_logical_emit_message(true, $1, '{"id_esdeveniment": "m-1", "agregat_id": "P-1", "tipus": "t", "versio": 1, "dades": {}}')`, f.name); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 60*time.Second, "the old rows deleted", func() bool { return f.count("outbox", ids(old)) == 0 })
+	if n := f.count("outbox", ids(young)); n != len(young) {
+		t.Fatalf("%d of %d young rows left", n, len(young))
+	}
+	if n := f.count("arxiu", ids(kept)); n != len(kept) || !strings.Contains(d.Log(), "arxiu keeps its rows") {
+		t.Fatalf("arxiu: %d of %d rows left, want all, and the refusal in the log:\n%s", n, len(kept), d.Log())
+	}
+	wantRecords(t, f.topic("comandes"), ids(old, young))
+	wantRecords(t, f.topic("arxiu"), ids(kept))
+	wantRecords(t, f.topic("missatges"), []string{"m-1"})
 	d.term()
 }

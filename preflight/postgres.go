@@ -86,9 +86,8 @@ func checkPostgres(ctx context.Context, cfg config.Config) []Result {
 // databaseChecks names the checks that need a database connection.
 func databaseChecks(cfg config.Config) []string {
 	names := []string{"wal_level", "max_replication_slots", "max_wal_senders", "role"}
-	tables, _ := tableRoutes(cfg)
-	for _, t := range tables {
-		names = append(names, "table "+t)
+	for _, t := range cfg.Tables() {
+		names = append(names, "table "+t.String())
 	}
 	return append(names, "publication", "slot", "failover")
 }
@@ -190,29 +189,12 @@ func evalRole(name string, repl, super bool) Result {
 // it and the name of its base type (a domain's underlying type).
 type column struct{ typ, base string }
 
-// tableRoutes groups the table routes by table, in the order of the file.
-func tableRoutes(cfg config.Config) (tables []string, routes map[string][]int) {
-	routes = map[string][]int{}
-	for i, r := range cfg.Routes {
-		if r.Message != "" {
-			continue
-		}
-		key := catalog.Table{Schema: r.Schema, Name: r.Name}.String()
-		if _, ok := routes[key]; !ok {
-			tables = append(tables, key)
-		}
-		routes[key] = append(routes[key], i)
-	}
-	return tables, routes
-}
-
 func checkTables(ctx context.Context, conn *pgx.Conn, cfg config.Config) []Result {
 	var out []Result
-	tables, routes := tableRoutes(cfg)
-	for _, t := range tables {
-		first := cfg.Routes[routes[t][0]]
-		name := "table " + t
-		rel, err := catalog.ReadRelation(ctx, conn.PgConn(), catalog.Table{Schema: first.Schema, Name: first.Name})
+	for _, t := range cfg.Tables() {
+		first := cfg.Routes[t.Routes[0]]
+		name := "table " + t.String()
+		rel, err := catalog.ReadRelation(ctx, conn.PgConn(), t.Table)
 		switch {
 		case err != nil:
 			out = append(out, queryFailed(name, err)...)
@@ -227,14 +209,18 @@ func checkTables(ctx context.Context, conn *pgx.Conn, cfg config.Config) []Resul
 			cols[n] = column{c.Type, c.Base}
 		}
 		var results []Result
-		for _, i := range routes[t] {
+		for _, i := range t.Routes {
 			where := func(use string) string { return cfg.Where(fmt.Sprintf("routes[%d].%s", i, use)) }
 			results = append(results, evalRoute(cfg.Routes[i], where, rel.Kind, cols))
 		}
 		if r := markPrivilege(ctx, conn, cfg, first, cols); r != nil {
 			results = append(results, *r)
 		}
-		out = append(out, merge(name, results))
+		res := merge(name, results)
+		if rel.Kind == "p" && res.Status == Pass {
+			res.Detail = "partitioned, routed as one table; " + res.Detail
+		}
+		out = append(out, res)
 	}
 	return out
 }

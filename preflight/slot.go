@@ -111,9 +111,9 @@ func checkSlot(ctx context.Context, conn *pgx.Conn, cfg config.Config) []Result 
 		// publish, and whether it can.
 		// The snapshot's own question (republish.CountPending): a cut-over
 		// that could not read or order the pending rows fails here.
-		tables, routes := tableRoutes(cfg)
-		for _, name := range tables {
-			i := routes[name][0]
+		for _, t := range cfg.Tables() {
+			name := t.String()
+			i := t.Routes[0]
 			r := cfg.Routes[i]
 			if r.Columns.PublicatEn == "" {
 				continue

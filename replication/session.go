@@ -76,6 +76,18 @@ func (r *Runner) session(ctx context.Context, first bool) (progressed bool, err 
 		}
 	}
 
+	// pgoutput decodes a change with the catalogs of its time: rows
+	// committed while publish_via_partition_root was off reach the slot
+	// under their partition's name, and route as its table's.
+	tables := make([]catalog.Table, len(r.cfg.Routes))
+	for i, rt := range r.cfg.Routes {
+		tables[i] = rt.Table
+	}
+	partitions, err := catalog.Partitions(ctx, conn, tables)
+	if err != nil {
+		return false, err
+	}
+
 	args := []string{"proto_version '1'", "publication_names " + catalog.QuoteLiteral(r.cfg.Publication), "messages 'true'"}
 	// Start at 0/0: the server resumes from the slot's confirmed_flush_lsn.
 	if err := pglogrepl.StartReplication(ctx, conn, r.cfg.Slot, 0, pglogrepl.StartReplicationOptions{PluginArgs: args}); err != nil {
@@ -97,6 +109,6 @@ func (r *Runner) session(ctx context.Context, first bool) (progressed bool, err 
 	// Wake a blocked read at once when a stop is requested.
 	stopWake := context.AfterFunc(ctx, func() { _ = conn.Conn().SetReadDeadline(time.Now()) })
 	defer stopWake()
-	s := &stream{r: r, conn: conn, prod: prod, tracker: tracker, relations: map[uint32][]*envelope.Binding{}, sentFlush: start}
+	s := &stream{r: r, conn: conn, prod: prod, tracker: tracker, relations: map[uint32][]*envelope.Binding{}, partitions: partitions, sentFlush: start}
 	return true, s.run(ctx)
 }

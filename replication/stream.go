@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/outboxd/outboxd"
+	"github.com/outboxd/outboxd/catalog"
 	"github.com/outboxd/outboxd/envelope"
 )
 
@@ -23,6 +24,9 @@ type stream struct {
 	prod      Producer
 	tracker   *Tracker
 	relations map[uint32][]*envelope.Binding // each relation's routes
+	// partitions: each partition of a routed partitioned table, and that
+	// table (catalog.Partitions).
+	partitions map[catalog.Table]catalog.Table
 
 	txn      *Txn          // open transaction
 	index    uint32        // changes received in txn so far
@@ -214,6 +218,16 @@ func (s *stream) handleMessage(wal []byte) error {
 	}
 	switch m := msg.(type) {
 	case *pglogrepl.RelationMessage:
+		// With publish_via_partition_root pgoutput sends a partition's
+		// Relation beside its table's; its rows come under its own name
+		// only when committed while that was off.
+		part := catalog.Table{Schema: m.Namespace, Name: m.RelationName}
+		if root, ok := s.partitions[part]; ok {
+			s.r.log.Debug("a partition's relation: its rows route as its table's", "partition", part.String(), "table", root.String())
+			rel := *m
+			rel.Namespace, rel.RelationName = root.Schema, root.Name
+			m = &rel
+		}
 		s.relations[m.RelationID] = s.r.router.Bind(m)
 	case *pglogrepl.BeginMessage:
 		if s.txn != nil {

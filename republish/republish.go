@@ -404,9 +404,10 @@ func commitTimestamps(ctx context.Context, conn *pgconn.PgConn) (bool, error) {
 // space map may give it an earlier page, so a transaction's later row can
 // sit before its earlier one (TestSnapshotKeepsStatementOrder makes it
 // happen; a failover test under load met it). ctid only breaks the ties
-// left: the rows of one multi-row statement.
+// left: the rows of one multi-row statement, within one partition (a ctid
+// is a place in one table: through a partitioned table, tableoid first).
 func rowOrder(t Table, byCommit bool) string {
-	creat := catalog.QuoteIdent(t.Route.Columns.CreatEn) + ", cmin::text::bigint, ctid"
+	creat := catalog.QuoteIdent(t.Route.Columns.CreatEn) + ", cmin::text::bigint, tableoid, ctid"
 	if byCommit {
 		return "pg_xact_commit_timestamp(xmin) NULLS FIRST, " + creat
 	}

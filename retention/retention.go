@@ -23,7 +23,8 @@
 //     every row the snapshot sees is in Kafka.
 //  4. DELETE, in that same snapshot, at most BatchSize rows whose creat_en
 //     is older than MaxAge: rows committed after L are invisible to it,
-//     however old their creat_en.
+//     however old their creat_en. A partitioned table is pruned through
+//     itself, each row by its partition and place (tableoid, ctid).
 //
 // If the slot does not reach L in time (Kafka is down, outboxd is stopped or
 // behind), the batch deletes nothing and the job tries again later.
@@ -162,12 +163,17 @@ func (j *Job) connect(ctx context.Context) (*pgconn.PgConn, error) {
 	return conn, nil
 }
 
-// pass deletes batches from each table until one comes back short.
+// pass deletes batches from each table until one comes back short. A
+// table that fails does not keep the others from being pruned; a reason to
+// wait (notYet) holds for every table, and ends the pass.
 func (j *Job) pass(ctx context.Context, conn *pgconn.PgConn) error {
+	var errs []error
 	for _, t := range j.cfg.Tables {
 		total, conflicts := 0, 0
+		var err error
 		for {
-			n, err := j.batch(ctx, conn, t)
+			var n int
+			n, err = j.batch(ctx, conn, t)
 			total += n
 			if hasCode(err, "40001") && conflicts < 5 {
 				// A row of the snapshot changed since (postgres.mark_published
@@ -175,21 +181,22 @@ func (j *Job) pass(ctx context.Context, conn *pgconn.PgConn) error {
 				conflicts++
 				continue
 			}
-			if err != nil {
-				if total > 0 {
-					j.log.Info("retention: deleted old rows", "table", t.Schema+"."+t.Name, "rows", total)
-				}
-				return err
-			}
-			if n < j.cfg.BatchSize {
+			if err != nil || n < j.cfg.BatchSize {
 				break
 			}
 		}
 		if total > 0 {
 			j.log.Info("retention: deleted old rows", "table", t.Schema+"."+t.Name, "rows", total, "older_than", j.cfg.MaxAge)
 		}
+		var ny *notYet
+		switch {
+		case errors.As(err, &ny) || ctx.Err() != nil || conn.IsClosed():
+			return err
+		case err != nil:
+			errs = append(errs, err)
+		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // batch deletes at most BatchSize old rows of t that the slot has
@@ -209,8 +216,11 @@ func (j *Job) batch(ctx context.Context, conn *pgconn.PgConn, t Table) (int, err
 		return 0, err
 	}
 	table, creat := catalog.Table{Schema: t.Schema, Name: t.Name}.Quoted(), catalog.QuoteIdent(t.CreatEn)
-	res := conn.ExecParams(ctx, fmt.Sprintf(`DELETE FROM %s WHERE ctid = ANY(ARRAY(
-		SELECT ctid FROM %s WHERE %s < now() - make_interval(secs => $1) ORDER BY %s LIMIT $2))`, table, table, creat, creat),
+	// A row by (tableoid, ctid): through a partitioned table, a ctid alone
+	// names a row in each partition (a TID scan per partition finds them).
+	res := conn.ExecParams(ctx, fmt.Sprintf(`DELETE FROM %s t USING (
+		SELECT tableoid, ctid FROM %s WHERE %s < now() - make_interval(secs => $1) ORDER BY %s LIMIT $2) old
+		WHERE t.tableoid = old.tableoid AND t.ctid = old.ctid`, table, table, creat, creat),
 		[][]byte{[]byte(strconv.FormatFloat(j.cfg.MaxAge.Seconds(), 'f', -1, 64)), []byte(strconv.Itoa(j.cfg.BatchSize))}, nil, nil, nil).Read()
 	if err := res.Err; err != nil {
 		if hasCode(err, "42501") {

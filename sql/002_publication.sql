@@ -9,10 +9,15 @@
 -- publish = 'insert': outboxd only turns inserted rows into events; updates
 -- (e.g. the polling relay's `UPDATE ... SET publicat_en`) and deletes (outbox
 -- cleanup) are not even sent over the replication connection.
+-- publish_via_partition_root = true: when the outbox is a partitioned table
+-- (PARTITION BY RANGE (creat_en), e.g. pg_partman's monthly partitions), its
+-- rows are published under its own name, the routed one, not under their
+-- partition's; partitions attached or detached later change nothing. On a
+-- plain table it changes nothing.
 --
 -- Not idempotent: CREATE PUBLICATION has no IF NOT EXISTS; running it twice
 -- fails with "publication "outboxd_comandes" already exists". The name must
 -- match `postgres.publication` in outboxd.yaml.
 -- Also needs wal_level = logical on the server (a restart is needed to change it).
 
-CREATE PUBLICATION outboxd_comandes FOR TABLE public.outbox WITH (publish = 'insert');
+CREATE PUBLICATION outboxd_comandes FOR TABLE public.outbox WITH (publish = 'insert', publish_via_partition_root = true);

@@ -112,8 +112,8 @@ func run(ctx context.Context, path string, proc *process) error {
 	}
 	if rt := cfg.Retention; rt.MaxAge > 0 {
 		var tables []retention.Table
-		for _, r := range cfg.Routes {
-			tables = append(tables, retention.Table{Schema: r.Schema, Name: r.Name, CreatEn: r.Columns.CreatEn})
+		for _, t := range cfg.Tables() {
+			tables = append(tables, retention.Table{Schema: t.Schema, Name: t.Name, CreatEn: cfg.Routes[t.Routes[0]].Columns.CreatEn})
 		}
 		job := retention.New(retention.Config{Conn: conn, Slot: cfg.Postgres.Slot, Tables: tables, MaxAge: rt.MaxAge,
 			Interval: rt.Interval, BatchSize: rt.BatchSize, ConfirmTimeout: rt.ConfirmTimeout}, log.Named("retention"))
@@ -174,19 +174,13 @@ func newRouter(cfg config.Config) (*envelope.Router, error) {
 	return router, nil
 }
 
-// outboxTables are the routed tables, each once (a table may have several
-// routes; a message route has none), as the table readers and writers
-// (snapshot, replay, marks) see them.
+// outboxTables are the routed tables (config.Tables), as the table readers
+// and writers (snapshot, replay, marks) see them.
 func outboxTables(cfg config.Config) []republish.Table {
 	var ts []republish.Table
-	seen := map[string]bool{}
-	for i, r := range cfg.EnvelopeRoutes() {
-		key := r.Schema + "\x00" + r.Table
-		if r.Table == "" || seen[key] {
-			continue
-		}
-		seen[key] = true
-		ts = append(ts, republish.Table{Route: r, PublicatEn: cfg.Routes[i].Columns.PublicatEn})
+	for _, t := range cfg.Tables() {
+		r := cfg.Routes[t.Routes[0]]
+		ts = append(ts, republish.Table{Route: r.Envelope(), PublicatEn: r.Columns.PublicatEn})
 	}
 	return ts
 }
