@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -471,5 +472,63 @@ func explainOrder(t *testing.T, ctx context.Context, conn *pgx.Conn, ver *testen
 		}
 		rows.Close()
 		t.Logf("aggregate %s in the new primary's table:\n  %s", key, strings.Join(lines, "\n  "))
+	}
+}
+
+// TestStandbyInstanceKeepsSlotMissing: re-creating a slot that existed is
+// the operator's decision, for every instance (README, Failover). Two
+// instances share a slot: one streams, the other stands by, having only
+// ever seen the slot in use. The slot then disappears as it does after a
+// PostgreSQL 14-16 failover (here: the active instance is killed and the
+// slot dropped; the standby instance is held with SIGSTOP meanwhile, as
+// a standby waits out a promotion, so that it next finds no slot). It must
+// stop with "does not exist", not create a new slot, whether that slot
+// would come with the cut-over snapshot (pending) or without one (none:
+// the window would be skipped silently).
+func TestStandbyInstanceKeepsSlotMissing(t *testing.T) {
+	for _, snapshot := range []string{"pending", "none"} {
+		t.Run(snapshot, func(t *testing.T) {
+			f := newFixture(t, seedSchema, map[string]int{"comandes": 1})
+			ctx := context.Background()
+			dc := f.config(seedRoute(f.topic("comandes")))
+			dc.Postgres["standby_retry"] = "300ms"
+			dc.Postgres["snapshot"] = snapshot
+			active := f.start(dc)
+			standby := f.spawn(dc)
+			eventually(t, 20*time.Second, "the second instance in standby", func() bool {
+				st, err := standby.Status(ctx)
+				return err == nil && st.State == "standby"
+			})
+			if err := standby.Signal(syscall.SIGSTOP); err != nil {
+				t.Fatal(err)
+			}
+			active.kill()
+			slots := func() int {
+				var n int
+				if err := f.mon.QueryRow(ctx, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", f.name).Scan(&n); err != nil {
+					t.Fatal(err)
+				}
+				return n
+			}
+			eventually(t, 20*time.Second, "the slot dropped once the killed instance's walsender let go of it", func() bool {
+				_, _ = f.mon.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active", f.name)
+				return slots() == 0
+			})
+			if err := standby.Signal(syscall.SIGCONT); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, 30*time.Second, "the standby instance stopped, or created the slot", func() bool {
+				return !standby.Running() || slots() > 0
+			})
+			if slots() > 0 || strings.Contains(standby.Log(), "created replication slot") {
+				t.Fatalf("the standby instance re-created the missing slot by itself (snapshot: %s):\n%s", snapshot, standby.Log())
+			}
+			if err := standby.exited(10 * time.Second); err == nil {
+				t.Fatalf("the standby instance exited with status 0:\n%s", standby.Log())
+			}
+			if !strings.Contains(standby.Log(), "does not exist") {
+				t.Fatalf("the standby instance's error does not say the slot does not exist:\n%s", standby.Log())
+			}
+		})
 	}
 }

@@ -122,7 +122,8 @@ func (r *Runner) publishSnapshot(ctx context.Context, conn *pgconn.PgConn, c *cu
 	return nil
 }
 
-// readSlot reads the slot and whether its cut-over marker exists.
+// readSlot reads the slot and whether its cut-over marker exists; a slot
+// found is one this process has seen (Runner.slotSeen).
 func (r *Runner) readSlot(ctx context.Context, conn *pgconn.PgConn) (*catalog.Slot, bool, error) {
 	slot, err := catalog.ReadSlot(ctx, conn, r.cfg.Slot)
 	if err != nil {
@@ -131,6 +132,9 @@ func (r *Runner) readSlot(ctx context.Context, conn *pgconn.PgConn) (*catalog.Sl
 	marker, err := catalog.ReadSlot(ctx, conn, catalog.CutoverMarker(r.cfg.Slot))
 	if err != nil {
 		return nil, false, fmt.Errorf("read the cut-over marker slot: %w", err)
+	}
+	if slot != nil {
+		r.slotSeen = true
 	}
 	return slot, marker != nil, nil
 }
