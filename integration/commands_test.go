@@ -140,7 +140,7 @@ func TestCheckPassesOnAGoodSetup(t *testing.T) {
 		"PASS wal_level: logical", "PASS slot: "+f.name+" does not exist; will be created",
 		"PASS publication: "+f.name+" does not exist; will be created", "PASS topic "+f.topic("comandes")+": exists, 3 partition(s)",
 		"PASS table public.outbox: id uuid, agregat_id text, tipus text, versio integer, carrega jsonb, creat_en timestamp with time zone",
-		failover("will be created as a failover slot"))
+		failover("will be created for the cut-over, and made a failover slot once its snapshot is in Kafka"))
 
 	// Against a running instance: the normal state of a deployment, so
 	// check works as a live diagnostic and names the slot's holder.

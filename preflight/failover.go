@@ -25,6 +25,7 @@ import (
 type failoverView struct {
 	srv          catalog.Server
 	slot         *catalog.Slot
+	marker       bool // the slot's cut-over did not finish
 	standbySlots []catalog.StandbySlot
 	streaming    []catalog.Standby
 	others       []hostView
@@ -49,6 +50,11 @@ func checkFailover(ctx context.Context, conn *pgx.Conn, cfg config.Config) []Res
 	if v.slot, err = catalog.ReadSlot(ctx, pc, cfg.Postgres.Slot); err != nil {
 		return queryFailed("failover", err)
 	}
+	marker, err := catalog.ReadSlot(ctx, pc, catalog.CutoverMarker(cfg.Postgres.Slot))
+	if err != nil {
+		return queryFailed("failover", err)
+	}
+	v.marker = marker != nil
 	if v.standbySlots, err = catalog.ReadStandbySlots(ctx, pc, v.srv.SynchronizedStandbySlots); err != nil {
 		return queryFailed("failover", err)
 	}
@@ -144,8 +150,12 @@ func evalFailover(pg config.Postgres, v failoverView) Result {
 	}
 	var state string
 	switch {
+	case v.slot == nil && pg.Snapshot == config.SnapshotPending && pg.CreateSlot:
+		state = fmt.Sprintf("slot %s will be created for the cut-over, and made a failover slot once its snapshot is in Kafka (a failover before that stops outboxd: README, Failover)", slot)
 	case v.slot == nil:
 		state = fmt.Sprintf("slot %s will be created as a failover slot", slot)
+	case v.marker:
+		state = fmt.Sprintf("the cut-over of slot %s did not finish: the next start does it again, and makes the slot a failover slot once its snapshot is in Kafka", slot)
 	case !v.slot.Failover:
 		state = fmt.Sprintf("slot %s is not a failover slot yet: outboxd makes it one at start", slot)
 	default:

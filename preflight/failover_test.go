@@ -13,6 +13,8 @@ func TestEvalFailover(t *testing.T) {
 	pg.Slot = "s"
 	noFailover := pg
 	noFailover.FailoverSlot = false
+	noSnapshot := pg
+	noSnapshot.Snapshot = config.SnapshotNone
 	pg15 := catalog.Server{Version: 150018}
 	pg17 := catalog.Server{Version: 170012}
 	waiting := pg17
@@ -36,7 +38,9 @@ func TestEvalFailover(t *testing.T) {
 		{"17 through a standby", pg, failoverView{srv: catalog.Server{Version: 170012, InRecovery: true}}, Warn, []string{"leads to a standby"}},
 		{"17, turned off", noFailover, failoverView{srv: waiting, slot: slot}, Warn, []string{"postgres.failover_slot is false"}},
 		{"17, alone", pg, failoverView{srv: pg17, slot: slot}, Pass, []string{"slot s is a failover slot", "no standby streams"}},
-		{"17, to be created", pg, failoverView{srv: pg17}, Pass, []string{"will be created as a failover slot"}},
+		{"17, to be created for the cut-over", pg, failoverView{srv: pg17}, Pass, []string{"created for the cut-over, and made a failover slot once its snapshot is in Kafka"}},
+		{"17, to be created", noSnapshot, failoverView{srv: pg17}, Pass, []string{"will be created as a failover slot"}},
+		{"17, cut-over unfinished", pg, failoverView{srv: pg17, slot: notYet, marker: true}, Pass, []string{"did not finish", "makes the slot a failover slot once its snapshot is in Kafka"}},
 		{"17, to be altered", pg, failoverView{srv: pg17, slot: notYet}, Pass, []string{"not a failover slot yet: outboxd makes it one"}},
 		{"17, a standby the primary does not wait for", pg, failoverView{srv: pg17, slot: slot, streaming: streaming}, Warn,
 			[]string{"synchronized_standby_slots is empty", "events of transactions the new primary never had", "sync_replication_slots = on"}},

@@ -88,7 +88,8 @@ func (r *Runner) ensurePublication(ctx context.Context, conn *pgconn.PgConn, ver
 // and no session of this process has seen it (Runner.slotSeen). A slot is
 // a failover slot where the server has them and postgres.failover_slot
 // asks for one; a slot created with a snapshot to publish first comes with
-// its cutover (cutover.go).
+// its cutover (cutover.go), and becomes a failover slot only once that is
+// published.
 func (r *Runner) ensureSlot(ctx context.Context, conn *pgconn.PgConn, srv catalog.Server) (pglogrepl.LSN, *cutover, error) {
 	name := r.cfg.Slot
 	mayCreate := r.cfg.CreateSlot && !r.slotSeen
@@ -117,7 +118,7 @@ func (r *Runner) ensureSlot(ctx context.Context, conn *pgconn.PgConn, srv catalo
 	if slot == nil {
 		switch {
 		case r.slotSeen:
-			return 0, nil, Fatal(fmt.Errorf("replication slot %q does not exist, though this outboxd has seen it (dropped, or a failover to a standby that did not have it: before PostgreSQL 17 no slot is synchronised to standbys, on 17 only a failover slot): events committed since it went are not in any slot; outboxd will not recreate it silently. Recreate it deliberately (restart with postgres.create_slot: true) after reconciling (README, Failover)", name))
+			return 0, nil, Fatal(fmt.Errorf("replication slot %q does not exist, though this outboxd has seen it (dropped, or a failover to a standby that did not have it: before PostgreSQL 17 no slot is synchronised to standbys, on 17 only a failover slot, which outboxd's is from the end of its cut-over on): events committed since it went are not in any slot; outboxd will not recreate it silently. Recreate it deliberately (restart with postgres.create_slot: true) after reconciling (README, Failover)", name))
 		case !mayCreate:
 			return 0, nil, Fatal(fmt.Errorf("replication slot %q does not exist and postgres.create_slot is false: reconcile the events committed since the old slot's position, if any (outboxd replay), then set postgres.create_slot: true, or create the slot (SELECT pg_create_logical_replication_slot('%s', 'pgoutput'))", name, name))
 		}
@@ -151,9 +152,13 @@ func (r *Runner) failover(srv catalog.Server) bool {
 }
 
 // createSlot creates the logical pgoutput slot, a failover one when
-// failover(srv), with an exported snapshot when export (the cut-over).
+// failover(srv), or with an exported snapshot when export (the cut-over),
+// never both: a standby's slot sync worker copies a failover slot, not the
+// cut-over's marker, so the copy promoted after a failover would stream
+// from the consistent point without the snapshot rows Kafka does not have
+// yet. publishSnapshot makes it a failover slot once they are acknowledged.
 func (r *Runner) createSlot(ctx context.Context, conn *pgconn.PgConn, srv catalog.Server, export bool) (pglogrepl.CreateReplicationSlotResult, error) {
-	failover := r.failover(srv)
+	failover := r.failover(srv) && !export
 	res, err := pglogrepl.ParseCreateReplicationSlot(conn.Exec(ctx, catalog.CreateSlotCommand(r.cfg.Slot, export, failover)))
 	if err != nil {
 		return res, slotError(fmt.Errorf("create replication slot %q: %w", r.cfg.Slot, err))
