@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
@@ -140,7 +141,7 @@ func TestCheckPassesOnAGoodSetup(t *testing.T) {
 		"PASS wal_level: logical", "PASS slot: "+f.name+" does not exist; will be created",
 		"PASS publication: "+f.name+" does not exist; will be created", "PASS topic "+f.topic("comandes")+": exists, 3 partition(s)",
 		"PASS table public.outbox: id uuid, agregat_id text, tipus text, versio integer, carrega jsonb, creat_en timestamp with time zone",
-		failover("will be created as a failover slot"))
+		failover("will be created for the cut-over, and made a failover slot once its snapshot is in Kafka"))
 
 	// Against a running instance: the normal state of a deployment, so
 	// check works as a live diagnostic and names the slot's holder.
@@ -183,6 +184,69 @@ func topicPartitions(t *testing.T, topic string) int {
 		}
 	}
 	return n
+}
+
+// TestCheckNamesWhatTheLostSlotSnapshotMisses: where a failover loses the
+// slot (before PostgreSQL 17; on 17, failover_slot: false), the snapshot
+// of the re-created slot publishes again the pending rows of a table with
+// a publicat_en column whose rows stay in it, and nothing else. check's
+// failover line names the tables it covers, and a warning names each route
+// it does not: a logical-message route, a table without publicat_en ("-")
+// and a table whose service deletes each row in the inserting transaction
+// (told by its statistics: inserted and deleted alike, empty).
+func TestCheckNamesWhatTheLostSlotSnapshotMisses(t *testing.T) {
+	schema := seedSchema + `
+CREATE TABLE events (id UUID PRIMARY KEY, agregat TEXT NOT NULL, agregat_id TEXT NOT NULL, tipus TEXT NOT NULL,
+	versio INTEGER NOT NULL DEFAULT 1, carrega JSONB NOT NULL, creat_en TIMESTAMPTZ NOT NULL DEFAULT now());
+CREATE TABLE fleeting (LIKE outbox INCLUDING ALL);`
+	f := newFixture(t, schema, map[string]int{"comandes": 1, "events": 1, "fleeting": 1, "missatges": 1})
+	ctx := context.Background()
+	// The service of fleeting deletes each event in its own transaction,
+	// on a connection of its own whose end sends its statistics.
+	svc, err := pgx.Connect(ctx, f.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 5; i++ {
+		if _, err := svc.Exec(ctx, `BEGIN;
+			INSERT INTO fleeting (id, agregat, agregat_id, tipus, carrega) VALUES ('00000000-0000-0000-0000-00000000000`+fmt.Sprint(i)+`', 'comanda', 'P-1', 'comanda.creada', '{}');
+			DELETE FROM fleeting;
+			COMMIT`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	svc.Close(ctx)
+	eventually(t, 30*time.Second, "the statistics of fleeting count its inserts", func() bool {
+		var n int64
+		return f.mon.QueryRow(ctx, "SELECT n_tup_ins FROM pg_stat_user_tables WHERE relid = 'fleeting'::regclass").Scan(&n) == nil && n == 5
+	})
+
+	cfg := f.config(seedRoute(f.topic("comandes")),
+		testenv.Route{Table: "public.events", Topic: f.topic("events"), More: testenv.Section{"columns": `{publicat_en: "-"}`}},
+		testenv.Route{Table: "public.fleeting", Topic: f.topic("fleeting")},
+		testenv.Route{Message: f.name, Topic: f.topic("missatges")})
+	cfg.Postgres["failover_slot"] = "false" // PostgreSQL 17 loses the slot too
+	r := outboxd(t, f.dsn, "check", "-c", f.configFile(cfg))
+	t.Logf("check:\n%s", r)
+	if r.code != 0 {
+		t.Fatalf("check fails (warnings should not):\n%s", r)
+	}
+	main := r.line("WARN failover: ")
+	if !strings.Contains(main, "pending (publicat_en NULL) of public.outbox, which covers") || strings.Contains(main, "public.events") || strings.Contains(main, "public.fleeting") {
+		t.Errorf("the failover line does not name public.outbox alone as covered: %s", main)
+	}
+	for prefix, want := range map[string]string{
+		fmt.Sprintf("WARN failover message prefix %q: ", f.name): "logical messages are in no table",
+		"WARN failover public.events: ":                          `columns.publicat_en is "-"`,
+		"WARN failover public.fleeting: ":                        "empty though 5 rows were inserted and 5 deleted",
+	} {
+		if l := r.line(prefix); !strings.Contains(l, want) || !strings.Contains(l, " — fix: ") {
+			t.Errorf("check has no warning %q...%q with a fix; the line: %q", prefix, want, l)
+		}
+	}
+	if l := r.line("WARN failover public.outbox"); l != "" {
+		t.Errorf("check warns about a covered table: %s", l)
+	}
 }
 
 // TestCheckFailsOnWalLevelReplica: a second throwaway cluster with

@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outboxd/outboxd/catalog"
 	"github.com/outboxd/outboxd/testenv"
 	"github.com/outboxd/outboxd/testenv/chaos"
 )
@@ -65,22 +67,8 @@ func TestFailover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	standby, err := pg.StartStandby()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dsn, err := testenv.MultiHostDSN(name, primaryDSN, standby.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	standbyDSN, err := testenv.DatabaseDSN(standby.DSN, name)
-	if err != nil {
-		t.Fatal(err)
-	}
 	const partitions = 4
-	if err := env.CreateTopic(name, partitions); err != nil {
-		t.Fatal(err)
-	}
+	standby, dsn, standbyDSN := startStandby(t, pg, name, primaryDSN, partitions)
 	cfg := testenv.Config{
 		DSN: dsn, Brokers: env.KafkaBrokers, Slot: name, Routes: []testenv.Route{seedRoute(name)},
 		Postgres: testenv.Section{"status_interval": "100ms"},
@@ -312,6 +300,30 @@ func TestFailover(t *testing.T) {
 	}
 }
 
+// startStandby makes a streaming standby of pg, whose database name is
+// at primaryDSN, and the topic name: it returns the standby, the multi-host
+// DSN outboxd connects with (the primary first) and the standby's DSN of
+// the database.
+func startStandby(t *testing.T, pg *testenv.Env, name, primaryDSN string, partitions int) (*testenv.Standby, string, string) {
+	t.Helper()
+	standby, err := pg.StartStandby()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dsn, err := testenv.MultiHostDSN(name, primaryDSN, standby.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	standbyDSN, err := testenv.DatabaseDSN(standby.DSN, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := env.CreateTopic(name, partitions); err != nil {
+		t.Fatal(err)
+	}
+	return standby, dsn, standbyDSN
+}
+
 // slotCreatedAt is the time of the last "created replication slot" line
 // of an outboxd log.
 func slotCreatedAt(t *testing.T, log string) time.Time {
@@ -472,4 +484,235 @@ func explainOrder(t *testing.T, ctx context.Context, conn *pgx.Conn, ver *testen
 		rows.Close()
 		t.Logf("aggregate %s in the new primary's table:\n  %s", key, strings.Join(lines, "\n  "))
 	}
+}
+
+// TestStandbyInstanceKeepsSlotMissing: re-creating a slot that existed is
+// the operator's decision, for every instance (README, Failover). Two
+// instances share a slot: one streams, the other stands by, having only
+// ever seen the slot in use. The slot then disappears as it does after a
+// PostgreSQL 14-16 failover (here: the active instance is killed and the
+// slot dropped; the standby instance is held with SIGSTOP meanwhile, as
+// a standby waits out a promotion, so that it next finds no slot). It must
+// stop with "does not exist", not create a new slot, whether that slot
+// would come with the cut-over snapshot (pending) or without one (none:
+// the window would be skipped silently).
+func TestStandbyInstanceKeepsSlotMissing(t *testing.T) {
+	for _, snapshot := range []string{"pending", "none"} {
+		t.Run(snapshot, func(t *testing.T) {
+			f := newFixture(t, seedSchema, map[string]int{"comandes": 1})
+			ctx := context.Background()
+			dc := f.config(seedRoute(f.topic("comandes")))
+			dc.Postgres["standby_retry"] = "300ms"
+			dc.Postgres["snapshot"] = snapshot
+			active := f.start(dc)
+			standby := f.spawn(dc)
+			eventually(t, 20*time.Second, "the second instance in standby", func() bool {
+				st, err := standby.Status(ctx)
+				return err == nil && st.State == "standby"
+			})
+			if err := standby.Signal(syscall.SIGSTOP); err != nil {
+				t.Fatal(err)
+			}
+			active.kill()
+			slots := func() int {
+				var n int
+				if err := f.mon.QueryRow(ctx, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", f.name).Scan(&n); err != nil {
+					t.Fatal(err)
+				}
+				return n
+			}
+			eventually(t, 20*time.Second, "the slot dropped once the killed instance's walsender let go of it", func() bool {
+				_, _ = f.mon.Exec(ctx, "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active", f.name)
+				return slots() == 0
+			})
+			if err := standby.Signal(syscall.SIGCONT); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, 30*time.Second, "the standby instance stopped, or created the slot", func() bool {
+				return !standby.Running() || slots() > 0
+			})
+			if slots() > 0 || strings.Contains(standby.Log(), "created replication slot") {
+				t.Fatalf("the standby instance re-created the missing slot by itself (snapshot: %s):\n%s", snapshot, standby.Log())
+			}
+			if err := standby.exited(10 * time.Second); err == nil {
+				t.Fatalf("the standby instance exited with status 0:\n%s", standby.Log())
+			}
+			if !strings.Contains(standby.Log(), "does not exist") {
+				t.Fatalf("the standby instance's error does not say the slot does not exist:\n%s", standby.Log())
+			}
+		})
+	}
+}
+
+// TestFailoverDuringCutover (PostgreSQL 17): the primary dies while the
+// cut-over publishes its snapshot. A standby keeps a copy of every failover
+// slot but never of the cut-over's marker (a physical slot), so a copy of
+// the slot promoted without its marker would stream from the consistent
+// point and never publish the snapshot rows Kafka did not have yet; the
+// retention job would then delete them. outboxd therefore makes the slot a
+// failover slot only once the snapshot is acknowledged: the promoted
+// standby has no slot, outboxd stops ("does not exist"), and its restart
+// (the operator's decision) does the cut-over again on the new primary.
+// Every pending row reaches Kafka.
+//
+// The snapshot is slowed down (one record in flight) so that the kill
+// lands in its middle; nothing writes meanwhile, so that a copy of a
+// failover slot becomes persistent on the standby (a newer transaction
+// than the slot's catalog_xmin would keep the copy temporary until the
+// slot moves, and a temporary copy does not survive the promotion).
+func TestFailoverDuringCutover(t *testing.T) {
+	needEnv(t)
+	major, err := env.PGMajor()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if major < 17 {
+		t.Skipf("SKIPPED: PostgreSQL %d has no failover slots, so no standby keeps a copy of the slot during the cut-over (TestFailover covers the lost slot there); this test runs in the suite's PostgreSQL 17 pass (make test, make matrix)", major)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	pg, err := testenv.Start(testenv.Options{NoKafka: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pg.Cleanup()
+	name := fmt.Sprintf("km0_cutover_failover_%d", dbSeq.Add(1))
+	primaryDSN, err := pg.CreateDatabase(name, seedSchema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db, err := pgx.Connect(ctx, primaryDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 2 KB rows, 40 MB in all: more than the socket buffers between
+	// PostgreSQL and outboxd hold, so that the kill leaves rows the
+	// snapshot has not read.
+	const backlog = 20000
+	if _, err := db.Exec(ctx, `INSERT INTO outbox (id, agregat, agregat_id, tipus, carrega)
+		SELECT gen_random_uuid(), 'comanda', 'P-' || (i % 40), 'comanda.creada', jsonb_build_object('seq', i, 'pad', repeat('x', 2000))
+		FROM generate_series(1, $1) i`, backlog); err != nil {
+		t.Fatal(err)
+	}
+	// Done now, so that autovacuum assigns no transaction id later.
+	if _, err := db.Exec(ctx, "VACUUM ANALYZE outbox"); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := db.Query(ctx, "SELECT id::text FROM outbox WHERE publicat_en IS NULL")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pending, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	db.Close(context.Background())
+	if err != nil || len(pending) != backlog {
+		t.Fatalf("%d pending rows (%v), want %d", len(pending), err, backlog)
+	}
+	const partitions = 2
+	standby, dsn, standbyDSN := startStandby(t, pg, name, primaryDSN, partitions)
+	ver := &testenv.Verifier{Brokers: env.KafkaBrokers, Topic: name, Partitions: partitions}
+	ver.Start(ctx)
+	defer ver.Stop()
+
+	cfg := testenv.Config{
+		DSN: dsn, Brokers: env.KafkaBrokers, Slot: name, Routes: []testenv.Route{seedRoute(name)},
+		Postgres: testenv.Section{"status_interval": "100ms"},
+		Kafka:    testenv.Section{"linger": "20ms"},
+		Pipeline: testenv.Section{"backoff_min": "200ms", "backoff_max": "2s", "max_in_flight_events": "10"},
+		Health:   testenv.Section{"poll_interval": "500ms"},
+		Log:      testenv.Section{"level": "info"},
+	}
+	start := func() *daemon {
+		td, err := testenv.StartDaemon(t.TempDir(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := &daemon{Daemon: td, t: t}
+		t.Cleanup(func() {
+			d.Kill()
+			if t.Failed() {
+				t.Logf("outboxd log (%s):\n%s", d.LogPath(), d.Log())
+			}
+			d.Close()
+		})
+		return d
+	}
+	d := start()
+	eventually(t, 60*time.Second, "the cut-over's first records in Kafka", func() bool { return ver.Distinct() >= 20 })
+
+	// What a standby can have of the slot: a failover slot is copied
+	// (wait for the copy to be persistent, as it is after a while on a
+	// quiet primary); a slot that is not one never is.
+	primary, err := pgx.Connect(ctx, primaryDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer primary.Close(context.Background())
+	var failover, marker bool
+	eventually(t, 90*time.Second, "the standby keeps whatever copy of the slot it will have", func() bool {
+		if err := primary.QueryRow(ctx, `SELECT coalesce(bool_or(failover) FILTER (WHERE slot_name = $1), false),
+				count(*) FILTER (WHERE slot_name = $2) > 0 FROM pg_replication_slots`, name, catalog.CutoverMarker(name)).Scan(&failover, &marker); err != nil {
+			t.Fatal(err)
+		}
+		return !failover || persistentCopy(standbyDSN, name)
+	})
+	delivered := ver.Distinct()
+	if !marker || delivered >= backlog {
+		t.Fatalf("the cut-over finished before the failover (marker %v, %d of %d rows in Kafka): the test needs a slower snapshot", marker, delivered, backlog)
+	}
+	t.Logf("killing the primary during the cut-over: %d of %d snapshot rows in Kafka, the slot a failover slot: %v, the standby's copy persistent: %v",
+		delivered, backlog, failover, persistentCopy(standbyDSN, name))
+	if err := pg.KillPG(); err != nil {
+		t.Fatal(err)
+	}
+	if err := standby.Promote(); err != nil {
+		t.Fatal(err)
+	}
+
+	// outboxd either streams from a copy of the slot or stops: the
+	// promoted standby has no slot and re-creating it is the operator's
+	// decision. Then the operator restarts it, with the snapshot at full
+	// speed.
+	eventually(t, 2*time.Minute, "outboxd stopped, or streaming on the new primary", func() bool {
+		if !d.Running() {
+			return true
+		}
+		st, err := d.Status(ctx)
+		return err == nil && st.State == "streaming"
+	})
+	if !d.Running() {
+		if err := d.exited(time.Second); err == nil || !strings.Contains(d.Log(), "does not exist") {
+			t.Fatalf("outboxd stopped after the failover (%v) without saying the slot does not exist", err)
+		}
+		cfg.Pipeline["max_in_flight_events"] = "1500"
+		d = start()
+	}
+	if _, err := ver.WaitSeen(ctx, pending, 60*time.Second); err != nil {
+		t.Fatalf("snapshot rows lost in a failover during the cut-over: %v", err)
+	}
+	d.waitReady(60 * time.Second)
+	newPrimary, err := pgx.Connect(ctx, standbyDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer newPrimary.Close(context.Background())
+	eventually(t, 30*time.Second, "the slot a failover slot once its cut-over is done", func() bool {
+		var on bool
+		return newPrimary.QueryRow(ctx, "SELECT failover FROM pg_replication_slots WHERE slot_name = $1", name).Scan(&on) == nil && on
+	})
+	d.term()
+	t.Logf("after the restart every pending row is in Kafka (%d duplicates)", ver.Dups())
+}
+
+// persistentCopy: the standby at dsn keeps a synchronised copy of slot that
+// survives a promotion (not a temporary one, still waiting for the
+// primary's slot to catch up with it).
+func persistentCopy(dsn, slot string) bool {
+	conn, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		return false
+	}
+	defer conn.Close(context.Background())
+	var n int
+	err = conn.QueryRow(context.Background(), "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1 AND synced AND NOT temporary", slot).Scan(&n)
+	return err == nil && n > 0
 }

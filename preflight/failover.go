@@ -2,6 +2,7 @@ package preflight
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"slices"
@@ -25,9 +26,13 @@ import (
 type failoverView struct {
 	srv          catalog.Server
 	slot         *catalog.Slot
+	marker       bool // the slot's cut-over did not finish
 	standbySlots []catalog.StandbySlot
 	streaming    []catalog.Standby
 	others       []hostView
+	// stats of each routed table, read where a failover loses the slot
+	// (lostSlot)
+	stats map[catalog.Table]tableStats
 }
 
 // hostView is another host of the DSN (a standby, normally): its settings
@@ -49,6 +54,11 @@ func checkFailover(ctx context.Context, conn *pgx.Conn, cfg config.Config) []Res
 	if v.slot, err = catalog.ReadSlot(ctx, pc, cfg.Postgres.Slot); err != nil {
 		return queryFailed("failover", err)
 	}
+	marker, err := catalog.ReadSlot(ctx, pc, catalog.CutoverMarker(cfg.Postgres.Slot))
+	if err != nil {
+		return queryFailed("failover", err)
+	}
+	v.marker = marker != nil
 	if v.standbySlots, err = catalog.ReadStandbySlots(ctx, pc, v.srv.SynchronizedStandbySlots); err != nil {
 		return queryFailed("failover", err)
 	}
@@ -56,7 +66,13 @@ func checkFailover(ctx context.Context, conn *pgx.Conn, cfg config.Config) []Res
 		return queryFailed("failover", err)
 	}
 	v.others = otherHosts(ctx, cfg.Postgres, pc.Conn().RemoteAddr().String())
-	return []Result{evalFailover(cfg.Postgres, v)}
+	if !lostSlot(cfg.Postgres, v.srv) {
+		return []Result{evalFailover(cfg, v)}
+	}
+	if v.stats, err = readTableStats(ctx, conn, cfg); err != nil {
+		return queryFailed("failover", err)
+	}
+	return append([]Result{evalFailover(cfg, v)}, snapshotGaps(cfg, v.stats)...)
 }
 
 // otherHosts reads every host of the DSN but the one connected to (the
@@ -114,20 +130,41 @@ func readHost(ctx context.Context, base *pgconn.Config, h *pgconn.FallbackConfig
 	return v
 }
 
+// lostSlot: a failover loses the slot, which the standby does not keep:
+// before PostgreSQL 17, or on 17 with postgres.failover_slot false.
+func lostSlot(pg config.Postgres, srv catalog.Server) bool {
+	return !srv.FailoverSlots() || !srv.InRecovery && !pg.FailoverSlot
+}
+
 // evalFailover: is the slot a failover slot, and does a standby keep it?
-// Before PostgreSQL 17 it cannot be (a warning: the window a failover
-// loses); on 17, a warning for each way the slot could be lost or get
-// ahead of a standby, a failure for a synchronized_standby_slots entry that
-// makes logical walsenders wait for ever.
-func evalFailover(pg config.Postgres, v failoverView) Result {
+// Where it cannot be one (before PostgreSQL 17) or is not, a warning: the
+// window a failover loses, and the tables the re-created slot's snapshot
+// publishes again (snapshotGaps warns about each route it does not
+// cover); on 17, a warning for each way the slot could be lost or get
+// ahead of a standby, a failure for a synchronized_standby_slots entry
+// that makes logical walsenders wait for ever.
+func evalFailover(cfg config.Config, v failoverView) Result {
 	const name = "failover"
+	pg := cfg.Postgres
 	slot := pg.Slot
-	if !v.srv.FailoverSlots() {
-		detail := fmt.Sprintf("PostgreSQL %d has no failover slots: a standby promoted after a failover has no slot %s, outboxd stops there (\"does not exist\"), and the events committed after the slot's last confirmed position, up to its re-creation on the new primary, are not delivered unless reconciled", v.srv.Major(), slot)
-		fix := "after a failover, reconcile (README, Failover) and start outboxd with postgres.create_slot: true; PostgreSQL 17's failover slots remove this window"
-		if pg.Snapshot == config.SnapshotPending {
-			detail += "; with postgres.snapshot: pending the re-created slot's snapshot publishes every row whose publicat_en is NULL, which covers the window where that column exists (duplicates, not loss)"
-			fix = "after a failover, start outboxd with postgres.create_slot: true (its snapshot republishes the pending rows; reconcile tables without publicat_en, README, Failover); PostgreSQL 17's failover slots remove this window"
+	if lostSlot(pg, v.srv) {
+		detail := fmt.Sprintf("PostgreSQL %d has no failover slots: a standby promoted after a failover has no slot %s", v.srv.Major(), slot)
+		remedy := "PostgreSQL 17's failover slots remove this window"
+		if v.srv.FailoverSlots() {
+			detail = fmt.Sprintf("postgres.failover_slot is false: slot %s is not synchronised to standbys, and a failover loses it", slot)
+			remedy = "postgres.failover_slot: true removes this window"
+		}
+		detail += "; outboxd stops on the promoted standby (\"does not exist\"), and the events committed after the slot's last confirmed position, up to its re-creation on the new primary, are not delivered unless reconciled"
+		fix := "after a failover, reconcile (README, Failover) and start outboxd with postgres.create_slot: true; " + remedy
+		tables := coveredTables(cfg, v.stats)
+		switch {
+		case pg.Snapshot == config.SnapshotNone:
+			detail += "; with postgres.snapshot: none the re-created slot comes without a snapshot"
+		case len(tables) == 0:
+			detail += "; the re-created slot's snapshot covers no route"
+		default:
+			detail += fmt.Sprintf("; with postgres.snapshot: pending the re-created slot's snapshot publishes again every row still pending (publicat_en NULL) of %s, which covers their window as long as rows stay in the table until delivered (duplicates, not loss)", strings.Join(tables, ", "))
+			fix = "after a failover, start outboxd with postgres.create_slot: true (its snapshot publishes the window of the tables it covers again) and reconcile each route a \"failover\" line below names (README, Failover); " + remedy
 		}
 		if s := standbyNames(v); s != "" {
 			detail += "; standbys: " + s
@@ -138,14 +175,14 @@ func evalFailover(pg config.Postgres, v failoverView) Result {
 		return warn(name, "the DSN leads to a standby (in recovery): only a primary's slot can be a failover slot",
 			"point postgres.dsn at the primary, or list every host with target_session_attrs=read-write")
 	}
-	if !pg.FailoverSlot {
-		return warn(name, fmt.Sprintf("postgres.failover_slot is false: slot %s is not synchronised to standbys, and a failover loses it", slot),
-			"set postgres.failover_slot: true (outboxd makes the slot a failover slot at its next start)")
-	}
 	var state string
 	switch {
+	case v.slot == nil && pg.Snapshot == config.SnapshotPending && pg.CreateSlot:
+		state = fmt.Sprintf("slot %s will be created for the cut-over, and made a failover slot once its snapshot is in Kafka (a failover before that stops outboxd: README, Failover)", slot)
 	case v.slot == nil:
 		state = fmt.Sprintf("slot %s will be created as a failover slot", slot)
+	case v.marker:
+		state = fmt.Sprintf("the cut-over of slot %s did not finish: the next start does it again, and makes the slot a failover slot once its snapshot is in Kafka", slot)
 	case !v.slot.Failover:
 		state = fmt.Sprintf("slot %s is not a failover slot yet: outboxd makes it one at start", slot)
 	default:
@@ -238,4 +275,107 @@ func holderName(h string) string {
 		return ""
 	}
 	return " (" + h + ")"
+}
+
+// tableStats is what pg_stat_user_tables says of a routed table: rows
+// inserted and deleted since its statistics were reset, and live now.
+type tableStats struct{ inserted, deleted, live int64 }
+
+// deletesItsRows: every row inserted is gone, and the table is empty: the
+// service deletes each row in the transaction that inserts it (README,
+// Outbox housekeeping), or something else deleted them all. Its rows do
+// not stay until delivered, so a snapshot finds nothing of them.
+func (s tableStats) deletesItsRows() bool {
+	return s.inserted > 0 && s.live == 0 && s.deleted >= s.inserted
+}
+
+// readTableStats reads the statistics of every table a route reads that
+// has a publicat_en column (a table the snapshot would read).
+func readTableStats(ctx context.Context, conn *pgx.Conn, cfg config.Config) (map[catalog.Table]tableStats, error) {
+	out := map[catalog.Table]tableStats{}
+	for _, i := range sources(cfg.Routes) {
+		r := cfg.Routes[i]
+		if r.Message != "" || r.Columns.PublicatEn == "" {
+			continue
+		}
+		t := catalog.Table{Schema: r.Schema, Name: r.Name}
+		var s tableStats
+		err := conn.QueryRow(ctx, "SELECT n_tup_ins, n_tup_del, n_live_tup FROM pg_catalog.pg_stat_user_tables WHERE relid = to_regclass($1)",
+			t.Quoted()).Scan(&s.inserted, &s.deleted, &s.live)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows): // no such table: its own check fails
+		case err != nil:
+			return nil, err
+		default:
+			out[t] = s
+		}
+	}
+	return out, nil
+}
+
+// sources are the routes as the snapshot sees them: each table once, by
+// its first route (whose publicat_en it reads, as outboxd's run does),
+// each message route.
+func sources(routes []config.Route) []int {
+	var out []int
+	seen := map[catalog.Table]bool{}
+	for i, r := range routes {
+		t := catalog.Table{Schema: r.Schema, Name: r.Name}
+		if r.Message == "" && seen[t] {
+			continue
+		}
+		seen[t] = true
+		out = append(out, i)
+	}
+	return out
+}
+
+// coveredTables are the tables whose window the snapshot of a re-created
+// slot publishes again: with a publicat_en column, and not seen deleting
+// their rows.
+func coveredTables(cfg config.Config, stats map[catalog.Table]tableStats) []string {
+	var out []string
+	for _, i := range sources(cfg.Routes) {
+		r := cfg.Routes[i]
+		t := catalog.Table{Schema: r.Schema, Name: r.Name}
+		if r.Message == "" && r.Columns.PublicatEn != "" && !stats[t].deletesItsRows() {
+			out = append(out, t.String())
+		}
+	}
+	return out
+}
+
+// snapshotGaps warns, for each route the snapshot of a slot re-created
+// after a failover does not cover (lostSlot), why, and how to reconcile
+// its events of the window instead: a logical message is in no table; a
+// table without publicat_en has nothing pending; a table that deletes its
+// rows keeps none; postgres.snapshot: none takes no snapshot at all.
+func snapshotGaps(cfg config.Config, stats map[catalog.Table]tableStats) []Result {
+	const reconcile = "reconcile its events of the window by hand after a failover (README, Failover)"
+	var out []Result
+	for _, i := range sources(cfg.Routes) {
+		r := cfg.Routes[i]
+		t := catalog.Table{Schema: r.Schema, Name: r.Name}
+		name := "failover " + t.String()
+		if r.Message != "" {
+			name = fmt.Sprintf("failover message prefix %q", r.Message)
+		}
+		gap := "the snapshot of a slot re-created after a failover does not cover it"
+		switch {
+		case cfg.Postgres.Snapshot == config.SnapshotNone:
+			out = append(out, warn(name, gap+": postgres.snapshot is none, so the new slot starts without one",
+				"set postgres.snapshot: pending, or "+reconcile))
+		case r.Message != "":
+			out = append(out, warn(name, fmt.Sprintf("%s (routes[%d]): logical messages are in no table, so the snapshot cannot publish them again", gap, i),
+				"after a failover, have the service emit the window's messages again (README, Failover), or route an outbox table instead"))
+		case r.Columns.PublicatEn == "":
+			out = append(out, warn(name, fmt.Sprintf("%s: routes[%d].columns.publicat_en is \"-\", so no row of it is pending", gap, i),
+				"add a publicat_en column (NULL on insert) and name it in routes[].columns.publicat_en, or "+reconcile+" (outboxd replay --from)"))
+		case stats[t].deletesItsRows():
+			st := stats[t]
+			out = append(out, warn(name, fmt.Sprintf("%s: the table is empty though %d rows were inserted and %d deleted (pg_stat_user_tables): a service that deletes each row in its own transaction leaves the snapshot nothing", gap, st.inserted, st.deleted),
+				"keep the rows until delivered (retention.max_age deletes them once Kafka has them), or reconcile the window from the service's own records after a failover (the table keeps nothing to replay); if rows do stay (the table was just emptied), ignore this"))
+		}
+	}
+	return out
 }

@@ -2,6 +2,7 @@ package preflight
 
 import (
 	"errors"
+	"slices"
 	"testing"
 
 	"github.com/outboxd/outboxd/catalog"
@@ -13,6 +14,8 @@ func TestEvalFailover(t *testing.T) {
 	pg.Slot = "s"
 	noFailover := pg
 	noFailover.FailoverSlot = false
+	noSnapshot := pg
+	noSnapshot.Snapshot = config.SnapshotNone
 	pg15 := catalog.Server{Version: 150018}
 	pg17 := catalog.Server{Version: 170012}
 	waiting := pg17
@@ -32,11 +35,17 @@ func TestEvalFailover(t *testing.T) {
 		want   []string
 	}{
 		{"15: the window", pg, failoverView{srv: pg15, streaming: streaming}, Warn,
-			[]string{"PostgreSQL 15 has no failover slots", "reconcile", "replica-a from 10.0.0.8, slot sb1", "create_slot: true"}},
+			[]string{"PostgreSQL 15 has no failover slots", "reconcile", "replica-a from 10.0.0.8, slot sb1", "create_slot: true",
+				"publishes again every row still pending (publicat_en NULL) of public.outbox", "as long as rows stay in the table until delivered"}},
+		{"15: snapshot none", noSnapshot, failoverView{srv: pg15}, Warn, []string{"comes without a snapshot", "reconcile (README, Failover)"}},
+		{"15: a table that deletes its rows", pg, failoverView{srv: pg15, stats: map[catalog.Table]tableStats{{Schema: "public", Name: "outbox"}: {inserted: 9, deleted: 9}}}, Warn,
+			[]string{"covers no route"}},
 		{"17 through a standby", pg, failoverView{srv: catalog.Server{Version: 170012, InRecovery: true}}, Warn, []string{"leads to a standby"}},
-		{"17, turned off", noFailover, failoverView{srv: waiting, slot: slot}, Warn, []string{"postgres.failover_slot is false"}},
+		{"17, turned off", noFailover, failoverView{srv: waiting, slot: slot}, Warn, []string{"postgres.failover_slot is false", "publishes again every row still pending", "failover_slot: true removes this window"}},
 		{"17, alone", pg, failoverView{srv: pg17, slot: slot}, Pass, []string{"slot s is a failover slot", "no standby streams"}},
-		{"17, to be created", pg, failoverView{srv: pg17}, Pass, []string{"will be created as a failover slot"}},
+		{"17, to be created for the cut-over", pg, failoverView{srv: pg17}, Pass, []string{"created for the cut-over, and made a failover slot once its snapshot is in Kafka"}},
+		{"17, to be created", noSnapshot, failoverView{srv: pg17}, Pass, []string{"will be created as a failover slot"}},
+		{"17, cut-over unfinished", pg, failoverView{srv: pg17, slot: notYet, marker: true}, Pass, []string{"did not finish", "makes the slot a failover slot once its snapshot is in Kafka"}},
 		{"17, to be altered", pg, failoverView{srv: pg17, slot: notYet}, Pass, []string{"not a failover slot yet: outboxd makes it one"}},
 		{"17, a standby the primary does not wait for", pg, failoverView{srv: pg17, slot: slot, streaming: streaming}, Warn,
 			[]string{"synchronized_standby_slots is empty", "events of transactions the new primary never had", "sync_replication_slots = on"}},
@@ -62,6 +71,61 @@ func TestEvalFailover(t *testing.T) {
 			others: []hostView{{addr: "10.0.0.9:5432", err: errors.New("connection refused")}}}, Pass, []string{"10.0.0.9:5432 unreachable (connection refused)"}},
 	}
 	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) { check(t, evalFailover(tc.pg, tc.v), tc.status, tc.want...) })
+		t.Run(tc.name, func(t *testing.T) { check(t, evalFailover(routed(tc.pg, outbox), tc.v), tc.status, tc.want...) })
+	}
+}
+
+// outbox is the seed's table, routed.
+var outbox = config.Route{Table: "public.outbox", Schema: "public", Name: "outbox", Columns: config.Columns{PublicatEn: "publicat_en"}}
+
+// routed is a configuration of pg and routes.
+func routed(pg config.Postgres, routes ...config.Route) config.Config {
+	cfg := config.Default()
+	cfg.Postgres, cfg.Routes = pg, routes
+	return cfg
+}
+
+func TestSnapshotGaps(t *testing.T) {
+	pg := config.Default().Postgres
+	noSnapshot := pg
+	noSnapshot.Snapshot = config.SnapshotNone
+	message := config.Route{Message: "pagaments"}
+	noColumn := config.Route{Table: "public.events", Schema: "public", Name: "events"}
+	deleting := config.Route{Table: "public.fleeting", Schema: "public", Name: "fleeting", Columns: config.Columns{PublicatEn: "publicat_en"}}
+	filtered := outbox
+	filtered.Filter = config.Match{{Column: "tipus", Values: []string{"x"}}}
+	stats := map[catalog.Table]tableStats{
+		{Schema: "public", Name: "fleeting"}: {inserted: 200, deleted: 200},
+		{Schema: "public", Name: "outbox"}:   {inserted: 200, deleted: 150, live: 50}, // retention at work
+	}
+	tests := []struct {
+		name string
+		cfg  config.Config
+		want [][]string // one warning per uncovered route, in route order
+	}{
+		{"covered", routed(pg, outbox, filtered), nil},
+		{"each route it does not cover", routed(pg, outbox, message, noColumn, deleting), [][]string{
+			{`failover message prefix "pagaments"`, "routes[1]", "logical messages are in no table"},
+			{"failover public.events", `routes[2].columns.publicat_en is "-"`},
+			{"failover public.fleeting", "empty though 200 rows were inserted and 200 deleted", "deletes each row in its own transaction"},
+		}},
+		{"snapshot none", routed(noSnapshot, outbox, message), [][]string{
+			{"failover public.outbox", "postgres.snapshot is none"},
+			{`failover message prefix "pagaments"`, "postgres.snapshot is none"},
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := snapshotGaps(tc.cfg, stats)
+			if len(got) != len(tc.want) {
+				t.Fatalf("%d warnings, want %d: %v", len(got), len(tc.want), got)
+			}
+			for i, w := range tc.want {
+				check(t, got[i], Warn, w...)
+			}
+		})
+	}
+	if got := coveredTables(routed(pg, outbox, filtered, message, noColumn, deleting), stats); !slices.Equal(got, []string{"public.outbox"}) {
+		t.Errorf("covered tables %q, want public.outbox alone", got)
 	}
 }

@@ -30,12 +30,20 @@ import (
 // unfinished attempt delivered are delivered twice: duplicates, no loss).
 // An advisory lock (catalog.CutoverLock) keeps a second instance, and the
 // retention job, out while it happens.
+//
+// The marker is a physical slot, which no standby keeps: so until the
+// marker is dropped the slot is not a failover slot either (PostgreSQL
+// 17), and a standby promoted meanwhile has neither. outboxd then stops
+// with "does not exist" (Runner.slotSeen) and its restart does the
+// cut-over again on the new primary, instead of streaming from a copy of
+// the slot whose snapshot rows Kafka may not have.
 
 // cutover is a slot just created with an exported snapshot, whose pending
 // rows must be acknowledged before anything is streamed.
 type cutover struct {
 	snapshot string
-	at       pglogrepl.LSN // the slot's consistent point
+	at       pglogrepl.LSN  // the slot's consistent point
+	srv      catalog.Server // where the slot is
 }
 
 // beginCutover takes the cut-over lock and creates the marker and the
@@ -97,12 +105,13 @@ func (r *Runner) beginCutover(ctx context.Context, conn *pgconn.PgConn, srv cata
 	}
 	r.log.Info("created replication slot with an exported snapshot: publishing the rows it sees as pending before streaming",
 		"slot", name, "consistent_point", at.String(), "snapshot", res.SnapshotName)
-	return nil, &cutover{snapshot: res.SnapshotName, at: at}, nil
+	return nil, &cutover{snapshot: res.SnapshotName, at: at, srv: srv}, nil
 }
 
 // publishSnapshot publishes the cut-over's snapshot through prod, then
-// drops the marker and releases the lock: from then on the slot's
-// position is the only bookmark.
+// drops the marker, makes the slot a failover slot where it should be one
+// and releases the lock: from then on the slot's position is the only
+// bookmark, and a standby may keep a copy of it.
 func (r *Runner) publishSnapshot(ctx context.Context, conn *pgconn.PgConn, c *cutover, prod Producer) error {
 	if err := r.cfg.Snapshot(ctx, c.snapshot, c.at.String(), prod); err != nil {
 		err = fmt.Errorf("cut-over snapshot: %w", err)
@@ -115,6 +124,13 @@ func (r *Runner) publishSnapshot(ctx context.Context, conn *pgconn.PgConn, c *cu
 	if _, err := scalar(ctx, conn, "SELECT pg_drop_replication_slot("+catalog.QuoteLiteral(marker)+")"); err != nil {
 		return fmt.Errorf("drop the cut-over marker slot %q: %w", marker, err)
 	}
+	// The slot as createSlot made it for the cut-over: not a failover
+	// slot. Should this fail or outboxd stop here, the next session finds
+	// the slot without its marker and aligns it (ensureSlot), before it
+	// streams.
+	if err := r.alignFailover(ctx, conn, c.srv, &catalog.Slot{Name: r.cfg.Slot}); err != nil {
+		return err
+	}
 	if _, err := scalar(ctx, conn, fmt.Sprintf("SELECT pg_advisory_unlock(%d)", catalog.CutoverLock(r.cfg.Slot))); err != nil {
 		return fmt.Errorf("release the cut-over lock: %w", err)
 	}
@@ -122,7 +138,8 @@ func (r *Runner) publishSnapshot(ctx context.Context, conn *pgconn.PgConn, c *cu
 	return nil
 }
 
-// readSlot reads the slot and whether its cut-over marker exists.
+// readSlot reads the slot and whether its cut-over marker exists; a slot
+// found is one this process has seen (Runner.slotSeen).
 func (r *Runner) readSlot(ctx context.Context, conn *pgconn.PgConn) (*catalog.Slot, bool, error) {
 	slot, err := catalog.ReadSlot(ctx, conn, r.cfg.Slot)
 	if err != nil {
@@ -131,6 +148,9 @@ func (r *Runner) readSlot(ctx context.Context, conn *pgconn.PgConn) (*catalog.Sl
 	marker, err := catalog.ReadSlot(ctx, conn, catalog.CutoverMarker(r.cfg.Slot))
 	if err != nil {
 		return nil, false, fmt.Errorf("read the cut-over marker slot: %w", err)
+	}
+	if slot != nil {
+		r.slotSeen = true
 	}
 	return slot, marker != nil, nil
 }

@@ -135,6 +135,14 @@ type Runner struct {
 	baseEvents uint64
 	baseBytes  int64
 
+	// slotSeen: a session of this process found the slot (streaming, in
+	// use by another instance, or in a cut-over) or created it. From then
+	// on a missing slot is never created again (ensureSlot): it existed,
+	// so events committed since it went are in no slot, and re-creating it
+	// is the operator's decision. Read and written on Run's goroutine only
+	// (readSlot, createSlot).
+	slotSeen bool
+
 	// Counters a stream adds to as it goes.
 	txns         atomic.Uint64
 	deadLettered atomic.Uint64
@@ -263,13 +271,9 @@ func (e *standbyError) Unwrap() error { return e.err }
 func (r *Runner) Run(ctx context.Context) error {
 	attempt := 0
 	lastErr := ""
-	first := true
 	for {
 		started := time.Now()
-		progressed, err := r.session(ctx, first)
-		if progressed {
-			first = false
-		}
+		err := r.session(ctx)
 		if IsFatal(err) {
 			r.enter(StateStopped, err)
 			return err

@@ -32,12 +32,12 @@ func useLargeReadBuffer(pc *pgconn.Config) {
 }
 
 // session runs one replication connection: prepare, stream, and on ctx
-// cancellation a clean stop. progressed reports whether streaming started.
-// It reports to the runner through its events and its return value only.
-func (r *Runner) session(ctx context.Context, first bool) (progressed bool, err error) {
+// cancellation a clean stop. It reports to the runner through its events
+// and its return value only.
+func (r *Runner) session(ctx context.Context) (err error) {
 	conn, err := pgconn.ConnectConfig(ctx, r.conn)
 	if err != nil {
-		return false, classify(err)
+		return classify(err)
 	}
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -45,13 +45,13 @@ func (r *Runner) session(ctx context.Context, first bool) (progressed bool, err 
 		_ = conn.Close(cctx)
 	}()
 
-	start, cut, err := r.prepare(ctx, conn, first && r.cfg.CreateSlot)
+	start, cut, err := r.prepare(ctx, conn)
 	if err != nil {
-		return false, err
+		return err
 	}
 	prod, err := r.newProducer()
 	if err != nil {
-		return false, Fatal(fmt.Errorf("kafka producer: %w", err))
+		return Fatal(fmt.Errorf("kafka producer: %w", err))
 	}
 	defer func() {
 		// After a clean stop every record was acknowledged and Close only
@@ -72,7 +72,7 @@ func (r *Runner) session(ctx context.Context, first bool) (progressed bool, err 
 
 	if cut != nil {
 		if err := r.publishSnapshot(ctx, conn, cut, prod); err != nil {
-			return false, err
+			return err
 		}
 	}
 
@@ -85,19 +85,19 @@ func (r *Runner) session(ctx context.Context, first bool) (progressed bool, err 
 	}
 	partitions, err := catalog.Partitions(ctx, conn, tables)
 	if err != nil {
-		return false, err
+		return err
 	}
 
 	args := []string{"proto_version '1'", "publication_names " + catalog.QuoteLiteral(r.cfg.Publication), "messages 'true'"}
 	// Start at 0/0: the server resumes from the slot's confirmed_flush_lsn.
 	if err := pglogrepl.StartReplication(ctx, conn, r.cfg.Slot, 0, pglogrepl.StartReplicationOptions{PluginArgs: args}); err != nil {
 		if hasCode(err, "42704") {
-			return false, Fatal(fmt.Errorf("start replication: %w", err))
+			return Fatal(fmt.Errorf("start replication: %w", err))
 		}
 		if hasCode(err, "55006") { // replication slot is active for PID n
-			return false, &standbyError{err}
+			return &standbyError{err}
 		}
-		return false, fmt.Errorf("start replication: %w", err)
+		return fmt.Errorf("start replication: %w", err)
 	}
 	r.log.Info("streaming", "slot", r.cfg.Slot, "from", start.String())
 	tracker := NewTracker(start, r.cfg.MaxInFlightEvents, r.cfg.MaxInFlightBytes)
@@ -110,5 +110,5 @@ func (r *Runner) session(ctx context.Context, first bool) (progressed bool, err 
 	stopWake := context.AfterFunc(ctx, func() { _ = conn.Conn().SetReadDeadline(time.Now()) })
 	defer stopWake()
 	s := &stream{r: r, conn: conn, prod: prod, tracker: tracker, relations: map[uint32][]*envelope.Binding{}, partitions: partitions, sentFlush: start}
-	return true, s.run(ctx)
+	return s.run(ctx)
 }

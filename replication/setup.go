@@ -16,7 +16,7 @@ import (
 // exist, creating them when allowed. It returns the slot's confirmed flush
 // position, where streaming resumes, and the cutover of a slot it created
 // with a snapshot to publish first.
-func (r *Runner) prepare(ctx context.Context, conn *pgconn.PgConn, mayCreateSlot bool) (pglogrepl.LSN, *cutover, error) {
+func (r *Runner) prepare(ctx context.Context, conn *pgconn.PgConn) (pglogrepl.LSN, *cutover, error) {
 	srv, err := catalog.ReadServer(ctx, conn)
 	if err != nil {
 		return 0, nil, fmt.Errorf("read server settings: %w", err)
@@ -40,7 +40,7 @@ func (r *Runner) prepare(ctx context.Context, conn *pgconn.PgConn, mayCreateSlot
 	if len(problems) > 0 {
 		return 0, nil, Fatal(fmt.Errorf("routes: %s: correct the configuration or the table", strings.Join(problems, "; ")))
 	}
-	return r.ensureSlot(ctx, conn, srv, mayCreateSlot)
+	return r.ensureSlot(ctx, conn, srv)
 }
 
 // ensurePublication creates the publication when absent (and allowed), and
@@ -84,12 +84,15 @@ func (r *Runner) ensurePublication(ctx context.Context, conn *pgconn.PgConn, ver
 }
 
 // ensureSlot returns the slot's confirmed position, where streaming
-// resumes, creating the slot when absent and allowed (a failover slot where
-// the server has them and postgres.failover_slot asks for one); a slot
-// created with a snapshot to publish first comes with its cutover
-// (cutover.go).
-func (r *Runner) ensureSlot(ctx context.Context, conn *pgconn.PgConn, srv catalog.Server, mayCreate bool) (pglogrepl.LSN, *cutover, error) {
+// resumes, creating the slot when absent and allowed: postgres.create_slot
+// and no session of this process has seen it (Runner.slotSeen). A slot is
+// a failover slot where the server has them and postgres.failover_slot
+// asks for one; a slot created with a snapshot to publish first comes with
+// its cutover (cutover.go), and becomes a failover slot only once that is
+// published.
+func (r *Runner) ensureSlot(ctx context.Context, conn *pgconn.PgConn, srv catalog.Server) (pglogrepl.LSN, *cutover, error) {
 	name := r.cfg.Slot
+	mayCreate := r.cfg.CreateSlot && !r.slotSeen
 	slot, hasMarker, err := r.readSlot(ctx, conn)
 	if err != nil {
 		return 0, nil, err
@@ -113,8 +116,11 @@ func (r *Runner) ensureSlot(ctx context.Context, conn *pgconn.PgConn, srv catalo
 		slot = s // another instance finished the cut-over
 	}
 	if slot == nil {
-		if !mayCreate {
-			return 0, nil, Fatal(fmt.Errorf("replication slot %q does not exist (dropped while outboxd ran, or a failover to a standby that did not have it: before PostgreSQL 17 slots are not synchronised to standbys): events committed since it went are not in any slot; outboxd will not recreate it silently. Recreate it deliberately (restart with postgres.create_slot: true) after reconciling (README, Failover)", name))
+		switch {
+		case r.slotSeen:
+			return 0, nil, Fatal(fmt.Errorf("replication slot %q does not exist, though this outboxd has seen it (dropped, or a failover to a standby that did not have it: before PostgreSQL 17 no slot is synchronised to standbys, on 17 only a failover slot, which outboxd's is from the end of its cut-over on): events committed since it went are not in any slot; outboxd will not recreate it silently. Recreate it deliberately (restart with postgres.create_slot: true) after reconciling (README, Failover)", name))
+		case !mayCreate:
+			return 0, nil, Fatal(fmt.Errorf("replication slot %q does not exist and postgres.create_slot is false: reconcile the events committed since the old slot's position, if any (outboxd replay), then set postgres.create_slot: true, or create the slot (SELECT pg_create_logical_replication_slot('%s', 'pgoutput'))", name, name))
 		}
 		if _, err := r.createSlot(ctx, conn, srv, false); err != nil {
 			return 0, nil, err
@@ -146,13 +152,18 @@ func (r *Runner) failover(srv catalog.Server) bool {
 }
 
 // createSlot creates the logical pgoutput slot, a failover one when
-// failover(srv), with an exported snapshot when export (the cut-over).
+// failover(srv), or with an exported snapshot when export (the cut-over),
+// never both: a standby's slot sync worker copies a failover slot, not the
+// cut-over's marker, so the copy promoted after a failover would stream
+// from the consistent point without the snapshot rows Kafka does not have
+// yet. publishSnapshot makes it a failover slot once they are acknowledged.
 func (r *Runner) createSlot(ctx context.Context, conn *pgconn.PgConn, srv catalog.Server, export bool) (pglogrepl.CreateReplicationSlotResult, error) {
-	failover := r.failover(srv)
+	failover := r.failover(srv) && !export
 	res, err := pglogrepl.ParseCreateReplicationSlot(conn.Exec(ctx, catalog.CreateSlotCommand(r.cfg.Slot, export, failover)))
 	if err != nil {
 		return res, slotError(fmt.Errorf("create replication slot %q: %w", r.cfg.Slot, err))
 	}
+	r.slotSeen = true
 	r.log.Info("created replication slot", "slot", r.cfg.Slot, "failover", failover, "exported_snapshot", export)
 	return res, nil
 }
