@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"net/url"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -515,4 +517,66 @@ func withTLS(dsn string, t PostgresTLS) string {
 		dsn += kv[0] + "=" + percentEncode(kv[1])
 	}
 	return dsn
+}
+
+// ---- TLS ----
+
+// TLSWarning says, when the DSN reaches PostgreSQL over the network below
+// verify-full, which hosts and what is missing, with the fix; "" when every
+// host is verified, or is on this machine (a loopback address, localhost or
+// a Unix socket), or the DSN does not parse (Validate says why). libpq's
+// default, prefer, checks no certificate and falls back to plaintext: the
+// role's password and the events go to whoever answers. The daemon logs it
+// at every start and check reports it (a warning, not a failure: a private
+// network may be trusted on purpose).
+func (p Postgres) TLSWarning() (detail, fix string) {
+	cfg, reason := p.connConfig()
+	if reason != "" {
+		return "", ""
+	}
+	var hosts []string
+	var plain, unchecked bool
+	seen := map[string]bool{}
+	targets := []*pgconn.FallbackConfig{{Host: cfg.Host, Port: cfg.Port, TLSConfig: cfg.TLSConfig}}
+	for _, fb := range append(targets, cfg.Fallbacks...) {
+		if onThisMachine(fb.Host) {
+			continue
+		}
+		switch t := fb.TLSConfig; {
+		case t == nil:
+			plain = true
+		case t.InsecureSkipVerify && t.VerifyPeerCertificate == nil:
+			unchecked = true
+		case !t.InsecureSkipVerify:
+			continue // verify-full
+		}
+		if addr := net.JoinHostPort(fb.Host, strconv.Itoa(int(fb.Port))); !seen[addr] {
+			seen[addr] = true
+			hosts = append(hosts, addr)
+		}
+	}
+	var how string
+	switch {
+	case len(hosts) == 0:
+		return "", ""
+	case plain && unchecked:
+		how = "over TLS without checking the server's certificate, or in plaintext when the server offers no TLS (sslmode prefer or allow, libpq's default)"
+	case plain:
+		how = "in plaintext (sslmode disable)"
+	case unchecked:
+		how = "over TLS without checking the server's certificate (sslmode require)"
+	default:
+		how = "over TLS that checks the certificate's CA but not the server's name (sslmode verify-ca)"
+	}
+	detail = fmt.Sprintf("outboxd reaches PostgreSQL at %s %s: whoever answers at that address gets the role's password and the events", strings.Join(hosts, ", "), how)
+	return detail, "set postgres.tls.mode: verify-full and postgres.tls.ca_file to the CA that signed the server's certificate"
+}
+
+// onThisMachine: a Unix socket, localhost or a loopback address.
+func onThisMachine(host string) bool {
+	if strings.HasPrefix(host, "/") || host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }

@@ -341,3 +341,50 @@ func TestPostgresTLS(t *testing.T) {
 		}
 	}
 }
+
+// TestTLSWarning: a DSN that reaches PostgreSQL over the network below
+// verify-full is a warning that names the host and the fix; one on this
+// machine, or verified, is not; postgres.tls.ca_file alone verifies.
+func TestTLSWarning(t *testing.T) {
+	t.Setenv("PGSSLMODE", "")
+	tests := []struct {
+		name, dsn string
+		tls       config.PostgresTLS
+		want      string // in the warning; "" for none
+	}{
+		{name: "libpq's default over the network", dsn: "postgres://outboxd:s3cr3t@db.internal:5432/km0", want: "db.internal:5432 over TLS without checking the server's certificate, or in plaintext"},
+		{name: "require", dsn: "postgres://outboxd@db.internal/km0?sslmode=require", want: "(sslmode require)"},
+		{name: "disable", dsn: "host=10.0.0.7 port=5433 user=outboxd sslmode=disable", want: "10.0.0.7:5433 in plaintext"},
+		{name: "verify-ca", dsn: "postgres://outboxd@db.internal/km0", tls: config.PostgresTLS{Mode: "verify-ca", CAFile: "testdata/ca.pem"}, want: "(sslmode verify-ca)"},
+		{name: "a second host over the network", dsn: "postgres://outboxd@127.0.0.1:5432,db.internal:5432/km0?sslmode=disable", want: "at db.internal:5432 in plaintext"},
+		{name: "verify-full", dsn: "postgres://outboxd@db.internal/km0", tls: config.PostgresTLS{Mode: "verify-full", CAFile: "testdata/ca.pem"}},
+		{name: "ca_file alone is verify-full", dsn: "postgres://outboxd@db.internal/km0?sslmode=disable", tls: config.PostgresTLS{CAFile: "testdata/ca.pem"}},
+		{name: "loopback", dsn: "postgres://outboxd@127.0.0.1:5432/km0?sslmode=disable"},
+		{name: "localhost", dsn: "host=localhost user=outboxd"},
+		{name: "IPv6 loopback", dsn: "postgres://outboxd@[::1]:5432/km0"},
+		{name: "a Unix socket", dsn: "host=/var/run/postgresql user=outboxd"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			pg := config.Postgres{DSN: tt.dsn, TLS: tt.tls}
+			detail, fix := pg.TLSWarning()
+			if tt.want == "" {
+				if detail != "" {
+					t.Errorf("warning %q, want none", detail)
+				}
+				return
+			}
+			if !strings.Contains(detail, tt.want) || !strings.Contains(fix, "postgres.tls.mode: verify-full") {
+				t.Errorf("warning %q (fix %q), want one holding %q", detail, fix, tt.want)
+			}
+			assertNoFragment(t, "warning", detail, "s3cr3t")
+		})
+	}
+	cc, err := config.Postgres{DSN: "postgres://outboxd@db.internal/km0", TLS: config.PostgresTLS{CAFile: "testdata/ca.pem"}}.ConnConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cc.TLSConfig == nil || cc.TLSConfig.InsecureSkipVerify || cc.TLSConfig.ServerName != "db.internal" || len(cc.Fallbacks) != 0 {
+		t.Errorf("ca_file alone: TLS %+v, %d fallbacks; want verify-full", cc.TLSConfig, len(cc.Fallbacks))
+	}
+}
