@@ -403,6 +403,9 @@ func Parse(data []byte, lookupEnv func(string) (string, bool), readFile func(str
 	cfg := Default()
 	d := decoder{lines: map[string]int{}}
 	d.decode(root, reflect.ValueOf(&cfg).Elem(), "")
+	if d.aliased > maxAliased {
+		return Config{}, errors.Join(d.errs...) // what follows would judge a half-decoded file
+	}
 	cfg.lines = d.lines
 	errs := append(d.errs, fromYAML(&cfg)...)
 	for _, secret := range []struct {

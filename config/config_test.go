@@ -166,7 +166,7 @@ func TestParseExamples(t *testing.T) {
 		}},
 		{"debezium.yaml", func(t *testing.T, c config.Config) {
 			wantPG := config.Postgres{
-				DSN:                "host=db.internal port=5432 dbname=km0_inventari user=outboxd password=s3cr3t sslmode=require",
+				DSN:                "host=db.internal port=5432 dbname=km0_inventari user=outboxd password=s3cr3t sslmode=verify-full",
 				Slot:               "outboxd_inventari",
 				Publication:        "outboxd_inventari",
 				CreateSlot:         false,

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 )
 
 // parseDocument parses exactly one YAML document whose top level is a mapping.
@@ -118,6 +118,39 @@ var (
 type decoder struct {
 	lines map[string]int
 	errs  []error
+	// aliased counts the values decoded through an alias (*name), which
+	// the decoder follows itself: a few lines of anchors whose aliases
+	// nest can otherwise stand for millions of values (a "billion
+	// laughs"). Past maxAliased the decoding stops with an error.
+	aliasDepth, aliased int
+}
+
+// maxAliased bounds the values reached through aliases: far above what
+// sharing a columns mapping or a filter between routes takes.
+const maxAliased = 10000
+
+// follow resolves an alias and counts n (see count).
+func (d *decoder) follow(n *yaml.Node) (*yaml.Node, bool) {
+	if n.Kind == yaml.AliasNode {
+		for n.Kind == yaml.AliasNode {
+			n = n.Alias
+		}
+		d.aliasDepth++
+	}
+	return n, d.count(n)
+}
+
+// count counts n when it is reached through an alias; it reports false,
+// with an error the first time, once the aliases have stood for more than
+// maxAliased values.
+func (d *decoder) count(n *yaml.Node) bool {
+	if d.aliasDepth == 0 {
+		return true
+	}
+	if d.aliased++; d.aliased == maxAliased+1 {
+		d.errs = append(d.errs, fmt.Errorf("line %d: the aliases (*name) stand for more than %d values: write the values out, or share less", n.Line, maxAliased))
+	}
+	return d.aliased <= maxAliased
 }
 
 func (d *decoder) fail(n *yaml.Node, path, format string, args ...any) {
@@ -129,8 +162,11 @@ func (d *decoder) fail(n *yaml.Node, path, format string, args ...any) {
 }
 
 func (d *decoder) decode(n *yaml.Node, v reflect.Value, path string) {
-	for n.Kind == yaml.AliasNode {
-		n = n.Alias
+	depth := d.aliasDepth
+	defer func() { d.aliasDepth = depth }()
+	n, ok := d.follow(n)
+	if !ok {
+		return
 	}
 	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
 		return // "key:" with no value keeps the default
@@ -239,38 +275,55 @@ func (d *decoder) decodeMatch(n *yaml.Node, v reflect.Value, path string) {
 	var m Match
 	seen := map[string]int{}
 	for i := 0; i+1 < len(n.Content); i += 2 {
-		k, val := n.Content[i], n.Content[i+1]
-		for val.Kind == yaml.AliasNode {
-			val = val.Alias
+		depth := d.aliasDepth
+		c, ok := d.decodeCondition(n.Content[i], n.Content[i+1], path, seen)
+		d.aliasDepth = depth
+		if !ok {
+			return
 		}
-		if k.Kind != yaml.ScalarNode {
-			d.fail(k, path, "a column name must be a plain name")
-			continue
+		if c != nil {
+			m = append(m, *c)
 		}
-		if first, dup := seen[k.Value]; dup {
-			d.fail(k, path, "duplicate column %q (first at line %d)", k.Value, first)
-			continue
-		}
-		seen[k.Value] = k.Line
-		d.lines[path+"."+k.Value] = k.Line
-		c := Condition{Column: k.Value}
-		items := []*yaml.Node{val}
-		if val.Kind == yaml.SequenceNode {
-			items = val.Content
-		}
-		for _, it := range items {
-			switch {
-			case it.Kind != yaml.ScalarNode:
-				d.fail(it, path+"."+k.Value, "expected a value or a list of values")
-			case it.Tag == "!!null":
-				d.fail(it, path+"."+k.Value, "null never matches (a NULL matches no condition); list values only")
-			default:
-				c.Values = append(c.Values, it.Value)
-			}
-		}
-		m = append(m, c)
 	}
 	v.Set(reflect.ValueOf(m))
+}
+
+// decodeCondition reads one column of a Match: nil when it is in error,
+// false when the aliases ran over their bound.
+func (d *decoder) decodeCondition(k, val *yaml.Node, path string, seen map[string]int) (*Condition, bool) {
+	val, ok := d.follow(val)
+	if !ok {
+		return nil, false
+	}
+	if k.Kind != yaml.ScalarNode {
+		d.fail(k, path, "a column name must be a plain name")
+		return nil, true
+	}
+	if first, dup := seen[k.Value]; dup {
+		d.fail(k, path, "duplicate column %q (first at line %d)", k.Value, first)
+		return nil, true
+	}
+	seen[k.Value] = k.Line
+	d.lines[path+"."+k.Value] = k.Line
+	c := Condition{Column: k.Value}
+	items := []*yaml.Node{val}
+	if val.Kind == yaml.SequenceNode {
+		items = val.Content
+	}
+	for _, it := range items {
+		if !d.count(it) {
+			return nil, false
+		}
+		switch {
+		case it.Kind != yaml.ScalarNode:
+			d.fail(it, path+"."+k.Value, "expected a value or a list of values")
+		case it.Tag == "!!null":
+			d.fail(it, path+"."+k.Value, "null never matches (a NULL matches no condition); list values only")
+		default:
+			c.Values = append(c.Values, it.Value)
+		}
+	}
+	return &c, true
 }
 
 func kindName(k yaml.Kind) string {

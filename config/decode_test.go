@@ -122,3 +122,36 @@ func TestSyntaxErrorLines(t *testing.T) {
 		})
 	}
 }
+
+// aliasBomb is a route whose overrides alias one override n times, whose
+// filter aliases one list of 20 values in 20 columns: n × 420 values in a
+// file of a few KB.
+func aliasBomb(n int) string {
+	var cols []string
+	for i := 1; i <= 20; i++ {
+		c := fmt.Sprintf("c%d: *v", i)
+		if i == 1 {
+			c = "c1: &v [a01, a02, a03, a04, a05, a06, a07, a08, a09, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19, a20]"
+		}
+		cols = append(cols, c)
+	}
+	over := "      - &o {topic: x, when: {" + strings.Join(cols, ", ") + "}}\n" + strings.Repeat("      - *o\n", n-1)
+	return strings.Replace(minimal, "    topic: comandes.esdeveniments\n", "    topic: comandes.esdeveniments\n    overrides:\n"+over, 1)
+}
+
+// The decoder follows aliases itself: their values are bounded, so that a
+// few KB cannot stand for millions of values; sharing a mapping between
+// routes stays well within the bound.
+func TestAliasesAreBounded(t *testing.T) {
+	yml := aliasBomb(500)
+	_, err := config.Parse([]byte(yml), nil, nil)
+	assertErr(t, err, "the aliases (*name) stand for more than 10000 values")
+	t.Logf("%d bytes: %v", len(yml), err)
+
+	shared := strings.Replace(minimal, "    topic: comandes.esdeveniments\n",
+		"    topic: comandes.esdeveniments\n    columns: &cols {agregat_id: agregat_id}\n  - table: public.outbox2\n    topic: t2\n    columns: *cols\n", 1)
+	cfg := mustParse(t, shared, nil)
+	if len(cfg.Routes) != 2 || cfg.Routes[1].Columns.AgregatID != "agregat_id" {
+		t.Errorf("routes %+v", cfg.Routes)
+	}
+}

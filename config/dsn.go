@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"net/url"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -27,6 +29,9 @@ func (p Postgres) ConnConfig() (*pgconn.Config, error) {
 // connConfig is ConnConfig with the reason for a failure on its own, for
 // Validate to put after the field and line.
 func (p Postgres) connConfig() (*pgconn.Config, string) {
+	if isURL(p.DSN) && layoutURL(p.DSN).misplacedAt(p.DSN) {
+		return nil, "an @ after the host: a user name or password holding / or @ must be percent-encoded (/ as %2F, @ as %40), or give the password as postgres.password or postgres.password_file"
+	}
 	cfg, err := pgconn.ParseConfig(withTLS(p.DSN, p.TLS))
 	if err != nil {
 		return nil, parseFailure(err)
@@ -65,11 +70,9 @@ func parseFailure(err error) string {
 		return false
 	}
 	switch {
-	case what == "failed to parse as URL" && inner != nil && strings.HasPrefix(inner.Error(), "failed to split host:port"):
-		return "invalid host:port"
 	case what == "failed to parse as URL":
-		return "not a valid URL (percent-encode characters such as @ : / ? # % in the user name and password, or set postgres.password)"
-	case what == "failed to parse as keyword/value" && innerIs("invalid keyword/value", "invalid backslash", "unterminated quoted string in connection info string"):
+		return "not a valid URL (percent-encode characters such as @ / % and spaces in the user name and password, or set postgres.password)"
+	case what == "failed to parse as keyword/value" && innerIs("invalid keyword/value", "unterminated quoted string in connection info string"):
 		return inner.Error() + " (quote a value that holds spaces: password='p w'; write \\' and \\\\ for ' and \\)"
 	case what == "failed to parse as keyword/value":
 		return "not a valid keyword=value string"
@@ -119,16 +122,18 @@ func readSecretFile(lines map[string]int, field, file, passwordField string, pas
 
 // joinDSN puts the values of a DSN's variables in place so that the DSN means
 // what its author meant, whatever characters a value holds:
-//   - in the URL form, a value in the user info or in a query value is
-//     percent-encoded (a password with @ or / otherwise moves the host);
+//   - in the URL form, a value in the user info, the database name or the
+//     query is percent-encoded (a password with @ or / otherwise moves the
+//     host); a value in the hosts is refused if it holds anything a host
+//     list does not (a / or ? there would move the database name or add
+//     settings such as sslmode=disable);
 //   - in the keyword=value form, a value inside a value is escaped as libpq
 //     and pgconn read it (\ before \ and '), and an unquoted value that ends
 //     up with white space, or empty, is quoted: pgconn, unlike libpq, keeps
 //     the backslash of an escaped space.
 //
-// Anywhere else (host, port, path, a keyword, the whole DSN) a value goes in
-// as it is.
-func joinDSN(t template, values []string) string {
+// Anywhere else (a keyword, the whole DSN) a value goes in as it is.
+func joinDSN(t template, values []string) (string, []templateError) {
 	// The skeleton is the DSN with one placeholder byte for each variable:
 	// not a delimiter of either form, so it reads as the DSN will.
 	var skel strings.Builder
@@ -140,10 +145,15 @@ func joinDSN(t template, values []string) string {
 	}
 	skel.WriteString(t.text[len(values)])
 	s := skel.String()
-	if isURL(s) {
-		return joinURL(s, at, values)
+	if !isURL(s) {
+		return joinKV(s, at, values), nil
 	}
-	return joinKV(s, at, values)
+	dsn, bad := joinURL(s, at, values)
+	if bad >= 0 {
+		r := t.refs[bad]
+		return "", []templateError{{r.offset, fmt.Sprintf("${%s} stands in the hosts of the URL and its value holds more than host names, ports and commas (letters, digits, . - _ : [ ] ,): a / ? & or = there would change the database or the settings; keep them in the DSN itself", r.name)}}
+	}
+	return dsn, nil
 }
 
 func isURL(dsn string) bool {
@@ -166,39 +176,83 @@ func fill(b *strings.Builder, s string, from, to int, at []int, values []string,
 
 func asIs(v string) string { return v }
 
-// joinURL percent-encodes the values in the user info and in query values,
-// where net/url (and so pgconn) reads the URL: the user info ends at the last
-// @ before the first / ? or #, the query runs from the first ? to the first #.
-func joinURL(s string, at []int, values []string) string {
-	start := strings.Index(s, "://") + 3
-	authEnd := len(s)
-	if i := strings.IndexAny(s[start:], "/?#"); i >= 0 {
-		authEnd = start + i
-	}
-	userEnd := strings.LastIndexByte(s[:authEnd], '@') // < start: no user info
-	fragment := len(s)
-	if i := strings.IndexByte(s[start:], '#'); i >= 0 {
-		fragment = start + i
-	}
-	query := strings.IndexByte(s[:fragment], '?') // -1: no query
+// urlLayout is where the parts of a URL DSN lie, read as libpq (and pgconn)
+// reads one: the user info runs to the first @, when that comes before the
+// first /; the hosts (host:port, comma-separated) run to the first / or ?;
+// the database name to the first ?; the query is &-separated key=value
+// pairs, each half percent-decoded. # means nothing.
+type urlLayout struct {
+	userEnd   int // the @ that ends the user info; -1: none
+	hostStart int
+	hostEnd   int // the / or ? after the hosts, or len
+	query     int // the ? that starts the query; -1: none
+}
 
+func layoutURL(s string) urlLayout {
+	start := strings.Index(s, "://") + 3
+	l := urlLayout{userEnd: -1, hostStart: start, query: -1}
+	if i := strings.IndexAny(s[start:], "@/"); i >= 0 && s[start+i] == '@' {
+		l.userEnd = start + i
+		l.hostStart = l.userEnd + 1
+	}
+	l.hostEnd = len(s)
+	if i := strings.IndexAny(s[l.hostStart:], "/?"); i >= 0 {
+		l.hostEnd = l.hostStart + i
+	}
+	if i := strings.IndexByte(s[l.hostEnd:], '?'); i >= 0 {
+		l.query = l.hostEnd + i
+	}
+	return l
+}
+
+// misplacedAt reports an @ where a DSN's author cannot have meant it: in the
+// hosts or the database name. A user name or password holding a / or an @
+// not percent-encoded puts the rest of it there (postgres://u:99/pw@host/db
+// reads as host u, port 99, database pw@host/db).
+func (l urlLayout) misplacedAt(s string) bool {
+	end := len(s)
+	if l.query >= 0 {
+		end = l.query
+	}
+	return strings.IndexByte(s[l.hostStart:end], '@') >= 0
+}
+
+// hostValue is what a variable may hold in the hosts of a URL DSN: host
+// names, IP addresses (IPv6 in brackets), ports and the commas of a list.
+// Anything else (a /, ?, & or =) would move the database name or add
+// settings, and percent-encoding it would only make a host name that cannot
+// resolve: such a value is refused.
+func hostValue(v string) bool {
+	for i := 0; i < len(v); i++ {
+		c := v[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte(".-_:[],", c) >= 0) {
+			return false
+		}
+	}
+	return true
+}
+
+// joinURL percent-encodes the values in the user info, the database name
+// and the query, where libpq decodes them. A value in the hosts goes in as
+// it is, and must be a host list already (hostValue): bad is the index of
+// the first that is not, -1 when none.
+func joinURL(s string, at []int, values []string) (dsn string, bad int) {
+	l := layoutURL(s)
 	var b strings.Builder
 	from := 0
 	for i, pos := range at {
-		encode := pos < userEnd
-		if query >= 0 && pos > query && pos < fragment {
-			param := query + 1 + strings.LastIndexByte(s[query+1:pos], '&') + 1
-			encode = strings.IndexByte(s[param:pos], '=') >= 0
-		}
-		esc := asIs
-		if encode {
-			esc = percentEncode
+		esc := percentEncode
+		if pos >= l.hostStart && pos < l.hostEnd {
+			if !hostValue(values[i]) {
+				return "", i
+			}
+			esc = asIs
 		}
 		fill(&b, s, from, pos+1, at[i:i+1], values[i:i+1], esc)
 		from = pos + 1
 	}
 	b.WriteString(s[from:])
-	return b.String()
+	return b.String(), -1
 }
 
 // percentEncode writes every byte but the unreserved ones (RFC 3986: letters,
@@ -287,9 +341,10 @@ type kvPair struct {
 	quoted     bool
 }
 
-// scanKV reads a keyword/value DSN with pgconn's rules: a keyword is the
-// trimmed text before "="; a value is quoted ('...') or runs to white space;
-// a backslash escapes the next byte in both.
+// scanKV reads a keyword/value DSN with pgconn's (and libpq's) rules: a
+// keyword is the trimmed text before "=", without white space inside; a
+// value is quoted ('...') or runs to white space; a backslash escapes the
+// next byte in both (a trailing one in an unquoted value is dropped).
 func scanKV(s string) ([]kvPair, error) {
 	var pairs []kvPair
 	pos := 0
@@ -299,7 +354,7 @@ func scanKV(s string) ([]kvPair, error) {
 			return nil, errors.New("invalid keyword/value")
 		}
 		key := strings.Trim(s[pos:pos+eq], kvSpace)
-		if key == "" {
+		if key == "" || strings.ContainsAny(key, kvSpace) {
 			return nil, errors.New("invalid keyword/value")
 		}
 		pos += eq + 1
@@ -316,8 +371,8 @@ func scanKV(s string) ([]kvPair, error) {
 				break
 			}
 			if s[end] == '\\' {
-				if end++; end == len(s) && !p.quoted {
-					return nil, errors.New("invalid backslash")
+				if end++; end == len(s) {
+					break
 				}
 			}
 		}
@@ -354,46 +409,62 @@ func (p Postgres) RedactedDSN() string {
 }
 
 func redactURL(dsn string) string {
-	scheme, rest, _ := strings.Cut(dsn, "://")
-	_, parseErr := url.Parse(dsn)
-	at := strings.LastIndexByte(rest, '@')
-	if at < 0 {
-		if parseErr != nil {
-			return scheme + "://" + redacted
-		}
-		return scheme + "://" + redactQuery(rest)
+	l := layoutURL(dsn)
+	scheme := dsn[:strings.Index(dsn, "://")+3]
+	end := len(dsn)
+	if l.query >= 0 {
+		end = l.query
 	}
-	user := redacted
-	authEnd := strings.IndexAny(rest, "/?#")
-	if parseErr == nil && (authEnd < 0 || at < authEnd) {
-		// The user info is what net/url (and so pgconn) takes it to be.
-		user = rest[:at]
+	if l.misplacedAt(dsn) {
+		// A / or @ in the user info: where it ends is in doubt, so all
+		// up to the last @ goes.
+		return scheme + redacted + redactQuery(dsn[strings.LastIndexByte(dsn[:end], '@'):])
+	}
+	if !plausibleHosts(dsn[l.hostStart:l.hostEnd]) {
+		// A port that is no number may be a piece of a password.
+		return scheme + redacted
+	}
+	out := dsn[:l.hostStart]
+	if l.userEnd >= 0 {
+		user := dsn[len(scheme):l.userEnd]
 		if name, _, hasPassword := strings.Cut(user, ":"); hasPassword {
 			user = name + ":" + redacted
 		}
+		out = scheme + user + "@"
 	}
-	return scheme + "://" + user + "@" + redactQuery(rest[at+1:])
+	return out + redactQuery(dsn[l.hostStart:])
+}
+
+// plausibleHosts reports whether every port of a URL's host list is a
+// number or empty.
+func plausibleHosts(hosts string) bool {
+	for _, h := range strings.Split(hosts, ",") {
+		if i := strings.LastIndexByte(h, ']'); i >= 0 {
+			h = h[i+1:]
+		}
+		_, port, _ := strings.Cut(h, ":")
+		if strings.Trim(port, "0123456789") != "" {
+			return false
+		}
+	}
+	return true
 }
 
 // redactQuery hides the values of password and sslpassword in the query of
-// s, keeping everything else as written.
+// s (from its first ?), keeping everything else as written.
 func redactQuery(s string) string {
 	q := strings.IndexByte(s, '?')
 	if q < 0 {
 		return s
 	}
-	end := len(s)
-	if i := strings.IndexByte(s[q:], '#'); i >= 0 {
-		end = q + i
-	}
-	params := strings.Split(s[q+1:end], "&")
+	params := strings.Split(s[q+1:], "&")
 	for i, param := range params {
 		key, _, _ := strings.Cut(param, "=")
-		if k, err := url.QueryUnescape(key); err != nil || secretKey(k) {
+		if k, err := url.PathUnescape(strings.Trim(key, " ")); err != nil || secretKey(k) {
 			params[i] = key + "=" + redacted
 		}
 	}
-	return s[:q+1] + strings.Join(params, "&") + s[end:]
+	return s[:q+1] + strings.Join(params, "&")
 }
 
 func secretKey(k string) bool { return k == "password" || k == "sslpassword" }
@@ -418,28 +489,94 @@ func redactKV(dsn string) string {
 
 // withTLS adds postgres.tls to the DSN as libpq's settings, where pgconn
 // turns them into its TLS configuration (for every host of a multi-host
-// DSN). A setting given here replaces the DSN's.
+// DSN). A setting given here replaces the DSN's. A ca_file without a mode
+// means verify-full: a CA is given to be checked against (libpq's default,
+// prefer, would load it and check nothing).
 func withTLS(dsn string, t PostgresTLS) string {
-	set := [][2]string{{"sslmode", t.Mode}, {"sslrootcert", t.CAFile}, {"sslcert", t.CertFile}, {"sslkey", t.KeyFile}}
-	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
-		u, err := url.Parse(dsn)
-		if err != nil {
-			return dsn // reported as the DSN's own problem
-		}
-		q := u.Query()
-		for _, kv := range set {
-			if kv[1] != "" {
-				q.Set(kv[0], kv[1])
-			}
-		}
-		u.RawQuery = q.Encode()
-		return u.String()
+	mode := t.Mode
+	if mode == "" && t.CAFile != "" {
+		mode = "verify-full"
 	}
+	set := [][2]string{{"sslmode", mode}, {"sslrootcert", t.CAFile}, {"sslcert", t.CertFile}, {"sslkey", t.KeyFile}}
 	for _, kv := range set {
-		if kv[1] != "" {
-			// Later settings win in pgconn's keyword=value parser.
-			dsn += " " + kv[0] + "='" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(kv[1]) + "'"
+		if kv[1] == "" {
+			continue
 		}
+		if !isURL(dsn) {
+			// Later settings win in pgconn's keyword=value parser.
+			dsn += " " + kv[0] + "='" + escapeKV(kv[1]) + "'"
+			continue
+		}
+		// And in its URL query.
+		switch {
+		case layoutURL(dsn).query < 0:
+			dsn += "?"
+		case !strings.HasSuffix(dsn, "?") && !strings.HasSuffix(dsn, "&"):
+			dsn += "&"
+		}
+		dsn += kv[0] + "=" + percentEncode(kv[1])
 	}
 	return dsn
+}
+
+// ---- TLS ----
+
+// TLSWarning says, when the DSN reaches PostgreSQL over the network below
+// verify-full, which hosts and what is missing, with the fix; "" when every
+// host is verified, or is on this machine (a loopback address, localhost or
+// a Unix socket), or the DSN does not parse (Validate says why). libpq's
+// default, prefer, checks no certificate and falls back to plaintext: the
+// role's password and the events go to whoever answers. The daemon logs it
+// at every start and check reports it (a warning, not a failure: a private
+// network may be trusted on purpose).
+func (p Postgres) TLSWarning() (detail, fix string) {
+	cfg, reason := p.connConfig()
+	if reason != "" {
+		return "", ""
+	}
+	var hosts []string
+	var plain, unchecked bool
+	seen := map[string]bool{}
+	targets := []*pgconn.FallbackConfig{{Host: cfg.Host, Port: cfg.Port, TLSConfig: cfg.TLSConfig}}
+	for _, fb := range append(targets, cfg.Fallbacks...) {
+		if onThisMachine(fb.Host) {
+			continue
+		}
+		switch t := fb.TLSConfig; {
+		case t == nil:
+			plain = true
+		case t.InsecureSkipVerify && t.VerifyPeerCertificate == nil:
+			unchecked = true
+		case !t.InsecureSkipVerify:
+			continue // verify-full
+		}
+		if addr := net.JoinHostPort(fb.Host, strconv.Itoa(int(fb.Port))); !seen[addr] {
+			seen[addr] = true
+			hosts = append(hosts, addr)
+		}
+	}
+	var how string
+	switch {
+	case len(hosts) == 0:
+		return "", ""
+	case plain && unchecked:
+		how = "over TLS without checking the server's certificate, or in plaintext when the server offers no TLS (sslmode prefer or allow, libpq's default)"
+	case plain:
+		how = "in plaintext (sslmode disable)"
+	case unchecked:
+		how = "over TLS without checking the server's certificate (sslmode require)"
+	default:
+		how = "over TLS that checks the certificate's CA but not the server's name (sslmode verify-ca)"
+	}
+	detail = fmt.Sprintf("outboxd reaches PostgreSQL at %s %s: whoever answers at that address gets the role's password and the events", strings.Join(hosts, ", "), how)
+	return detail, "set postgres.tls.mode: verify-full and postgres.tls.ca_file to the CA that signed the server's certificate"
+}
+
+// onThisMachine: a Unix socket, localhost or a loopback address.
+func onThisMachine(host string) bool {
+	if strings.HasPrefix(host, "/") || host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }

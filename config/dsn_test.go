@@ -18,7 +18,7 @@ func TestRedactedDSN(t *testing.T) {
 		{"postgres://outboxd:p%40ss%2Fw0rd@db/km0", "postgres://outboxd:xxxxx@db/km0"},
 		{"postgres://outboxd@db/km0", "postgres://outboxd@db/km0"},
 		{"postgres://outboxd@db/km0?password=s3cr3t&sslmode=disable", "postgres://outboxd@db/km0?password=xxxxx&sslmode=disable"},
-		{"postgres://outboxd:s3/cr3t@db/km0", "postgres://xxxxx@db/km0"}, // unparseable: user info dropped entirely
+		{"postgres://outboxd:s3/cr3t@db/km0", "postgres://xxxxx@db/km0"}, // a / in the password: all up to the last @ goes
 		{"host=db user=outboxd password=s3cr3t dbname=km0", "host=db user=outboxd password=xxxxx dbname=km0"},
 		{"password=s3cr3t host=db", "password=xxxxx host=db"},
 		{"host=db password = s3cr3t", "host=db password = xxxxx"},
@@ -26,15 +26,17 @@ func TestRedactedDSN(t *testing.T) {
 		{`host=db password=s3\ cr3t dbname=km0`, "host=db password=xxxxx dbname=km0"},
 		{"host=db user=outboxd dbname=km0", "host=db user=outboxd dbname=km0"},
 		{"", ""},
+		// libpq: the user info runs to the first @ before the first /.
+		{"postgres://outboxd:12?s3cr3t@db/km0", "postgres://outboxd:xxxxx@db/km0"},
+		{"postgres://outboxd:12#s3cr3t@db/km0", "postgres://outboxd:xxxxx@db/km0"},
 		// An @ after the host: which part is the password is in doubt.
-		{"postgres://outboxd:12?s3cr3t@db/km0", "postgres://xxxxx@db/km0"},
-		{"postgres://outboxd:12#s3cr3t@db/km0", "postgres://xxxxx@db/km0"},
-		{"postgres://outboxd:p@s3cr3t@db/km0", "postgres://outboxd:xxxxx@db/km0"}, // net/url: user info to the last @
+		{"postgres://outboxd:p@s3cr3t@db/km0", "postgres://xxxxx@db/km0"},
+		{"postgres://u:99/Zq9s3cr3t@db/km0", "postgres://xxxxx@db/km0"},
 		// Unparseable without user info: only the scheme is certain.
 		{"postgres://db:s3cr3t/km0", "postgres://xxxxx"},
 		{"postgres://outboxd@db/km0?sslpassword=k3y&sslmode=require", "postgres://outboxd@db/km0?sslpassword=xxxxx&sslmode=require"},
 		{"postgres://outboxd@db/km0?pass%77ord=s3cr3t", "postgres://outboxd@db/km0?pass%77ord=xxxxx"},
-		{"postgres://outboxd@db/km0?password=s3cr3t#frag", "postgres://outboxd@db/km0?password=xxxxx#frag"},
+		{"postgres://outboxd@db/km0?password=s3cr3t#frag", "postgres://outboxd@db/km0?password=xxxxx"}, // # is part of the value for libpq
 		{"host=db sslpassword=k3y sslmode=require", "host=db sslpassword=xxxxx sslmode=require"},
 		{"host=db password=s3\\\ncr3t dbname=km0", "host=db password=xxxxx dbname=km0"},
 		// A keyword=value DSN that does not parse: nothing is certain.
@@ -143,15 +145,17 @@ func TestBadDSN(t *testing.T) {
 		reason string
 	}{
 		{"postgres://outboxd:s3cr3t-p%40ss%2Fw0rd@db:99999/km0", "invalid port"},
-		{"postgres://outboxd:s3cr3t-p%40ss%2Fw0rd@db:qu1rk/km0", "not a valid URL (percent-encode characters such as @ : / ? # % in the user name and password, or set postgres.password)"},
-		{"postgres://outboxd:s3cr3t-p@ss/w0rd%qu1rk@db/km0", "not a valid URL"},
-		{"postgres://outboxd:s3cr3t-p%40ss%2Fw0rd@db:qu1rk:1/km0", "invalid host:port"},
+		{"postgres://outboxd:s3cr3t-p%40ss%2Fw0rd@db:qu1rk/km0", "invalid port"},
+		{"postgres://outboxd:s3cr3t-p%qu1rk@db/km0", "not a valid URL (percent-encode characters such as @ / % and spaces in the user name and password, or set postgres.password)"},
+		{"postgres://outboxd:s3cr3t-p@ss/w0rd%qu1rk@db/km0", "an @ after the host: a user name or password holding / or @ must be percent-encoded (/ as %2F, @ as %40), or give the password as postgres.password or postgres.password_file"},
+		{"postgres://outboxd:s3cr3t-p%40ss%2Fw0rd@db/km0?application_name=a qu1rk", "not a valid URL"},
+		{"postgres://outboxd:s3cr3t-p%40ss%2Fw0rd@db:qu1rk:1/km0", "invalid port"},
 		{"postgres://outboxd:s3cr3t-p%40ss%2Fw0rd@db/km0?connect_timeout=qu1rk", "invalid connect_timeout"},
 		{"postgres://outboxd:s3cr3t-p%40ss%2Fw0rd@db/km0?sslmode=qu1rk", "sslmode is invalid"},
 		{"postgres://outboxd:s3cr3t-p%40ss%2Fw0rd@db/km0?target_session_attrs=qu1rk", "unknown target_session_attrs value"},
 		{"postgres://outboxd:s3cr3t-p%40ss%2Fw0rd@db/km0?sslmode=verify-full&sslrootcert=/nonexistent/qu1rk.crt", "a TLS file it names (sslrootcert, sslcert, sslkey) does not exist"},
 		{"host=db password='s3cr3t-p@ss/w0rd", "unterminated quoted string in connection info string"},
-		{`host=db password=s3cr3t-p@ss/w0rd\`, "invalid backslash"},
+		{"host=db password=s3cr3t-p@ss /w0rd qu1rk=x", "not a valid keyword=value string"},
 		{"host=db password=s3cr3t-p@ss /w0rd", "invalid keyword/value"},
 		{"host=db port=qu1rk password=s3cr3t-p@ss/w0rd", "invalid port"},
 	}
@@ -335,5 +339,52 @@ func TestPostgresTLS(t *testing.T) {
 		if len(cc.Fallbacks) != 0 {
 			t.Errorf("%s: verify-full must not fall back to plaintext: %d fallbacks", dsn, len(cc.Fallbacks))
 		}
+	}
+}
+
+// TestTLSWarning: a DSN that reaches PostgreSQL over the network below
+// verify-full is a warning that names the host and the fix; one on this
+// machine, or verified, is not; postgres.tls.ca_file alone verifies.
+func TestTLSWarning(t *testing.T) {
+	t.Setenv("PGSSLMODE", "")
+	tests := []struct {
+		name, dsn string
+		tls       config.PostgresTLS
+		want      string // in the warning; "" for none
+	}{
+		{name: "libpq's default over the network", dsn: "postgres://outboxd:s3cr3t@db.internal:5432/km0", want: "db.internal:5432 over TLS without checking the server's certificate, or in plaintext"},
+		{name: "require", dsn: "postgres://outboxd@db.internal/km0?sslmode=require", want: "(sslmode require)"},
+		{name: "disable", dsn: "host=10.0.0.7 port=5433 user=outboxd sslmode=disable", want: "10.0.0.7:5433 in plaintext"},
+		{name: "verify-ca", dsn: "postgres://outboxd@db.internal/km0", tls: config.PostgresTLS{Mode: "verify-ca", CAFile: "testdata/ca.pem"}, want: "(sslmode verify-ca)"},
+		{name: "a second host over the network", dsn: "postgres://outboxd@127.0.0.1:5432,db.internal:5432/km0?sslmode=disable", want: "at db.internal:5432 in plaintext"},
+		{name: "verify-full", dsn: "postgres://outboxd@db.internal/km0", tls: config.PostgresTLS{Mode: "verify-full", CAFile: "testdata/ca.pem"}},
+		{name: "ca_file alone is verify-full", dsn: "postgres://outboxd@db.internal/km0?sslmode=disable", tls: config.PostgresTLS{CAFile: "testdata/ca.pem"}},
+		{name: "loopback", dsn: "postgres://outboxd@127.0.0.1:5432/km0?sslmode=disable"},
+		{name: "localhost", dsn: "host=localhost user=outboxd"},
+		{name: "IPv6 loopback", dsn: "postgres://outboxd@[::1]:5432/km0"},
+		{name: "a Unix socket", dsn: "host=/var/run/postgresql user=outboxd"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			pg := config.Postgres{DSN: tt.dsn, TLS: tt.tls}
+			detail, fix := pg.TLSWarning()
+			if tt.want == "" {
+				if detail != "" {
+					t.Errorf("warning %q, want none", detail)
+				}
+				return
+			}
+			if !strings.Contains(detail, tt.want) || !strings.Contains(fix, "postgres.tls.mode: verify-full") {
+				t.Errorf("warning %q (fix %q), want one holding %q", detail, fix, tt.want)
+			}
+			assertNoFragment(t, "warning", detail, "s3cr3t")
+		})
+	}
+	cc, err := config.Postgres{DSN: "postgres://outboxd@db.internal/km0", TLS: config.PostgresTLS{CAFile: "testdata/ca.pem"}}.ConnConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cc.TLSConfig == nil || cc.TLSConfig.InsecureSkipVerify || cc.TLSConfig.ServerName != "db.internal" || len(cc.Fallbacks) != 0 {
+		t.Errorf("ca_file alone: TLS %+v, %d fallbacks; want verify-full", cc.TLSConfig, len(cc.Fallbacks))
 	}
 }

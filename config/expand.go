@@ -5,7 +5,7 @@ import (
 	"regexp"
 	"strings"
 
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 )
 
 var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
@@ -31,7 +31,7 @@ func expandTree(n *yaml.Node, path string, lookupEnv func(string) (string, bool)
 		if path == "postgres.dsn" {
 			join = joinDSN
 		}
-		errs = expandScalar(n, lookupEnv, join)
+		errs = expandScalar(n, path, lookupEnv, join)
 	}
 	// An alias is expanded where its anchor is defined.
 	return errs
@@ -44,8 +44,15 @@ func joinPath(path, key string) string {
 	return path + "." + key
 }
 
-// expandScalar expands the references in one scalar value.
-func expandScalar(n *yaml.Node, lookupEnv func(string) (string, bool), join func(template, []string) string) []error {
+// emptyAllowed are the keys whose variables may be set but empty: there ""
+// means the default, which is as safe (the system's trusted roots, the
+// broker's own name). Anywhere else an empty value is far more often a
+// variable the deployment forgot to fill than a choice: an empty password,
+// or health.listen "" turning the health server off.
+var emptyAllowed = map[string]bool{"kafka.tls.ca_file": true, "kafka.tls.server_name": true}
+
+// expandScalar expands the references in one scalar value, at path.
+func expandScalar(n *yaml.Node, path string, lookupEnv func(string) (string, bool), join func(template, []string) (string, []templateError)) []error {
 	if !strings.Contains(n.Value, "$") {
 		return nil
 	}
@@ -53,10 +60,16 @@ func expandScalar(n *yaml.Node, lookupEnv func(string) (string, bool), join func
 	values := make([]string, len(t.refs))
 	for i, r := range t.refs {
 		v, ok := lookupEnv(r.name)
-		if !ok {
+		switch {
+		case !ok:
 			errs = append(errs, templateError{r.offset, fmt.Sprintf("environment variable %s is not set", r.name)})
+		case v == "" && !emptyAllowed[path]:
+			errs = append(errs, templateError{r.offset, fmt.Sprintf("%s: environment variable %s is set but empty (give it a value, or remove the key to take its default)", path, r.name)})
 		}
 		values[i] = v
+	}
+	if len(errs) == 0 {
+		n.Value, errs = join(t, values)
 	}
 	if len(errs) > 0 {
 		out := make([]error, len(errs))
@@ -65,7 +78,6 @@ func expandScalar(n *yaml.Node, lookupEnv func(string) (string, bool), join func
 		}
 		return out
 	}
-	n.Value = join(t, values)
 	if n.Style == 0 {
 		retag(n)
 	}
@@ -152,12 +164,12 @@ func parseTemplate(s string) (template, []templateError) {
 }
 
 // join puts the values of the references in their places, as they are.
-func (t template) join(values []string) string {
+func (t template) join(values []string) (string, []templateError) {
 	var b strings.Builder
 	for i, v := range values {
 		b.WriteString(t.text[i])
 		b.WriteString(v)
 	}
 	b.WriteString(t.text[len(values)])
-	return b.String()
+	return b.String(), nil
 }

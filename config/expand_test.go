@@ -27,7 +27,22 @@ func TestEnvExpansion(t *testing.T) {
 		},
 		{
 			name: "set but empty", dsn: `"postgres://u:${PW}@h/db"`, vars: map[string]string{"PW": ""},
-			wantDSN: "postgres://u:@h/db",
+			wantErr: []string{"line 3: postgres.dsn: environment variable PW is set but empty"},
+		},
+		{
+			name: "a host that injects a database and settings", dsn: `"postgres://u@${H}/db?sslmode=verify-full"`,
+			vars:    map[string]string{"H": "evil:5432/db?sslmode=disable&x="},
+			wantErr: []string{"line 3:", "${H} stands in the hosts of the URL"},
+		},
+		{
+			name: "host, port and a list of hosts", dsn: `"postgres://u@${H}:${P},${H2}/db"`,
+			vars:    map[string]string{"H": "db-1.internal", "P": "5433", "H2": "[::1]:5432"},
+			wantDSN: "postgres://u@db-1.internal:5433,[::1]:5432/db",
+		},
+		{
+			name: "the database name and query values are encoded", dsn: `"postgres://u@h/${DB}?application_name=${A}"`,
+			vars:    map[string]string{"DB": "km0?sslmode=disable", "A": "a&sslmode=disable"},
+			wantDSN: "postgres://u@h/km0%3Fsslmode%3Ddisable?application_name=a%26sslmode%3Ddisable",
 		},
 		{
 			name: "double dollar is a literal dollar", dsn: `"postgres://u:pa$$${PW}$$@h/db"`, vars: map[string]string{"PW": "x"},
@@ -119,9 +134,9 @@ func TestExpansionInValues(t *testing.T) {
 		{name: "a value null is a string, not a missing value",
 			yml: "origen: ${V}", vars: map[string]string{"V": "null"},
 			got: origen, want: "null"},
-		{name: "an empty plain value is a missing value",
-			yml: "origen: ${V}", vars: map[string]string{"V": ""},
-			wantErr: "origen: required"},
+		{name: "an empty value is an error",
+			yml: "origen: x\nhealth: {listen: \"${L}\"}", vars: map[string]string{"L": ""},
+			wantErr: "line 2: health.listen: environment variable L is set but empty"},
 		{name: "a plain value takes its YAML type",
 			yml:  "origen: x\npipeline:\n  max_in_flight_events: ${N}\n  backoff_max: ${D}\n  backoff_min: ${D}\nhealth:\n  pprof: ${B}",
 			vars: map[string]string{"N": "7", "D": "3s", "B": "true"},
@@ -161,5 +176,15 @@ log: {level: "${L}", format: "${F}"}`, vars: map[string]string{"L": "warn", "F":
 				t.Errorf("got %#v, want %#v", got, tt.want)
 			}
 		})
+	}
+}
+
+// kafka.tls.ca_file and server_name take an empty variable: "" there means
+// the default (the system's roots, the broker's name), as safe as a value.
+func TestEmptyValueWhereAllowed(t *testing.T) {
+	yml := strings.Replace(minimal, "kafka:\n", "kafka:\n  tls: {enable: true, ca_file: \"${CA}\", server_name: \"${SN}\"}\n", 1)
+	cfg := mustParse(t, yml, map[string]string{"CA": "", "SN": ""})
+	if cfg.Kafka.TLS.CAFile != "" || cfg.Kafka.TLS.ServerName != "" {
+		t.Errorf("tls %+v", cfg.Kafka.TLS)
 	}
 }

@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/outboxd/outboxd/config"
 )
@@ -183,8 +183,8 @@ func TestCompose(t *testing.T) {
 		}
 	}
 	_, port, _ := strings.Cut(cfg.Health.Listen, ":")
-	if !slices.Contains(o.Ports, port+":"+port) {
-		t.Errorf("health.listen %s is not published: ports %q", cfg.Health.Listen, o.Ports)
+	if !slices.Contains(o.Ports, "127.0.0.1:"+port+":"+port) {
+		t.Errorf("health.listen %s is not published on the host's loopback only (127.0.0.1:%s:%s): ports %q", cfg.Health.Listen, port, port, o.Ports)
 	}
 	if grace, err := time.ParseDuration(o.StopGracePeriod); err != nil || grace <= cfg.Pipeline.ShutdownTimeout {
 		t.Errorf("stop_grace_period %q must exceed pipeline.shutdown_timeout %s, or the engine kills outboxd while it drains",

@@ -60,6 +60,11 @@ func TestSystemdUnit(t *testing.T) {
 	if shutdown := config.Default().Pipeline.ShutdownTimeout; err != nil || stop <= shutdown {
 		t.Errorf("TimeoutStopSec=%s (%v) must exceed pipeline.shutdown_timeout %s: systemd sends SIGKILL when it ends", set["TimeoutStopSec"], err, shutdown)
 	}
+	// Secrets come through LoadCredential=: under DynamicUser= a file
+	// outboxd read itself would have to be world-readable.
+	if cred := one("LoadCredential"); !strings.HasPrefix(cred, "pg-password:/") {
+		t.Errorf("LoadCredential=%s: want pg-password:PATH (password_file: ${CREDENTIALS_DIRECTORY}/pg-password)", cred)
+	}
 	for k, want := range map[string]string{
 		"DynamicUser": "yes", "NoNewPrivileges": "yes", "ProtectSystem": "strict", "ProtectHome": "yes",
 		"PrivateTmp": "yes", "CapabilityBoundingSet": "", "KillSignal": "SIGTERM", "RestartPreventExitStatus": "2",

@@ -50,14 +50,15 @@ const (
 )
 
 // RowError says why a change could not become a record. It names the
-// table, the row (its id and agregat_id, when readable) and the column, so
-// an operator can find the row.
+// table, the row by its id (when readable) and the column, so an operator
+// can find the row, and never quotes what the row holds (its agregat_id,
+// the bad value): the error reaches the log, /status and the dead-letter
+// record's headers, and the id is enough to SELECT the rest.
 type RowError struct {
-	Table     string
-	ID        string // the row's id column, "" when unreadable
-	AgregatID string // the row's agregat_id column, "" when unreadable
-	Column    string
-	Reason    string
+	Table  string
+	ID     string // the row's id column, "" when unreadable
+	Column string
+	Reason string
 	// Message: a logical message rather than a row (Table is then
 	// `message prefix "..."` and Column a member of its JSON).
 	Message bool
@@ -70,9 +71,6 @@ func (e *RowError) Error() string {
 	}
 	if e.ID != "" {
 		row += " id=" + strconv.Quote(e.ID)
-	}
-	if e.AgregatID != "" {
-		row += " agregat_id=" + strconv.Quote(e.AgregatID)
 	}
 	if e.Column == "" {
 		return fmt.Sprintf("%s in %s: %s", row, e.Table, e.Reason)
@@ -142,7 +140,6 @@ func (r *Router) Build(b *Binding, row []Column, pos Position, sc *Scratch) (out
 		var re *RowError
 		if errors.As(err, &re) {
 			re.ID = readable(v.text(roleID))
-			re.AgregatID = readable(v.text(roleKey))
 		}
 		return outboxd.Record{}, Publish, err
 	}
@@ -151,7 +148,7 @@ func (r *Router) Build(b *Binding, row []Column, pos Position, sc *Scratch) (out
 	}
 	if r.maxBytes > 0 {
 		if n := rec.WireSize(); n > r.maxBytes {
-			return outboxd.Record{}, Publish, &RowError{Table: b.Name, ID: readable(v.text(roleID)), AgregatID: readable(v.text(roleKey)), Message: b.message,
+			return outboxd.Record{}, Publish, &RowError{Table: b.Name, ID: readable(v.text(roleID)), Message: b.message,
 				Reason: fmt.Sprintf("the record is %d bytes, over kafka.batch_bytes (%d): raise it together with the broker's and the topic's max.message.bytes, or make the row smaller", n, r.maxBytes)}
 		}
 	}
@@ -363,7 +360,7 @@ func (r *Router) topic(v *view, t *template, sc *Scratch) (string, error) {
 	if topic, ok := t.cache.lookup(name); ok {
 		return topic, nil
 	}
-	return r.fallback(v, fmt.Sprintf("the topic template gives %q, which is not a valid Kafka topic name (letters, digits, '.', '_', '-'; at most %d)", name, MaxTopicLen))
+	return r.fallback(v, fmt.Sprintf("the topic template gives a name that is not a valid Kafka topic name (letters, digits, '.', '_', '-'; at most %d)", MaxTopicLen))
 }
 
 func (r *Router) fallback(v *view, why string) (string, error) {
@@ -427,7 +424,7 @@ func (r *Router) value(v *view, id, tipus []byte, pos Position, sc *Scratch) ([]
 			if !null {
 				var ok bool
 				if versio, ok = parseInt(raw); !ok {
-					return nil, v.rowError(i, fmt.Sprintf("%q is not an integer", raw))
+					return nil, v.rowError(i, "not an integer")
 				}
 			}
 		}
@@ -610,7 +607,7 @@ func (v *view) millis(i int) (int64, error) {
 	case v.b.message && len(raw) > 0 && (raw[0] == '-' || raw[0] >= '0' && raw[0] <= '9'):
 		ms, ok := parseInt(raw)
 		if !ok {
-			return 0, v.rowError(i, fmt.Sprintf("%s is not an integer number of milliseconds", raw))
+			return 0, v.rowError(i, "not an integer number of milliseconds")
 		}
 		return ms, nil
 	case v.b.message:
@@ -618,7 +615,7 @@ func (v *view) millis(i int) (int64, error) {
 	case v.b.oid[i] == oidInt2 || v.b.oid[i] == oidInt4 || v.b.oid[i] == oidInt8:
 		ms, ok := parseInt(raw)
 		if !ok {
-			return 0, v.rowError(i, fmt.Sprintf("%q is not an integer", raw))
+			return 0, v.rowError(i, "not an integer")
 		}
 		return ms, nil
 	case v.b.oid[i] == oidTimestamp:

@@ -267,14 +267,15 @@ func BenchmarkBuild(b *testing.B) {
 }
 
 // TestBadRowErrorNamesTheRow: an operator must find the poison row from the
-// error alone: its id and agregat_id when they are readable.
+// error alone: its id when it is readable; nothing else the row holds (the
+// agregat_id, the bad value) is quoted.
 func TestBadRowErrorNamesTheRow(t *testing.T) {
 	r := newRouter(t, "comandes", []envelope.Route{{Schema: "public", Table: "outbox", Topic: "t", Columns: seedCols}}, 0)
 	rel := relation("id", "agregat", "agregat_id", "tipus", "versio", "carrega", "creat_en")
 	rel.Columns[5].DataType = 25 // carrega as text
 	b := bind(r, rel)
 	_, err := build(r, b, tuple(s("6f1c-bad"), s("comanda"), s("P-9"), s("comanda.creada"), s("1"), s("no és JSON"), s("2026-01-01 00:00:00+00")), nil)
-	want := `outbox row id="6f1c-bad" agregat_id="P-9" in public.outbox, column "carrega": the value is not valid JSON`
+	want := `outbox row id="6f1c-bad" in public.outbox, column "carrega": the value is not valid JSON`
 	if err == nil || err.Error() != want {
 		t.Errorf("got  %v\nwant %s", err, want)
 	}

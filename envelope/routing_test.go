@@ -103,7 +103,8 @@ func TestTopicTemplate(t *testing.T) {
 	b := r.Bind(richTable())[0]
 	_, _, err := r.Build(b, richRow(map[string]*string{"agregat": s("comanda/x")}), envelope.Position{}, nil)
 	var re *envelope.RowError
-	if !errors.As(err, &re) || !strings.Contains(err.Error(), `"comanda/x.esdeveniments", which is not a valid Kafka topic name`) || re.ID == "" {
+	if !errors.As(err, &re) || !strings.Contains(err.Error(), "the topic template gives a name that is not a valid Kafka topic name") ||
+		strings.Contains(err.Error(), "comanda/x") || re.ID == "" {
 		t.Errorf("invalid rendered topic: %v", err)
 	}
 }
@@ -324,7 +325,7 @@ func TestLogicalMessage(t *testing.T) {
 		`[1, 2]`:                  "not a JSON object",
 		`{"id_esdeveniment": "e"`: "not a JSON object",
 		`{"id_esdeveniment": "e-2", "agregat": "comanda", "tipus": "t", "dades": {}}`:                                   `member "agregat_id": the message has no such member`,
-		`{"id_esdeveniment": "e-3", "agregat": "comanda", "agregat_id": "K", "tipus": "t", "dades": {}, "versio": "u"}`: `member "versio": "u" is not an integer`,
+		`{"id_esdeveniment": "e-3", "agregat": "comanda", "agregat_id": "K", "tipus": "t", "dades": {}, "versio": "u"}`: `member "versio": not an integer`,
 	} {
 		_, _, err := r.Build(bs[0], tuple(s(in)), pos, &sc)
 		var re *envelope.RowError

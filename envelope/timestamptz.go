@@ -30,7 +30,8 @@ func parseTime(b []byte, form int) (int64, error) {
 	if form == timeNoZone {
 		what = "timestamp"
 	}
-	bad := func(why string) error { return fmt.Errorf("cannot parse %s %q: %s", what, b, why) }
+	// The value is not quoted: it is a row's, and errors name rows by id.
+	bad := func(why string) error { return fmt.Errorf("cannot parse the %s: %s", what, why) }
 	switch string(b) {
 	case "infinity", "-infinity":
 		return 0, bad("infinite timestamps have no epoch time")

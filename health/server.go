@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"strconv"
 	"sync"
 	"time"
 
@@ -50,12 +51,28 @@ type Server struct {
 	crossing map[string]bool // threshold name -> currently crossed, for logging once per crossing
 }
 
+// The server's bounds: a client (a probe, a scraper, or anyone who reaches
+// the port) holds a connection for a bounded time, and at most maxConns at
+// once; further connections wait in the kernel's backlog.
+const (
+	maxConns          = 32
+	readHeaderTimeout = 5 * time.Second
+	readTimeout       = 10 * time.Second
+	// writeTimeout bounds a response, a profile included: pprof refuses a
+	// ?seconds= at or above it, and maxProfileSeconds stays below.
+	writeTimeout      = 60 * time.Second
+	idleTimeout       = 30 * time.Second
+	maxHeaderBytes    = 16 << 10
+	maxProfileSeconds = 30
+)
+
 // Listen binds addr.
 func Listen(addr string, src Source, mon *Monitor, met *Metrics, limits Limits, log hclog.Logger) (*Server, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
+	ln = limitListener(ln, maxConns)
 	s := &Server{ln: ln, src: src, mon: mon, met: met, limits: limits, log: log, crossing: map[string]bool{}}
 	met.reg.MustRegister(&collector{s: s})
 	mux := http.NewServeMux()
@@ -64,13 +81,31 @@ func Listen(addr string, src Source, mon *Monitor, met *Metrics, limits Limits, 
 	mux.HandleFunc("GET /status", s.status)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(met.reg, promhttp.HandlerOpts{}))
 	if limits.Pprof {
-		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		// GET only (pprof's symbol lookup also takes a POST: not needed to
+		// read a profile), and a bounded ?seconds= on every profile.
+		mux.Handle("GET /debug/pprof/", boundedSeconds(http.HandlerFunc(pprof.Index)))
+		mux.Handle("GET /debug/pprof/profile", boundedSeconds(http.HandlerFunc(pprof.Profile)))
+		mux.Handle("GET /debug/pprof/symbol", boundedSeconds(http.HandlerFunc(pprof.Symbol)))
+		mux.Handle("GET /debug/pprof/trace", boundedSeconds(http.HandlerFunc(pprof.Trace)))
 	}
-	s.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	s.srv = &http.Server{Handler: mux, ReadHeaderTimeout: readHeaderTimeout, ReadTimeout: readTimeout,
+		WriteTimeout: writeTimeout, IdleTimeout: idleTimeout, MaxHeaderBytes: maxHeaderBytes}
 	return s, nil
+}
+
+// boundedSeconds refuses a profile longer than maxProfileSeconds: a CPU
+// profile or trace runs for ?seconds=, and a delta profile (heap?seconds=)
+// waits that long.
+func boundedSeconds(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if v := r.URL.Query().Get("seconds"); v != "" {
+			if n, err := strconv.ParseFloat(v, 64); err != nil || !(n > 0 && n <= maxProfileSeconds) {
+				http.Error(w, fmt.Sprintf("seconds: a number from 1 to %d", maxProfileSeconds), http.StatusBadRequest)
+				return
+			}
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // Addr is the bound address.

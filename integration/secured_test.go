@@ -368,3 +368,44 @@ func TestPostgresTLS(t *testing.T) {
 		})
 	}
 }
+
+// TestPostgresCAFileAlone: postgres.tls.ca_file without a mode verifies the
+// server (verify-full), over a DSN that names no sslmode (libpq's default
+// would be prefer: TLS with no certificate check). With the CA that signed
+// the server's certificate outboxd streams over TLS; with another CA it
+// stops at once with exit status 1 and the fix, and check fails the same.
+func TestPostgresCAFileAlone(t *testing.T) {
+	s := newSecure(t)
+	f := newFixtureOn(t, s.env, seedSchema, map[string]int{"comandes": 1})
+	ctx := context.Background()
+	pc, err := pgx.ParseConfig(f.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dsn := fmt.Sprintf("postgres://postgres@%s:%d/%s", pc.Host, pc.Port, pc.Database)
+	t.Setenv("PGSSLMODE", "")
+
+	cfg := f.config(seedRoute(f.topic("comandes")))
+	cfg.DSN = dsn
+	cfg.Postgres["tls"] = fmt.Sprintf("{ca_file: %q}", s.pki.CAFile)
+	d := f.start(cfg)
+	var ssl bool
+	if err := f.mon.QueryRow(ctx, "SELECT s.ssl FROM pg_stat_ssl s JOIN pg_replication_slots r ON r.active_pid = s.pid WHERE r.slot_name = $1", f.name).Scan(&ssl); err != nil || !ssl {
+		t.Errorf("outboxd's walsender connection: ssl %v, %v", ssl, err)
+	}
+	if strings.Contains(d.Log(), "reaches PostgreSQL at") {
+		t.Errorf("a TLS warning for a loopback server:\n%s", d.Log())
+	}
+	d.term()
+
+	cfg.Postgres["tls"] = fmt.Sprintf("{ca_file: %q}", s.pki.OtherCAFile)
+	exit := lastLine(exitedWith1(t, f.spawn(cfg), 30*time.Second))
+	t.Logf("exit line: %s", exit)
+	want := []string{"TLS", "not signed by", "postgres.tls.ca_file"}
+	for _, w := range want {
+		if !strings.Contains(exit, w) {
+			t.Errorf("the exit line lacks %q: %s", w, exit)
+		}
+	}
+	wantCheckFails(t, outboxd(t, dsn, "check", "-c", f.configFile(cfg)), "database", want...)
+}

@@ -63,7 +63,7 @@ func checkPostgres(ctx context.Context, cfg config.Config) []Result {
 		if why := replication.ExplainConnect(err); why != "" {
 			fix = why
 		}
-		out := []Result{fail("database", fmt.Sprintf("cannot connect to %s: %s", pg.RedactedDSN(), oneLine(err.Error())), fix)}
+		out := append([]Result{fail("database", fmt.Sprintf("cannot connect to %s: %s", pg.RedactedDSN(), oneLine(err.Error())), fix)}, checkTLS(pg)...)
 		for _, name := range databaseChecks(cfg) {
 			out = append(out, skipped(name, "the database is unreachable"))
 		}
@@ -75,12 +75,22 @@ func checkPostgres(ctx context.Context, cfg config.Config) []Result {
 		return []Result{fail("database", "connected, but a query failed: "+err.Error(), "check the role's privileges")}
 	}
 	out := []Result{pass("database", "connected to %s (PostgreSQL %s, database %s, role %s)", pg.RedactedDSN(), version, db, user)}
+	out = append(out, checkTLS(pg)...)
 	for _, check := range []func(context.Context, *pgx.Conn, config.Config) []Result{
 		checkWalLevel, checkCapacity, checkRole, checkTables, checkPublication, checkSlot, checkFailover,
 	} {
 		out = append(out, check(ctx, conn, cfg)...)
 	}
 	return out
+}
+
+// checkTLS warns when the DSN reaches PostgreSQL over the network below
+// verify-full (the daemon logs the same at every start).
+func checkTLS(pg config.Postgres) []Result {
+	if detail, fix := pg.TLSWarning(); detail != "" {
+		return []Result{warn("tls", detail, fix)}
+	}
+	return nil
 }
 
 // databaseChecks names the checks that need a database connection.

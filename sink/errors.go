@@ -37,11 +37,13 @@ type RecordError struct {
 	Err    error
 }
 
+// Error names the topic, never the record's key: it is a row's content
+// (its agregat_id), and the error reaches the log and /status.
 func (e *RecordError) Error() string {
 	if e.Key == nil {
 		return fmt.Sprintf("records for topic %q: %s", e.Topic, e.Reason)
 	}
-	return fmt.Sprintf("record for topic %q with key %q: %s", e.Topic, e.Key, e.Reason)
+	return fmt.Sprintf("a record for topic %q: %s", e.Topic, e.Reason)
 }
 
 func (e *RecordError) Unwrap() error { return e.Err }

@@ -49,6 +49,9 @@ func run(ctx context.Context, path string, proc *process) error {
 	}
 	sc.Observe = metrics.ObserveProduce
 	sc.Partitions = metrics.ObservePartitions
+	if detail, fix := cfg.Postgres.TLSWarning(); detail != "" {
+		log.Warn(detail + "; " + fix)
+	}
 	if cfg.Kafka.TLS.InsecureSkipVerify {
 		log.Warn("kafka.tls.insecure_skip_verify is true: the brokers' certificates are NOT verified; anyone on the path can read and change the events")
 	}

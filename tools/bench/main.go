@@ -43,7 +43,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/outboxd/outboxd/testenv"
 )

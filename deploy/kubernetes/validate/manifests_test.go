@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -185,18 +186,22 @@ func checkDeployment(t *testing.T, m manifests, d appsv1.Deployment) {
 	for _, e := range c.Env {
 		env[e.Name] = e
 		if ref := e.ValueFrom; ref != nil && ref.SecretKeyRef != nil {
-			s, ok := m.secrets[ref.SecretKeyRef.Name]
-			if _, has := s.StringData[ref.SecretKeyRef.Key]; !ok || !has {
-				t.Errorf("env %s: the Secret %s has no key %s (secret.example.yaml)", e.Name, ref.SecretKeyRef.Name, ref.SecretKeyRef.Key)
-			}
+			t.Errorf("env %s comes from the Secret %s: mount it as a file (postgres.password_file) instead; every process of the container can read its environment", e.Name, ref.SecretKeyRef.Name)
 		}
 	}
+	if pod.Spec.AutomountServiceAccountToken == nil || *pod.Spec.AutomountServiceAccountToken {
+		t.Error("automountServiceAccountToken is not false: outboxd never talks to the API server, and a token in the pod is one more secret to steal")
+	}
+	// The Secrets mounted as files, written where the test can read them:
+	// the configuration names them (password_file, tls.ca_file), and
+	// parsing it reads them.
+	raw = mountSecrets(t, m, pod.Spec, c, raw)
 	cfg, err := config.Parse([]byte(raw), func(name string) (string, bool) {
 		if _, ok := env[name]; !ok {
 			return "", false
 		}
 		return "x", true
-	}, nil)
+	}, os.ReadFile)
 	if err != nil {
 		t.Fatalf("ConfigMap %s key %s is not a valid outboxd configuration with the container's environment: %v", cm.Name, key, err)
 	}
@@ -312,4 +317,30 @@ func checkDeployment(t *testing.T, m manifests, d appsv1.Deployment) {
 	if !scraped {
 		t.Errorf("no PodMonitor selects these pods (%v) on port %s /metrics", pod.Labels, healthPort.Name)
 	}
+}
+
+// mountSecrets writes the Secret volumes the container mounts into a
+// temporary directory, file by key as the kubelet does, and returns cfg with
+// their mount paths pointing there.
+func mountSecrets(t *testing.T, m manifests, spec corev1.PodSpec, c corev1.Container, cfg string) string {
+	t.Helper()
+	for _, vm := range c.VolumeMounts {
+		for _, v := range spec.Volumes {
+			if v.Name != vm.Name || v.Secret == nil {
+				continue
+			}
+			s, ok := m.secrets[v.Secret.SecretName]
+			if !ok {
+				t.Fatalf("volume %s: no Secret %s (secret.example.yaml)", v.Name, v.Secret.SecretName)
+			}
+			dir := t.TempDir()
+			for key, val := range s.StringData {
+				if err := os.WriteFile(filepath.Join(dir, key), []byte(val), 0o400); err != nil {
+					t.Fatal(err)
+				}
+			}
+			cfg = strings.ReplaceAll(cfg, vm.MountPath+"/", dir+"/")
+		}
+	}
+	return cfg
 }
