@@ -17,6 +17,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/protocol"
+	"github.com/segmentio/kafka-go/protocol/describeconfigs"
 	"github.com/segmentio/kafka-go/protocol/metadata"
 	"github.com/segmentio/kafka-go/protocol/produce"
 	"github.com/segmentio/kafka-go/protocol/rawproduce"
@@ -47,8 +48,16 @@ type fakeBroker struct {
 	// sent: compressed, without the record set's size prefix) as
 	// MESSAGE_TOO_LARGE, as a broker does over max.message.bytes.
 	maxBatchBytes int
-	// brokers, when set, are the brokers a metadata answer lists.
-	brokers []metadata.ResponseBroker
+	// brokers, when set, are the brokers a metadata answer lists; unset:
+	// broker 1 at fake:9092, the controller. noClusterView answers as a
+	// broker that does not know the cluster yet: no broker, controller -1.
+	brokers       []metadata.ResponseBroker
+	noClusterView func(n int) bool
+	// autoCreate is every broker's auto.create.topics.enable in a
+	// DescribeConfigs answer: "true", "false", or "" (the request is
+	// refused: CLUSTER_AUTHORIZATION_FAILED). describes counts them.
+	autoCreate string
+	describes  int
 
 	metaN int
 	addrs []string // the address of every request, in order
@@ -150,15 +159,23 @@ func (b *fakeBroker) RoundTrip(ctx context.Context, addr net.Addr, req protocol.
 	b.mu.Unlock()
 	switch r := req.(type) {
 	case *metadata.Request:
+		b.mu.Lock()
+		k := b.metaN
+		b.metaN++
+		b.mu.Unlock()
+		brokers, controller := b.brokers, int32(1)
+		if brokers == nil {
+			brokers = []metadata.ResponseBroker{{NodeID: 1, Host: "fake", Port: 9092}}
+		}
+		if b.noClusterView != nil && b.noClusterView(k) {
+			brokers, controller = nil, -1
+		}
 		if b.meta != nil {
-			b.mu.Lock()
-			k := b.metaN
-			b.metaN++
-			b.mu.Unlock()
 			if code, err := b.meta(k); err != nil {
 				return nil, err
 			} else if code != 0 {
-				return &metadata.Response{Topics: []metadata.ResponseTopic{{Name: r.TopicNames[0], ErrorCode: code}}}, nil
+				return &metadata.Response{Brokers: brokers, ControllerID: controller,
+					Topics: []metadata.ResponseTopic{{Name: r.TopicNames[0], ErrorCode: code}}}, nil
 			}
 		}
 		b.mu.Lock()
@@ -171,7 +188,22 @@ func (b *fakeBroker) RoundTrip(ctx context.Context, addr net.Addr, req protocol.
 				ps[i].LeaderID = b.leaders(i)
 			}
 		}
-		return &metadata.Response{Brokers: b.brokers, Topics: []metadata.ResponseTopic{{Name: r.TopicNames[0], Partitions: ps}}}, nil
+		return &metadata.Response{Brokers: brokers, ControllerID: controller, Topics: []metadata.ResponseTopic{{Name: r.TopicNames[0], Partitions: ps}}}, nil
+	case *describeconfigs.Request:
+		b.mu.Lock()
+		b.describes++
+		b.mu.Unlock()
+		res := &describeconfigs.Response{}
+		for _, rr := range r.Resources {
+			out := describeconfigs.ResponseResource{ResourceType: rr.ResourceType, ResourceName: rr.ResourceName}
+			if b.autoCreate == "" {
+				out.ErrorCode = int16(kafka.ClusterAuthorizationFailed)
+			} else {
+				out.ConfigEntries = []describeconfigs.ResponseConfigEntry{{ConfigName: "auto.create.topics.enable", ConfigValue: b.autoCreate}}
+			}
+			res.Resources = append(res.Resources, out)
+		}
+		return res, nil
 	case *rawproduce.Request:
 		b.arrived.Add(1)
 		if b.block != nil {
