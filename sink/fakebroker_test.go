@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -48,6 +49,14 @@ type fakeBroker struct {
 	// sent: compressed, without the record set's size prefix) as
 	// MESSAGE_TOO_LARGE, as a broker does over max.message.bytes.
 	maxBatchBytes int
+	// refuse, when set, answers a batch holding one of its values with
+	// that value's error code, and refusal as the broker's message: what
+	// a real broker answers for a record it refuses whatever the retries
+	// (INVALID_TIMESTAMP, INVALID_RECORD) or may refuse because of the
+	// network (CORRUPT_MESSAGE), which a real one cannot be made to answer
+	// for one chosen record.
+	refuse  map[string]int16
+	refusal string
 	// brokers, when set, are the brokers a metadata answer lists; unset:
 	// broker 1 at fake:9092, the controller. noClusterView answers as a
 	// broker that does not know the cluster yet: no broker, controller -1.
@@ -125,6 +134,15 @@ func (b *fakeBroker) values() [][]string {
 // on the topic), request by request.
 func (b *fakeBroker) accepted() [][]string {
 	return b.received(true)
+}
+
+// onTopic is the values on the topic, in order, separated by spaces.
+func (b *fakeBroker) onTopic() string {
+	var all []string
+	for _, vs := range b.accepted() {
+		all = append(all, vs...)
+	}
+	return strings.Join(all, " ")
 }
 
 func (b *fakeBroker) received(acceptedOnly bool) [][]string {
@@ -237,8 +255,14 @@ func (b *fakeBroker) RoundTrip(ctx context.Context, addr net.Addr, req protocol.
 				if code == 0 && b.maxBatchBytes > 0 && len(raw)-4 > b.maxBatchBytes {
 					code = int16(kafka.MessageSizeTooLarge)
 				}
+				message := ""
+				for _, m := range msgs {
+					if c, ok := b.refuse[string(m.Value)]; ok && code == 0 {
+						code, message = c, b.refusal
+					}
+				}
 				fr.codes[p.Partition] = code
-				rt.Partitions = append(rt.Partitions, produce.ResponsePartition{Partition: p.Partition, ErrorCode: code})
+				rt.Partitions = append(rt.Partitions, produce.ResponsePartition{Partition: p.Partition, ErrorCode: code, ErrorMessage: message})
 			}
 			res.Topics = append(res.Topics, rt)
 		}

@@ -178,21 +178,6 @@ func missingTopic(err error) bool {
 	return errors.Is(err, kafka.UnknownTopicOrPartition) || errors.Is(err, kafka.LeaderNotAvailable)
 }
 
-// codeName is the protocol's name of err's Kafka error code.
-func codeName(err error) string {
-	var kerr kafka.Error
-	if !errors.As(err, &kerr) {
-		return err.Error()
-	}
-	switch kerr {
-	case kafka.UnknownTopicOrPartition:
-		return "UNKNOWN_TOPIC_OR_PARTITION"
-	case kafka.LeaderNotAvailable:
-		return "LEADER_NOT_AVAILABLE"
-	}
-	return kerr.Title()
-}
-
 // autoCreation is what the brokers' configuration says of
 // auto.create.topics.enable.
 type autoCreation struct {
