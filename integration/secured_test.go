@@ -420,31 +420,13 @@ type saslCutter struct {
 
 func newSASLCutter(t *testing.T, target string) *saslCutter {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &saslCutter{addr: ln.Addr().String()}
-	var wg sync.WaitGroup
-	t.Cleanup(func() { ln.Close(); wg.Wait() })
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			down, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			up, err := net.Dial("tcp", target)
-			if err != nil {
-				down.Close()
-				continue
-			}
-			wg.Add(2)
-			go func() { defer wg.Done(); _, _ = io.Copy(down, up); down.Close() }()
-			go func() { defer wg.Done(); p.forward(down, up) }()
-		}
-	}()
+	p := &saslCutter{}
+	p.addr = proxyTo(t, target, func(down, up net.Conn) {
+		done := make(chan struct{})
+		go func() { defer close(done); _, _ = io.Copy(down, up); down.Close() }()
+		p.forward(down, up) // closes up, which ends the copy
+		<-done
+	})
 	return p
 }
 
