@@ -16,6 +16,8 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxd/outboxd/catalog"
 )
 
 // Outbox housekeeping: rows deleted in the transaction that inserts them,
@@ -356,4 +358,94 @@ func freezable(dst, src net.Conn, frozen <-chan struct{}) {
 			return
 		}
 	}
+}
+
+// TestGivenUpCutoverHoldsRetention (issue 19 item 8): a cut-over that did
+// not finish and is given up (postgres.snapshot: none at the next start)
+// leaves snapshot rows that may not be in Kafka, and the log tells the
+// operator to replay them. The retention job must not delete them
+// meanwhile: outboxd leaves a replay hold slot in the marker's place, the
+// job deletes nothing while it exists and says why, and check warns. Once
+// the rows are replayed and the hold dropped, the job deletes them. Before,
+// the job deleted them at its first pass after the give-up: the rows the
+// log said to replay were gone.
+func TestGivenUpCutoverHoldsRetention(t *testing.T) {
+	f := newFixture(t, seedSchema, map[string]int{"comandes": 1})
+	ctx := context.Background()
+	topic := f.topic("comandes")
+	r, err := f.db.Query(ctx, `INSERT INTO outbox (id, agregat, agregat_id, tipus, carrega, creat_en)
+		SELECT gen_random_uuid(), 'comanda', 'P-' || (g % 5), 'comanda.creada', jsonb_build_object('n', g), now() - interval '2 hours'
+		FROM generate_series(1, 30) g RETURNING id::text`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old, err := pgx.CollectRows(r, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	left := func() int {
+		t.Helper()
+		var n int
+		if err := f.mon.QueryRow(ctx, "SELECT count(*) FROM outbox WHERE id = ANY($1::uuid[])", old).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	slotExists := func(name string) bool {
+		t.Helper()
+		var n int
+		if err := f.mon.QueryRow(ctx, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", name).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 1
+	}
+
+	// The first start reaches no broker: its cut-over cannot publish the
+	// snapshot, and it is killed.
+	first := f.config(seedRoute(topic))
+	first.Brokers = freePort(t)
+	d := f.spawn(first)
+	eventually(t, 60*time.Second, "the cut-over marker", func() bool { return slotExists(catalog.CutoverMarker(f.name)) })
+	d.kill()
+
+	// The next start gives it up, with the retention job on.
+	cfg := f.config(seedRoute(topic))
+	cfg.Postgres["snapshot"] = "none"
+	cfg.Retention = map[string]string{"max_age": "1h", "interval": "300ms", "batch_size": "10", "confirm_timeout": "1s"}
+	d = f.start(cfg)
+	w := newWriter(f, 43, 5, "outbox")
+	w.txns(ctx, 3, 2)
+	f.waitConfirmed(f.walLSN(), 30*time.Second) // the slot is past the old rows
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(300 * time.Millisecond) {
+		if n := left(); n != len(old) {
+			t.Fatalf("the retention job deleted %d of the %d rows the log said to replay:\n%s", len(old)-n, len(old), d.Log())
+		}
+	}
+	hold := catalog.ReplayHold(f.name)
+	if !slotExists(hold) || !strings.Contains(d.Log(), "advised replaying") || !strings.Contains(d.Log(), hold) {
+		t.Fatalf("no replay hold %s, or the log does not say why nothing is deleted:\n%s", hold, d.Log())
+	}
+	path := f.configFile(cfg)
+	if l := outboxd(t, f.dsn, "check", "-c", path).line("WARN replay hold:"); !strings.Contains(l, hold) {
+		t.Errorf("check does not warn of the hold: %q", l)
+	}
+
+	// The operator replays the rows, then drops the hold.
+	if rep := outboxd(t, f.dsn, "replay", "-c", path, "--from", time.Now().Add(-3*time.Hour).UTC().Format(time.RFC3339)); rep.code != 0 {
+		t.Fatalf("replay:\n%s", rep)
+	}
+	seen := map[string]bool{}
+	for _, m := range f.consumeAll(topic, len(old)) {
+		seen[header(m, "id_esdeveniment")] = true
+	}
+	for _, id := range old {
+		if !seen[id] {
+			t.Fatalf("row %s not in Kafka after the replay", id)
+		}
+	}
+	if _, err := f.db.Exec(ctx, "SELECT pg_drop_replication_slot($1)", hold); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 60*time.Second, "the replayed old rows deleted once the hold is dropped", func() bool { return left() == 0 })
+	d.term()
 }
