@@ -141,9 +141,12 @@ func TestSlotCommands(t *testing.T) {
 func TestCutoverMarker(t *testing.T) {
 	long := strings.Repeat("s", 63)
 	for _, slot := range []string{"outboxd_comandes", strings.Repeat("a", 54), strings.Repeat("a", 55), long, long[:62] + "t"} {
-		m := catalog.CutoverMarker(slot)
+		m, h := catalog.CutoverMarker(slot), catalog.ReplayHold(slot)
 		if len(m) > 63 || !strings.HasSuffix(m, "_snapshot") || m == slot {
 			t.Errorf("CutoverMarker(%q) = %q", slot, m)
+		}
+		if len(h) > 63 || !strings.HasSuffix(h, "_replay") || h == slot || h == m {
+			t.Errorf("ReplayHold(%q) = %q", slot, h)
 		}
 	}
 	if a, b := catalog.CutoverMarker(long), catalog.CutoverMarker(long[:62]+"t"); a == b {

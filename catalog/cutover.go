@@ -19,10 +19,23 @@ import (
 //     instance doing the cut-over; the retention job and replay take it
 //     shared (ReadDelivery), so no cut-over starts while they decide what
 //     the slot has confirmed.
+//
+// A cut-over that did not finish and is given up (postgres.snapshot: none)
+// leaves the replay hold in the marker's place: a physical slot that
+// reserves no WAL either, and says that outboxd told the operator to
+// replay the snapshot's rows (outboxd replay). The retention job deletes
+// nothing while it exists, or it could delete the rows to replay; the
+// operator drops it once they are replayed.
 
 // CutoverMarker is the name of the marker slot of slot.
-func CutoverMarker(slot string) string {
-	const suffix = "_snapshot"
+func CutoverMarker(slot string) string { return slotWithSuffix(slot, "_snapshot") }
+
+// ReplayHold is the name of the replay hold slot of slot.
+func ReplayHold(slot string) string { return slotWithSuffix(slot, "_replay") }
+
+// slotWithSuffix is slot's name with suffix, within the 63 bytes of a
+// slot name: a long name is cut and told apart by a hash of the whole.
+func slotWithSuffix(slot, suffix string) string {
 	if len(slot)+len(suffix) <= 63 {
 		return slot + suffix
 	}

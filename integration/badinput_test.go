@@ -328,8 +328,85 @@ func TestRefusedBatchIsSplit(t *testing.T) {
 			t.Fatalf("record %d is %s, want %s", i, header(m, "id_esdeveniment"), want)
 		}
 	}
-	if !strings.Contains(d.Log(), "too large; sending it again in two") {
+	if !strings.Contains(d.Log(), "TOO_LARGE") || !strings.Contains(d.Log(), "sending it again in two") {
 		t.Errorf("no batch was split: the test did not make the broker refuse one:\n%s", d.Log())
 	}
 	d.term()
+}
+
+// TestInvalidTimestampFollowsOnError (issue 19 item 8): a topic that takes
+// CreateTime timestamps at most an hour old (message.timestamp.before.max.ms),
+// a route whose records carry creat_en as their timestamp
+// (routes[].timestamp), and old pending rows when outboxd first starts: the
+// cut-over snapshot publishes them and the broker refuses the old one with
+// INVALID_TIMESTAMP, whatever the retries. On a dead_letter route it is
+// dead-lettered with the way out, the rows around it are delivered in
+// order and the snapshot finishes (an old row streamed later likewise); on
+// a stop route outboxd stops with the way out (the topic's limits,
+// LogAppendTime, or no routes[].timestamp). Before, both stopped, and every
+// start published the snapshot again into the same refusal.
+func TestInvalidTimestampFollowsOnError(t *testing.T) {
+	for _, deadLetter := range []bool{true, false} {
+		t.Run(map[bool]string{true: "dead_letter", false: "stop"}[deadLetter], func(t *testing.T) {
+			f := newFixture(t, seedSchema, map[string]int{"comandes.dlq": 1})
+			ctx := context.Background()
+			topic, dlq := f.topic("comandes"), f.topic("comandes.dlq")
+			if err := testenv.CreateTopicWith(ctx, env.KafkaBrokers, topic, 1, map[string]string{"message.timestamp.before.max.ms": "3600000"}); err != nil {
+				t.Fatal(err)
+			}
+			insert := func(key, age string) {
+				t.Helper()
+				if _, err := f.db.Exec(ctx, `INSERT INTO outbox (id, agregat, agregat_id, tipus, carrega, creat_en)
+					VALUES (gen_random_uuid(), 'comanda', $1, 'comanda.creada', '{}', now() - $2::interval)`, key, age); err != nil {
+					t.Fatal(err)
+				}
+			}
+			insert("K-0", "1 second")
+			insert("K-1", "2 days")
+			insert("K-2", "1 second")
+			route := seedRoute(topic)
+			route.More = testenv.Section{"timestamp": "creat_en"}
+			if deadLetter {
+				route.More["on_error"], route.More["dead_letter_topic"] = "dead_letter", dlq
+			}
+			cfg := f.config(route)
+			cfg.Kafka["linger"] = "200ms" // the snapshot's records share a batch
+			if !deadLetter {
+				d := f.spawn(cfg)
+				if err := d.exited(60 * time.Second); err == nil {
+					t.Fatal("outboxd exited 0")
+				}
+				log := d.Log()
+				for _, want := range []string{`with key "K-1"`, "INVALID_TIMESTAMP", "message.timestamp.before.max.ms", "LogAppendTime", "routes[].timestamp", "on_error: dead_letter"} {
+					if !strings.Contains(log, want) {
+						t.Errorf("the error does not say %q:\n%s", want, log)
+					}
+				}
+				t.Logf("outboxd stopped with: %s", lastLine(log))
+				return
+			}
+			d := f.start(cfg)
+			insert("K-3", "3 days") // streamed
+			insert("K-4", "1 second")
+			f.waitConfirmed(f.walLSN(), 30*time.Second)
+			msgs := consumeExactly(t, topic, 3)
+			for i, want := range []string{"K-0", "K-2", "K-4"} {
+				if string(msgs[i].Key) != want {
+					t.Fatalf("record %d has key %q, want %s", i, msgs[i].Key, want)
+				}
+			}
+			dead := consumeExactly(t, dlq, 2)
+			for i, want := range []string{"K-1", "K-3"} {
+				m := dead[i]
+				if e := header(m, "outboxd.error"); string(m.Key) != want || !strings.Contains(e, "INVALID_TIMESTAMP") || !strings.Contains(e, "LogAppendTime") {
+					t.Errorf("dead letter %d: key %q, error %q; want %s and the way out", i, m.Key, e, want)
+				}
+			}
+			t.Logf("dead-lettered: %s", header(dead[0], "outboxd.error"))
+			if st := d.status(); st.State != "streaming" {
+				t.Errorf("after the refusals: %+v", st)
+			}
+			d.term()
+		})
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -337,4 +338,49 @@ func lsn(t *testing.T, s string) pglogrepl.LSN {
 		t.Fatal(err)
 	}
 	return l
+}
+
+// proxyTo listens on a free loopback port and hands each connection it
+// accepts, with a connection of its own to target, to serve, on a goroutine
+// of its own; the end of the test closes them all and waits for serve. It
+// returns the address to connect to.
+func proxyTo(t *testing.T, target string, serve func(down, up net.Conn)) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var conns []net.Conn
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			down, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial("tcp", target)
+			if err != nil {
+				down.Close()
+				continue
+			}
+			mu.Lock()
+			conns = append(conns, down, up)
+			mu.Unlock()
+			wg.Add(1)
+			go func() { defer wg.Done(); serve(down, up) }()
+		}
+	}()
+	return ln.Addr().String()
 }

@@ -1,16 +1,23 @@
 package integration_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"fmt"
+	"io"
+	"net"
+	"net/url"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outboxd/outboxd/catalog"
 	"github.com/outboxd/outboxd/testenv"
 )
 
@@ -322,5 +329,267 @@ CREATE TRIGGER keep BEFORE DELETE ON arxiu FOR EACH ROW EXECUTE FUNCTION keep_ar
 	wantRecords(t, f.topic("comandes"), ids(old, young))
 	wantRecords(t, f.topic("arxiu"), ids(kept))
 	wantRecords(t, f.topic("missatges"), []string{"m-1"})
+	d.term()
+}
+
+// TestMarkPublishedDoesNotWedge (issue 19 item 8): with
+// postgres.mark_published every acknowledgement waits for its row's mark,
+// so a mark that never returns would wedge them all. Two ways one hangs:
+//   - dead connection: the mark connection stops answering without a reset
+//     (a proxy between outboxd and PostgreSQL stops forwarding on it; new
+//     connections pass). outboxd gives up on it, says so, marks again on a
+//     new one, and every row is marked and confirmed. Before, the UPDATE
+//     waited for ever and nothing was confirmed again until a restart.
+//   - lock held: another session holds a lock the UPDATE needs (here a
+//     trigger takes an advisory lock the test holds, as a row lock taken by
+//     another transaction would). The server gives up after lock_timeout,
+//     /status says so, the slot stays before the row, and once the lock is
+//     released the rows are marked and confirmed. Before, nothing said why
+//     acknowledgements had stopped.
+func TestMarkPublishedDoesNotWedge(t *testing.T) {
+	marked := func(f *fixture) (rows, done int) {
+		t.Helper()
+		if err := f.mon.QueryRow(context.Background(), "SELECT count(*), count(publicat_en) FROM outbox").Scan(&rows, &done); err != nil {
+			t.Fatal(err)
+		}
+		return rows, done
+	}
+	allMarked := func(f *fixture) bool { rows, done := marked(f); return rows > 0 && rows == done }
+
+	t.Run("dead connection", func(t *testing.T) {
+		f := newFixture(t, seedSchema, map[string]int{"comandes": 1})
+		ctx := context.Background()
+		u, err := url.Parse(f.dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := newPGFreezer(t, u.Host)
+		u.Host = p.addr
+		cfg := f.config(seedRoute(f.topic("comandes")))
+		cfg.DSN = u.String()
+		cfg.Postgres["mark_published"] = "true"
+		d := f.start(cfg)
+		w := newWriter(f, 41, 5, "outbox")
+		w.txns(ctx, 3, 2)
+		eventually(t, 30*time.Second, "the first rows marked", func() bool { return allMarked(f) })
+		if n := p.freezeMarks(); n == 0 {
+			t.Fatal("no mark connection to freeze: the test did not cut one")
+		}
+		w.txns(ctx, 3, 2)
+		f.waitConfirmed(f.walLSN(), 90*time.Second)
+		if !allMarked(f) {
+			rows, done := marked(f)
+			t.Fatalf("confirmed with %d of %d rows marked", done, rows)
+		}
+		if !strings.Contains(d.Log(), "mark publicat_en: no answer from PostgreSQL") {
+			t.Errorf("the log does not say why acknowledgements waited:\n%s", d.Log())
+		}
+		w.verify(ctx, f.topic("comandes"), "murmur2")
+		d.term()
+	})
+
+	t.Run("lock held", func(t *testing.T) {
+		f := newFixture(t, seedSchema+`
+			CREATE FUNCTION wait_for_test() RETURNS trigger LANGUAGE plpgsql AS $$
+			BEGIN PERFORM pg_advisory_xact_lock(4242); RETURN NEW; END $$;
+			CREATE TRIGGER wait_for_test BEFORE UPDATE ON outbox FOR EACH ROW EXECUTE FUNCTION wait_for_test();`, map[string]int{"comandes": 1})
+		ctx := context.Background()
+		cfg := f.config(seedRoute(f.topic("comandes")))
+		cfg.Postgres["mark_published"] = "true"
+		d := f.start(cfg)
+		holder, err := pgx.Connect(ctx, f.dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer holder.Close(ctx)
+		if _, err := holder.Exec(ctx, "SELECT pg_advisory_lock(4242)"); err != nil {
+			t.Fatal(err)
+		}
+		commitOf := f.watchCommits()
+		w := newWriter(f, 42, 5, "outbox")
+		w.txns(ctx, 3, 2)
+		var why string
+		eventually(t, 60*time.Second, "/status saying the mark waited for a lock", func() bool {
+			why = d.status().LastError
+			return strings.Contains(why, "lock_timeout")
+		})
+		t.Logf("while the lock is held: %s", why)
+		if c, _ := f.slot(); c > commitOf(w.committed[0]) {
+			t.Fatalf("the slot confirmed %s, past the first unmarked row's commit %s", c, commitOf(w.committed[0]))
+		}
+		if _, err := holder.Exec(ctx, "SELECT pg_advisory_unlock(4242)"); err != nil {
+			t.Fatal(err)
+		}
+		f.waitConfirmed(f.walLSN(), 90*time.Second)
+		if !allMarked(f) {
+			rows, done := marked(f)
+			t.Fatalf("confirmed with %d of %d rows marked", done, rows)
+		}
+		d.term()
+	})
+}
+
+// pgFreezer is a TCP proxy to PostgreSQL that can stop forwarding, both
+// ways and without closing anything, on the connections outboxd opened for
+// marking rows (application_name outboxd-mark), as a network that drops
+// their packets would; other and later connections pass.
+type pgFreezer struct {
+	addr  string
+	mu    sync.Mutex
+	marks []chan struct{} // per mark connection: closed when it freezes
+}
+
+func newPGFreezer(t *testing.T, target string) *pgFreezer {
+	t.Helper()
+	p := &pgFreezer{}
+	p.addr = proxyTo(t, target, func(down, up net.Conn) {
+		// The startup message names the application.
+		var head [4]byte
+		if _, err := io.ReadFull(down, head[:]); err != nil {
+			return
+		}
+		startup := make([]byte, binary.BigEndian.Uint32(head[:])-4)
+		if _, err := io.ReadFull(down, startup); err != nil {
+			return
+		}
+		frozen := make(chan struct{})
+		if bytes.Contains(startup, []byte("application_name\x00outboxd-mark\x00")) {
+			p.mu.Lock()
+			p.marks = append(p.marks, frozen)
+			p.mu.Unlock()
+		}
+		if _, err := up.Write(append(head[:], startup...)); err != nil {
+			return
+		}
+		done := make(chan struct{})
+		go func() { defer close(done); freezable(up, down, frozen) }()
+		freezable(down, up, frozen)
+		<-done
+	})
+	return p
+}
+
+// freezeMarks freezes the mark connections open now and returns how many.
+func (p *pgFreezer) freezeMarks() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := len(p.marks)
+	for _, c := range p.marks {
+		close(c)
+	}
+	p.marks = nil
+	return n
+}
+
+// freezable copies src to dst until either ends or frozen is closed; then
+// it holds both open and forwards nothing.
+func freezable(dst, src net.Conn, frozen <-chan struct{}) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		select {
+		case <-frozen:
+			return // both stay open until the end of the test
+		default:
+		}
+		if n > 0 {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			dst.Close()
+			return
+		}
+	}
+}
+
+// TestGivenUpCutoverHoldsRetention (issue 19 item 8): a cut-over that did
+// not finish and is given up (postgres.snapshot: none at the next start)
+// leaves snapshot rows that may not be in Kafka, and the log tells the
+// operator to replay them. The retention job must not delete them
+// meanwhile: outboxd leaves a replay hold slot in the marker's place, the
+// job deletes nothing while it exists and says why, and check warns. Once
+// the rows are replayed and the hold dropped, the job deletes them. Before,
+// the job deleted them at its first pass after the give-up: the rows the
+// log said to replay were gone.
+func TestGivenUpCutoverHoldsRetention(t *testing.T) {
+	f := newFixture(t, seedSchema, map[string]int{"comandes": 1})
+	ctx := context.Background()
+	topic := f.topic("comandes")
+	r, err := f.db.Query(ctx, `INSERT INTO outbox (id, agregat, agregat_id, tipus, carrega, creat_en)
+		SELECT gen_random_uuid(), 'comanda', 'P-' || (g % 5), 'comanda.creada', jsonb_build_object('n', g), now() - interval '2 hours'
+		FROM generate_series(1, 30) g RETURNING id::text`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old, err := pgx.CollectRows(r, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	left := func() int {
+		t.Helper()
+		var n int
+		if err := f.mon.QueryRow(ctx, "SELECT count(*) FROM outbox WHERE id = ANY($1::uuid[])", old).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	slotExists := func(name string) bool {
+		t.Helper()
+		var n int
+		if err := f.mon.QueryRow(ctx, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1", name).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 1
+	}
+
+	// The first start reaches no broker: its cut-over cannot publish the
+	// snapshot, and it is killed.
+	first := f.config(seedRoute(topic))
+	first.Brokers = freePort(t)
+	d := f.spawn(first)
+	eventually(t, 60*time.Second, "the cut-over marker", func() bool { return slotExists(catalog.CutoverMarker(f.name)) })
+	d.kill()
+
+	// The next start gives it up, with the retention job on.
+	cfg := f.config(seedRoute(topic))
+	cfg.Postgres["snapshot"] = "none"
+	cfg.Retention = map[string]string{"max_age": "1h", "interval": "300ms", "batch_size": "10", "confirm_timeout": "1s"}
+	d = f.start(cfg)
+	w := newWriter(f, 43, 5, "outbox")
+	w.txns(ctx, 3, 2)
+	f.waitConfirmed(f.walLSN(), 30*time.Second) // the slot is past the old rows
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(300 * time.Millisecond) {
+		if n := left(); n != len(old) {
+			t.Fatalf("the retention job deleted %d of the %d rows the log said to replay:\n%s", len(old)-n, len(old), d.Log())
+		}
+	}
+	hold := catalog.ReplayHold(f.name)
+	if !slotExists(hold) || !strings.Contains(d.Log(), "advised replaying") || !strings.Contains(d.Log(), hold) {
+		t.Fatalf("no replay hold %s, or the log does not say why nothing is deleted:\n%s", hold, d.Log())
+	}
+	path := f.configFile(cfg)
+	if l := outboxd(t, f.dsn, "check", "-c", path).line("WARN replay hold:"); !strings.Contains(l, hold) {
+		t.Errorf("check does not warn of the hold: %q", l)
+	}
+
+	// The operator replays the rows, then drops the hold.
+	if rep := outboxd(t, f.dsn, "replay", "-c", path, "--from", time.Now().Add(-3*time.Hour).UTC().Format(time.RFC3339)); rep.code != 0 {
+		t.Fatalf("replay:\n%s", rep)
+	}
+	seen := map[string]bool{}
+	for _, m := range f.consumeAll(topic, len(old)) {
+		seen[header(m, "id_esdeveniment")] = true
+	}
+	for _, id := range old {
+		if !seen[id] {
+			t.Fatalf("row %s not in Kafka after the replay", id)
+		}
+	}
+	if _, err := f.db.Exec(ctx, "SELECT pg_drop_replication_slot($1)", hold); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 60*time.Second, "the replayed old rows deleted once the hold is dropped", func() bool { return left() == 0 })
 	d.term()
 }

@@ -2,12 +2,16 @@ package integration_test
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"os/exec"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -408,4 +412,86 @@ func TestPostgresCAFileAlone(t *testing.T) {
 		}
 	}
 	wantCheckFails(t, outboxd(t, dsn, "check", "-c", f.configFile(cfg)), "database", want...)
+}
+
+// TestSASLClosedIsNotAWrongPassword (issue 19 item 8): a proxy before the
+// broker's SASL_PLAINTEXT listener closes each connection when the client
+// sends its SaslAuthenticate request, as a broker restarting under its
+// clients (a rolling restart) does. That is an outage: `check` names a
+// closed connection, not a wrong password (before, kafka-go's reading of
+// the end as SASL_AUTHENTICATION_FAILED made it say "SASL: authentication
+// failed: check kafka.sasl.username ..."), and passes once the proxy lets
+// the authentication through.
+func TestSASLClosedIsNotAWrongPassword(t *testing.T) {
+	s := newSecure(t)
+	f := newFixtureOn(t, s.env, seedSchema, map[string]int{"comandes": 1})
+	target, err := s.env.KafkaListener(saslPlaintext)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newSASLCutter(t, target)
+	cfg := f.config(seedRoute(f.topic("comandes")))
+	s.kafka(t, &cfg, saslPlaintext, "", s.sasl("SCRAM-SHA-256"))
+	cfg.Brokers = p.addr
+	path := f.configFile(cfg)
+	p.cut.Store(true)
+	r := outboxd(t, f.dsn, "check", "-c", path)
+	t.Logf("check: %s", r.line("FAIL kafka:"))
+	wantCheckFails(t, r, "kafka", "the broker closed the connection: it may be restarting")
+	if strings.Contains(r.stdout, "SASL: authentication failed") {
+		t.Fatalf("a closed connection taken for a wrong password:\n%s", r)
+	}
+	if p.cuts.Load() == 0 {
+		t.Fatal("the proxy saw no SaslAuthenticate request: the test did not close one")
+	}
+	p.cut.Store(false)
+	if r := outboxd(t, f.dsn, "check", "-c", path); !strings.Contains(r.line("PASS kafka:"), p.addr) {
+		t.Fatalf("check with the authentication let through:\n%s", r)
+	}
+}
+
+// saslCutter is a TCP proxy to a broker that, while cut is set, closes a
+// connection (both ways) when the client's next request is a
+// SaslAuthenticate.
+type saslCutter struct {
+	addr string
+	cut  atomic.Bool
+	cuts atomic.Int32
+}
+
+func newSASLCutter(t *testing.T, target string) *saslCutter {
+	t.Helper()
+	p := &saslCutter{}
+	p.addr = proxyTo(t, target, func(down, up net.Conn) {
+		done := make(chan struct{})
+		go func() { defer close(done); _, _ = io.Copy(down, up); down.Close() }()
+		p.forward(down, up) // closes up, which ends the copy
+		<-done
+	})
+	return p
+}
+
+// forward copies the client's requests to the broker, one whole request at
+// a time.
+func (p *saslCutter) forward(down, up net.Conn) {
+	defer down.Close()
+	defer up.Close()
+	const saslAuthenticate = 36 // the request's API key
+	for {
+		var size [4]byte
+		if _, err := io.ReadFull(down, size[:]); err != nil {
+			return
+		}
+		req := make([]byte, binary.BigEndian.Uint32(size[:]))
+		if _, err := io.ReadFull(down, req); err != nil || len(req) < 2 {
+			return
+		}
+		if p.cut.Load() && binary.BigEndian.Uint16(req) == saslAuthenticate {
+			p.cuts.Add(1)
+			return
+		}
+		if _, err := up.Write(append(size[:], req...)); err != nil {
+			return
+		}
+	}
 }

@@ -130,7 +130,17 @@ func checkSlot(ctx context.Context, conn *pgx.Conn, cfg config.Config) []Result 
 			c.pending = append(c.pending, fmt.Sprintf("%s: %d", name, n))
 		}
 	}
-	return []Result{evalSlot(cfg.Postgres, s, c)}
+	out := []Result{evalSlot(cfg.Postgres, s, c)}
+	hold := catalog.ReplayHold(cfg.Postgres.Slot)
+	h, err := catalog.ReadSlot(ctx, conn.PgConn(), hold)
+	if err != nil {
+		return append(out, queryFailed("replay hold", err)...)
+	}
+	if h != nil {
+		out = append(out, warn("replay hold", fmt.Sprintf("an unfinished cut-over of %s was given up: its snapshot rows may not all be in Kafka, and the retention job deletes nothing while the hold slot %s exists", cfg.Postgres.Slot, hold),
+			fmt.Sprintf("republish them (outboxd replay --from the creat_en of the oldest row the relay had not published), then SELECT pg_drop_replication_slot('%s')", hold)))
+	}
+	return out
 }
 
 // cutover is what check knows of the cut-over a start would do
@@ -149,9 +159,9 @@ func evalSlot(pg config.Postgres, s *catalog.Slot, c cutover) Result {
 	switch {
 	case c.marker && !pg.CreateSlot:
 		return fail("slot", fmt.Sprintf("the cut-over of %s did not finish (marker slot %s exists): its snapshot rows may not all be in Kafka, and postgres.create_slot is false", name, catalog.CutoverMarker(name)),
-			fmt.Sprintf("set postgres.create_slot: true to publish the snapshot again (outboxd recreates the slot), or SELECT pg_drop_replication_slot('%s') to give up on it", catalog.CutoverMarker(name)))
+			"set postgres.create_slot: true to publish the snapshot again (outboxd recreates the slot), or postgres.snapshot: none to give up on it (then replay its rows: outboxd holds the retention job until you have)")
 	case c.marker && pg.Snapshot == config.SnapshotNone:
-		return pass("slot", "the cut-over of %s did not finish; with postgres.snapshot: none the next start gives it up (its snapshot rows may not all be in Kafka: see outboxd replay)", name)
+		return pass("slot", "the cut-over of %s did not finish; with postgres.snapshot: none the next start gives it up (its snapshot rows may not all be in Kafka: replay them with outboxd replay; the retention job deletes nothing until the replay hold %s is dropped)", name, catalog.ReplayHold(name))
 	case c.marker:
 		return pass("slot", "the cut-over of %s did not finish; the next start recreates the slot and publishes the pending rows again (%s), duplicates of those already delivered", name, pending)
 	case s == nil && pg.CreateSlot && pg.Snapshot == config.SnapshotPending:

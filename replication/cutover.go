@@ -55,7 +55,7 @@ type cutover struct {
 func (r *Runner) beginCutover(ctx context.Context, conn *pgconn.PgConn, srv catalog.Server) (*catalog.Slot, *cutover, error) {
 	name, marker := r.cfg.Slot, catalog.CutoverMarker(r.cfg.Slot)
 	if !r.cfg.CreateSlot {
-		return nil, nil, Fatal(fmt.Errorf("the cut-over of replication slot %q did not finish (its marker slot %q exists): its snapshot rows may not all be in Kafka. Set postgres.create_slot: true to publish the snapshot again (the slot is recreated), or drop %q to give up on them", name, marker, marker))
+		return nil, nil, Fatal(fmt.Errorf("the cut-over of replication slot %q did not finish (its marker slot %q exists): its snapshot rows may not all be in Kafka. Set postgres.create_slot: true to publish the snapshot again (the slot is recreated), or postgres.snapshot: none to give up on them (then replay them: the retention job waits until you have)", name, marker))
 	}
 	lock := catalog.CutoverLock(name)
 	locked, err := scalar(ctx, conn, fmt.Sprintf("SELECT pg_try_advisory_lock(%d)", lock))

@@ -99,9 +99,15 @@ func (r *Runner) ensureSlot(ctx context.Context, conn *pgconn.PgConn, srv catalo
 	}
 	switch {
 	case hasMarker && r.cfg.Snapshot == nil:
-		marker := catalog.CutoverMarker(name)
-		r.log.Warn("an earlier cut-over did not finish, and postgres.snapshot is now none: giving it up; its snapshot rows may not all be in Kafka (outboxd replay republishes rows by creat_en)",
-			"slot", name, "marker", marker)
+		// The hold before the marker goes: retention must not delete the
+		// rows the operator is told to replay (catalog/cutover.go).
+		marker, hold := catalog.CutoverMarker(name), catalog.ReplayHold(name)
+		if _, err := scalar(ctx, conn, "SELECT pg_create_physical_replication_slot("+catalog.QuoteLiteral(hold)+")"); err != nil && !hasCode(err, "42710") {
+			return 0, nil, slotError(fmt.Errorf("create the replay hold slot %q: %w", hold, err))
+		}
+		r.log.Warn("an earlier cut-over did not finish, and postgres.snapshot is now none: giving it up; its snapshot rows may not all be in Kafka. "+
+			"Republish them (outboxd replay --from the creat_en of the oldest row the relay had not published), then drop the hold: the retention job deletes nothing until then",
+			"slot", name, "marker", marker, "drop_hold", "SELECT pg_drop_replication_slot("+catalog.QuoteLiteral(hold)+")")
 		if _, err := scalar(ctx, conn, "SELECT pg_drop_replication_slot("+catalog.QuoteLiteral(marker)+")"); err != nil {
 			return 0, nil, fmt.Errorf("drop the cut-over marker slot %q: %w", marker, err)
 		}

@@ -2,8 +2,11 @@ package republish
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strconv"
 	"sync"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -14,6 +17,22 @@ import (
 
 // markBatch bounds the ids of one UPDATE.
 const markBatch = 1000
+
+// How long a mark may take. Every acknowledgement waits for its mark, so an
+// UPDATE that never returns would wedge them all, for good: one blocked
+// behind a lock another session holds (an open transaction, the polling
+// relay's FOR UPDATE), or sent on a connection that died without a reset.
+// The server gives up on a lock after markLockTimeout and on the statement
+// after markStatementTimeout (lock_timeout and statement_timeout of the
+// mark connection); outboxd gives up on the connection after markDeadline.
+// The marks then fail (an outage: the stream replays and marks again on a
+// new connection), well before kafka.delivery_timeout (30 s by default)
+// would end the session with a reason that names the broker.
+const (
+	markLockTimeout      = 5 * time.Second
+	markStatementTimeout = 10 * time.Second
+	markDeadline         = markStatementTimeout + 5*time.Second
+)
 
 // Marker sets publicat_en = now() on a row once Kafka acknowledged its
 // record (postgres.mark_published), for the teams whose dashboards read
@@ -108,18 +127,21 @@ func (m *Marker) Run(ctx context.Context) {
 				break
 			}
 			var err error
+			actx, cancel := context.WithTimeout(ctx, markDeadline)
 			if conn == nil {
-				conn, err = connect(ctx, m.conn, "outboxd-mark")
+				conn, err = connect(actx, markConn(m.conn), "outboxd-mark")
 			}
 			if err == nil {
-				err = m.apply(ctx, conn, batch)
+				err = m.apply(actx, conn, batch)
 			}
+			timedOut := actx.Err() != nil && ctx.Err() == nil
+			cancel()
 			if err != nil {
 				if conn != nil {
 					_ = conn.Close(context.Background())
 					conn = nil
 				}
-				err = privilege(fmt.Errorf("mark publicat_en: %w", err), "mark_published needs UPDATE on the outbox table (GRANT UPDATE (publicat_en) ON ... TO outboxd)")
+				err = markError(err, timedOut)
 				m.log.Debug("mark published failed", "rows", len(batch), "error", err)
 			}
 			for _, mk := range batch {
@@ -146,4 +168,32 @@ func (m *Marker) apply(ctx context.Context, conn *pgconn.PgConn, batch []mark) e
 		}
 	}
 	return nil
+}
+
+// markConn is cfg with the mark connection's timeouts.
+func markConn(cfg *pgconn.Config) *pgconn.Config {
+	pc := cfg.Copy()
+	if pc.RuntimeParams == nil {
+		pc.RuntimeParams = map[string]string{}
+	}
+	pc.RuntimeParams["lock_timeout"] = strconv.FormatInt(markLockTimeout.Milliseconds(), 10)
+	pc.RuntimeParams["statement_timeout"] = strconv.FormatInt(markStatementTimeout.Milliseconds(), 10)
+	return pc
+}
+
+// markError is a failed mark (timedOut: outboxd gave up waiting) as the
+// acknowledgements of its records take it: a missing privilege is
+// permanent; anything else is an outage (the records are replayed and
+// marked again), said with its cause.
+func markError(err error, timedOut bool) error {
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == "55P03": // lock_not_available
+		return fmt.Errorf("mark publicat_en: the UPDATE waited longer than lock_timeout (%s) for rows another session holds (an open transaction, the polling relay's FOR UPDATE: see pg_locks and pg_stat_activity); marked again once it lets go: %w", markLockTimeout, err)
+	case errors.As(err, &pgErr) && pgErr.Code == "57014": // query_canceled
+		return fmt.Errorf("mark publicat_en: the UPDATE ran longer than statement_timeout (%s); marked again: %w", markStatementTimeout, err)
+	case timedOut:
+		return fmt.Errorf("mark publicat_en: no answer from PostgreSQL within %s: the connection is presumed dead; marked again on a new one: %w", markDeadline, err)
+	}
+	return privilege(fmt.Errorf("mark publicat_en: %w", err), "mark_published needs UPDATE on the outbox table (GRANT UPDATE (publicat_en) ON ... TO outboxd)")
 }

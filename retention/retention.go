@@ -16,7 +16,9 @@
 //  2. pg_try_advisory_xact_lock_shared(the cut-over lock), and the cut-over
 //     marker absent: no cut-over is publishing a snapshot, whose rows lie
 //     before the slot's position, and none can start until this
-//     transaction ends (replication/cutover.go).
+//     transaction ends (replication/cutover.go); nor is the replay hold
+//     there: the snapshot rows of a cut-over given up are the operator's to
+//     replay (catalog/cutover.go).
 //  3. Wait, at most ConfirmTimeout, until the slot's confirmed_flush_lsn
 //     reaches L. outboxd confirms a position only when Kafka acknowledged
 //     every event of every transaction committed before it, so from then on
@@ -245,6 +247,12 @@ func hasCode(err error, code string) bool {
 // waitConfirmed waits until the slot has confirmed l, at most
 // ConfirmTimeout, with no cut-over in progress (catalog.ReadDelivery).
 func (j *Job) waitConfirmed(ctx context.Context, conn *pgconn.PgConn, l pglogrepl.LSN) error {
+	hold := catalog.ReplayHold(j.cfg.Slot)
+	if h, err := catalog.ReadSlot(ctx, conn, hold); err != nil {
+		return fmt.Errorf("read the replay hold slot: %w", err)
+	} else if h != nil {
+		return &notYet{reason: fmt.Sprintf("outboxd gave up an unfinished cut-over and advised replaying its snapshot rows (outboxd replay): nothing is deleted until they are replayed and the hold is dropped (SELECT pg_drop_replication_slot(%s))", catalog.QuoteLiteral(hold))}
+	}
 	deadline := time.Now().Add(j.cfg.ConfirmTimeout)
 	for {
 		d, err := catalog.ReadDelivery(ctx, conn, j.cfg.Slot, l)

@@ -59,6 +59,10 @@ type batch struct {
 	// abandoned: a request carrying buf was given up while it may still
 	// be read; buf is left to the garbage collector.
 	abandoned bool
+	// isolating: split from a batch the broker refused for its records'
+	// content (Producer.isolate): a refusal that was retried is not
+	// retried again.
+	isolating bool
 }
 
 // pending is a record waiting for its outcome.
@@ -140,13 +144,14 @@ func (b *batch) add(r *outboxd.Record, ts int64) {
 
 // split re-encodes b's records into two batches, the first half and the
 // rest, each with its own offset and timestamp deltas, for a batch the
-// broker refused as too large. b is released.
+// broker refused for its records' content. b is released.
 func (b *batch) split() (*batch, *batch, error) {
 	recs, stamps, err := b.records()
 	if err != nil {
 		return nil, nil, err
 	}
 	first, rest := newBatch(b.part, b.created), newBatch(b.part, b.created)
+	first.isolating, rest.isolating = true, true
 	for i := range recs {
 		dst := first
 		if i >= len(recs)/2 {

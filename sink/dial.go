@@ -2,7 +2,10 @@ package sink
 
 import (
 	"context"
+	"crypto/tls"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"time"
 
@@ -23,12 +26,61 @@ const (
 func newTransport(cfg Config) *kafka.Transport {
 	return &kafka.Transport{
 		ClientID:    cfg.ClientID,
-		Dial:        (&net.Dialer{Timeout: dialTimeout, KeepAlive: dialKeepAlive}).DialContext,
+		Dial:        dialer(cfg),
 		IdleTimeout: 30 * time.Second,
 		MetadataTTL: metadataTTL,
-		TLS:         cfg.TLS,
-		SASL:        cfg.SASL,
+		SASL:        cfg.SASL, // TLS: dialer's
 	}
+}
+
+// dialer opens a connection to a broker: TCP, then TLS when cfg.TLS is set
+// (here rather than in kafka-go, so that what kafka-go reads is what this
+// connection returns), as a brokerConn.
+func dialer(cfg Config) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	nd := &net.Dialer{Timeout: dialTimeout, KeepAlive: dialKeepAlive}
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := nd.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		if cfg.TLS != nil {
+			tc := cfg.TLS
+			if tc.ServerName == "" {
+				host, _, _ := net.SplitHostPort(addr)
+				tc = tc.Clone()
+				tc.ServerName = host
+			}
+			t := tls.Client(c, tc)
+			if err := t.HandshakeContext(ctx); err != nil {
+				c.Close()
+				return nil, err
+			}
+			c = t
+		}
+		return brokerConn{c}, nil
+	}
+}
+
+// errBrokerClosed is what a connection to a broker reads once the broker
+// has closed it, instead of io.EOF, on purpose: kafka-go takes an io.EOF in
+// the middle of SASL authentication for a refused password
+// (SASLAuthenticationFailed, as brokers before Kafka 1.0 said it), which
+// would turn a broker restarting under outboxd (a rolling restart) into
+// "wrong credentials" and stop it. Brokers since 1.0 refuse credentials in
+// a SaslAuthenticate answer (SASL_AUTHENTICATION_FAILED, with a message);
+// a closed connection is an outage.
+var errBrokerClosed = errors.New("the broker closed the connection")
+
+// brokerConn is a connection to a broker whose end reads as
+// errBrokerClosed.
+type brokerConn struct{ net.Conn }
+
+func (c brokerConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if err == io.EOF {
+		err = errBrokerClosed
+	}
+	return n, err
 }
 
 // Dial connects to the broker at addr as the producer does and asks for its
@@ -41,7 +93,7 @@ func newTransport(cfg Config) *kafka.Transport {
 func Dial(ctx context.Context, cfg Config, addr string) (*kafka.Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, dialTimeout)
 	defer cancel()
-	d := &kafka.Dialer{ClientID: cfg.ClientID, Timeout: dialTimeout, KeepAlive: dialKeepAlive, TLS: cfg.TLS, SASLMechanism: cfg.SASL}
+	d := &kafka.Dialer{ClientID: cfg.ClientID, Timeout: dialTimeout, DialFunc: dialer(cfg), SASLMechanism: cfg.SASL}
 	conn, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		if why := Explain(err); why != "" {

@@ -3,12 +3,22 @@ package sink
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"fmt"
 	"io"
 	"net"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/protocol"
+	"github.com/segmentio/kafka-go/protocol/apiversions"
+	meta "github.com/segmentio/kafka-go/protocol/metadata"
+	"github.com/segmentio/kafka-go/protocol/saslauthenticate"
+	"github.com/segmentio/kafka-go/protocol/saslhandshake"
+	"github.com/segmentio/kafka-go/sasl/plain"
 )
 
 // notKafka listens on a local port and answers the first connection with
@@ -102,5 +112,131 @@ func TestDialRefusesWhatIsNotKafka(t *testing.T) {
 				t.Errorf("the request did not carry the client id: %q", got)
 			}
 		})
+	}
+}
+
+// saslBroker listens on a local port (with TLS when cert is set) and speaks
+// Kafka as far as SASL authentication: it answers ApiVersions and
+// SaslHandshake, then meets SaslAuthenticate by closing the connection
+// (refuse false: what a broker restarting under its clients does, as in a
+// rolling restart) or by refusing the credentials as a broker of Kafka 1.0
+// and later does (SASL_AUTHENTICATION_FAILED with a message, then the end of
+// the connection). A real broker cannot be made to close a connection at
+// that exact request: this is the fake for it.
+func saslBroker(t *testing.T, refuse bool, cert *tls.Certificate) string {
+	t.Helper()
+	var ln net.Listener
+	var err error
+	if cert != nil {
+		ln, err = tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{*cert}})
+	} else {
+		ln, err = net.Listen("tcp", "127.0.0.1:0")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() {
+		ln.Close()
+		wg.Wait()
+	})
+	serve := func(c net.Conn) {
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		for {
+			version, id, _, msg, err := protocol.ReadRequest(c)
+			if err != nil {
+				return
+			}
+			var res protocol.Message
+			switch msg.(type) {
+			case *apiversions.Request:
+				res = &apiversions.Response{ApiKeys: []apiversions.ApiKeyResponse{
+					{ApiKey: int16(protocol.ApiVersions), MaxVersion: 2},
+					{ApiKey: int16(protocol.SaslHandshake), MaxVersion: 1},
+					{ApiKey: int16(protocol.SaslAuthenticate), MaxVersion: 1},
+					{ApiKey: int16(protocol.Metadata), MaxVersion: 8}}}
+			case *saslhandshake.Request:
+				res = &saslhandshake.Response{Mechanisms: []string{"PLAIN"}}
+			case *saslauthenticate.Request:
+				if !refuse {
+					return // the broker goes away
+				}
+				res = &saslauthenticate.Response{ErrorCode: int16(kafka.SASLAuthenticationFailed), ErrorMessage: "Authentication failed: Invalid username or password"}
+			default:
+				return
+			}
+			if err := protocol.WriteResponse(c, version, id, res); err != nil {
+				return
+			}
+			if refuse {
+				if _, ok := msg.(*saslauthenticate.Request); ok {
+					return
+				}
+			}
+		}
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() { defer wg.Done(); serve(c) }()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// TestSASLClosedIsAnOutage (issue 19 item 8): a broker that closes the
+// connection in the middle of SASL authentication (a rolling restart) is an
+// outage: retried, not taken for a wrong password, on the producer's
+// connections and on check's and the health monitor's (Dial), in clear and
+// over TLS (where the broker's end is a close_notify). A broker that refuses
+// the credentials is still a permanent SASL failure. Before, kafka-go's
+// reading of the end as SASL_AUTHENTICATION_FAILED stopped outboxd (exit
+// 1) with "SASL: authentication failed: check kafka.sasl.username ...".
+func TestSASLClosedIsAnOutage(t *testing.T) {
+	p := newTestPKI(t)
+	for _, useTLS := range []bool{false, true} {
+		for _, refuse := range []bool{false, true} {
+			t.Run(fmt.Sprintf("tls=%v/refuse=%v", useTLS, refuse), func(t *testing.T) {
+				cfg := Config{ClientID: "outboxd-test", SASL: plain.Mechanism{Username: "outboxd", Password: "secret"}}
+				var cert *tls.Certificate
+				if useTLS {
+					cert = &p.server
+					tc, err := BuildTLS(TLSOptions{Enable: true, CAFile: p.caFile, ServerName: "broker.test"})
+					if err != nil {
+						t.Fatal(err)
+					}
+					cfg.TLS = tc
+				}
+				addr := saslBroker(t, refuse, cert)
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				tr := newTransport(cfg)
+				defer tr.CloseIdleConnections()
+				_, produceErr := tr.RoundTrip(ctx, kafka.TCP(addr), &meta.Request{})
+				_, dialErr := Dial(ctx, cfg, addr)
+				for path, err := range map[string]error{"producer": produceErr, "Dial": dialErr} {
+					if err == nil {
+						t.Fatalf("%s: no error from a broker that does not let the client in", path)
+					}
+					t.Logf("%s: %v", path, err)
+					if refuse {
+						if authFailure(err) == nil || retriable(err) || !strings.HasPrefix(Explain(err), "SASL: authentication failed") {
+							t.Errorf("%s: refused credentials must be a permanent SASL failure: %v (explained %q)", path, err, Explain(err))
+						}
+						continue
+					}
+					if authFailure(err) != nil || !retriable(err) || !strings.Contains(Explain(err), "closed the connection") {
+						t.Errorf("%s: a connection closed during SASL must be an outage: %v (explained %q)", path, err, Explain(err))
+					}
+				}
+			})
+		}
 	}
 }

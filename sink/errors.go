@@ -3,6 +3,7 @@ package sink
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/segmentio/kafka-go"
 )
@@ -85,6 +86,42 @@ func retriable(err error) bool {
 
 var errEncode = errors.New("encode record batch")
 
+// refusedContent reports whether err is the broker refusing a batch for the
+// content of its records, which no retry can change: the producer splits
+// the batch down to the record (Producer.isolate), whose route's on_error
+// then decides.
+func refusedContent(err error) bool {
+	for _, code := range []kafka.Error{kafka.MessageSizeTooLarge, kafka.RecordListTooLarge, kafka.InvalidTimestamp, kafka.InvalidRecord} {
+		if errors.Is(err, code) {
+			return true
+		}
+	}
+	return false
+}
+
+// refusalFix is the way out of a record (timestamp ts in ms) that the
+// broker refused for its content with err.
+func refusalFix(err error, ts int64, now time.Time) string {
+	switch {
+	case errors.Is(err, kafka.MessageSizeTooLarge) || errors.Is(err, kafka.RecordListTooLarge):
+		return "raise the topic's max.message.bytes (and the broker's message.max.bytes)"
+	case errors.Is(err, kafka.InvalidTimestamp):
+		at := time.UnixMilli(ts).UTC()
+		off := fmt.Sprintf("%s before", now.Sub(at).Round(time.Second))
+		if at.After(now) {
+			off = fmt.Sprintf("%s after", at.Sub(now).Round(time.Second))
+		}
+		return fmt.Sprintf("the record's timestamp %s (%s outboxd's clock) is outside what the topic takes with message.timestamp.type=CreateTime "+
+			"(message.timestamp.before.max.ms and message.timestamp.after.max.ms, message.timestamp.difference.max.ms before Kafka 3.6); "+
+			"old rows replayed or snapshotted carry their routes[].timestamp column: raise those limits on the topic, set its message.timestamp.type=LogAppendTime, "+
+			"or drop routes[].timestamp so that records carry the time they are produced",
+			at.Format(time.RFC3339Nano), off)
+	case errors.Is(err, kafka.InvalidMessage):
+		return "the broker found the record corrupt (CORRUPT_MESSAGE) on every attempt: check what sits between outboxd and the broker (a proxy that rewrites requests), and the broker's log"
+	}
+	return "see the broker's log for the check it failed (a compacted topic refuses a record without a key)"
+}
+
 // permanent names the broker errors that no retry or replay can fix: the
 // same records would fail the same way for ever.
 func permanent(err error) string {
@@ -110,4 +147,43 @@ func permanent(err error) string {
 		return fmt.Sprintf("the broker refused with a non-retriable error (%v)", err)
 	}
 	return ""
+}
+
+// brokerError is an error code a broker answered for a partition, with the
+// message it gave (INVALID_TIMESTAMP's names the range the topic takes).
+type brokerError struct {
+	code    kafka.Error
+	message string
+}
+
+func (e *brokerError) Error() string { return e.code.Error() + ": " + e.message }
+
+func (e *brokerError) Unwrap() error { return e.code }
+
+// codeName is err's Kafka error code as the protocol names it, with the
+// broker's message when it gave one.
+func codeName(err error) string {
+	var kerr kafka.Error
+	if !errors.As(err, &kerr) {
+		return err.Error()
+	}
+	name, ok := codeNames[kerr]
+	if !ok {
+		name = kerr.Title()
+	}
+	var be *brokerError
+	if errors.As(err, &be) && be.message != "" {
+		return name + " (" + be.message + ")"
+	}
+	return name
+}
+
+var codeNames = map[kafka.Error]string{
+	kafka.InvalidMessage:          "CORRUPT_MESSAGE",
+	kafka.UnknownTopicOrPartition: "UNKNOWN_TOPIC_OR_PARTITION",
+	kafka.LeaderNotAvailable:      "LEADER_NOT_AVAILABLE",
+	kafka.MessageSizeTooLarge:     "MESSAGE_TOO_LARGE",
+	kafka.RecordListTooLarge:      "RECORD_LIST_TOO_LARGE",
+	kafka.InvalidTimestamp:        "INVALID_TIMESTAMP",
+	kafka.InvalidRecord:           "INVALID_RECORD",
 }

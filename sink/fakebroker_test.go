@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -17,6 +18,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/protocol"
+	"github.com/segmentio/kafka-go/protocol/describeconfigs"
 	"github.com/segmentio/kafka-go/protocol/metadata"
 	"github.com/segmentio/kafka-go/protocol/produce"
 	"github.com/segmentio/kafka-go/protocol/rawproduce"
@@ -47,8 +49,24 @@ type fakeBroker struct {
 	// sent: compressed, without the record set's size prefix) as
 	// MESSAGE_TOO_LARGE, as a broker does over max.message.bytes.
 	maxBatchBytes int
-	// brokers, when set, are the brokers a metadata answer lists.
-	brokers []metadata.ResponseBroker
+	// refuse, when set, answers a batch holding one of its values with
+	// that value's error code, and refusal as the broker's message: what
+	// a real broker answers for a record it refuses whatever the retries
+	// (INVALID_TIMESTAMP, INVALID_RECORD) or may refuse because of the
+	// network (CORRUPT_MESSAGE), which a real one cannot be made to answer
+	// for one chosen record.
+	refuse  map[string]int16
+	refusal string
+	// brokers, when set, are the brokers a metadata answer lists; unset:
+	// broker 1 at fake:9092, the controller. noClusterView answers as a
+	// broker that does not know the cluster yet: no broker, controller -1.
+	brokers       []metadata.ResponseBroker
+	noClusterView func(n int) bool
+	// autoCreate is every broker's auto.create.topics.enable in a
+	// DescribeConfigs answer: "true", "false", or "" (the request is
+	// refused: CLUSTER_AUTHORIZATION_FAILED). describes counts them.
+	autoCreate string
+	describes  int
 
 	metaN int
 	addrs []string // the address of every request, in order
@@ -118,6 +136,15 @@ func (b *fakeBroker) accepted() [][]string {
 	return b.received(true)
 }
 
+// onTopic is the values on the topic, in order, separated by spaces.
+func (b *fakeBroker) onTopic() string {
+	var all []string
+	for _, vs := range b.accepted() {
+		all = append(all, vs...)
+	}
+	return strings.Join(all, " ")
+}
+
 func (b *fakeBroker) received(acceptedOnly bool) [][]string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -150,15 +177,23 @@ func (b *fakeBroker) RoundTrip(ctx context.Context, addr net.Addr, req protocol.
 	b.mu.Unlock()
 	switch r := req.(type) {
 	case *metadata.Request:
+		b.mu.Lock()
+		k := b.metaN
+		b.metaN++
+		b.mu.Unlock()
+		brokers, controller := b.brokers, int32(1)
+		if brokers == nil {
+			brokers = []metadata.ResponseBroker{{NodeID: 1, Host: "fake", Port: 9092}}
+		}
+		if b.noClusterView != nil && b.noClusterView(k) {
+			brokers, controller = nil, -1
+		}
 		if b.meta != nil {
-			b.mu.Lock()
-			k := b.metaN
-			b.metaN++
-			b.mu.Unlock()
 			if code, err := b.meta(k); err != nil {
 				return nil, err
 			} else if code != 0 {
-				return &metadata.Response{Topics: []metadata.ResponseTopic{{Name: r.TopicNames[0], ErrorCode: code}}}, nil
+				return &metadata.Response{Brokers: brokers, ControllerID: controller,
+					Topics: []metadata.ResponseTopic{{Name: r.TopicNames[0], ErrorCode: code}}}, nil
 			}
 		}
 		b.mu.Lock()
@@ -171,7 +206,22 @@ func (b *fakeBroker) RoundTrip(ctx context.Context, addr net.Addr, req protocol.
 				ps[i].LeaderID = b.leaders(i)
 			}
 		}
-		return &metadata.Response{Brokers: b.brokers, Topics: []metadata.ResponseTopic{{Name: r.TopicNames[0], Partitions: ps}}}, nil
+		return &metadata.Response{Brokers: brokers, ControllerID: controller, Topics: []metadata.ResponseTopic{{Name: r.TopicNames[0], Partitions: ps}}}, nil
+	case *describeconfigs.Request:
+		b.mu.Lock()
+		b.describes++
+		b.mu.Unlock()
+		res := &describeconfigs.Response{}
+		for _, rr := range r.Resources {
+			out := describeconfigs.ResponseResource{ResourceType: rr.ResourceType, ResourceName: rr.ResourceName}
+			if b.autoCreate == "" {
+				out.ErrorCode = int16(kafka.ClusterAuthorizationFailed)
+			} else {
+				out.ConfigEntries = []describeconfigs.ResponseConfigEntry{{ConfigName: "auto.create.topics.enable", ConfigValue: b.autoCreate}}
+			}
+			res.Resources = append(res.Resources, out)
+		}
+		return res, nil
 	case *rawproduce.Request:
 		b.arrived.Add(1)
 		if b.block != nil {
@@ -205,8 +255,14 @@ func (b *fakeBroker) RoundTrip(ctx context.Context, addr net.Addr, req protocol.
 				if code == 0 && b.maxBatchBytes > 0 && len(raw)-4 > b.maxBatchBytes {
 					code = int16(kafka.MessageSizeTooLarge)
 				}
+				message := ""
+				for _, m := range msgs {
+					if c, ok := b.refuse[string(m.Value)]; ok && code == 0 {
+						code, message = c, b.refusal
+					}
+				}
 				fr.codes[p.Partition] = code
-				rt.Partitions = append(rt.Partitions, produce.ResponsePartition{Partition: p.Partition, ErrorCode: code})
+				rt.Partitions = append(rt.Partitions, produce.ResponsePartition{Partition: p.Partition, ErrorCode: code, ErrorMessage: message})
 			}
 			res.Topics = append(res.Topics, rt)
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -80,6 +81,105 @@ func TestMissingTopicFailsAsRecordError(t *testing.T) {
 	}
 	if n := len(b.values()); n != 0 {
 		t.Errorf("%d produce requests for a missing topic", n)
+	}
+}
+
+// TestMissingTopicWaitStartsWhenTheBrokerAnswers (issue 24): the cluster is
+// unreachable for longer than the wait, then answers UNKNOWN_TOPIC_OR_PARTITION
+// twice (a broker that has just restarted and is creating the topic),
+// then the topic: the records are delivered. The wait runs from the first
+// answer, not from the first request.
+func TestMissingTopicWaitStartsWhenTheBrokerAnswers(t *testing.T) {
+	var down atomic.Bool
+	down.Store(true)
+	var missing atomic.Int32
+	b := &fakeBroker{meta: func(int) (int16, error) {
+		if down.Load() {
+			return 0, errors.New("dial tcp: connection refused")
+		}
+		if missing.Add(1) <= 2 { // over less than the wait
+			return int16(kafka.UnknownTopicOrPartition), nil
+		}
+		return 0, nil
+	}}
+	p := testProducer(t, b, Config{Linger: time.Millisecond, MaxAttempts: 1})
+	p.topicWait = 300 * time.Millisecond
+	r := newAckRecorder(2)
+	produceOne(t, p, rec(r, "P-1", "a"), rec(r, "P-2", "b"))
+	time.Sleep(2 * p.topicWait) // the broker down for longer than the wait
+	down.Store(false)
+	r.wait(t)
+	if r.get("a") != nil || r.get("b") != nil {
+		t.Fatalf("after the broker came back: a: %v, b: %v", r.get("a"), r.get("b"))
+	}
+}
+
+// TestMissingTopicEvidence: a topic the brokers keep calling unknown, past
+// the wait, is judged by what the brokers' configuration says (read once
+// through DescribeConfigs): auto-creation off stops outboxd (a RecordError
+// naming the setting and where it was read); on is an outage (a retriable
+// error that says so: the session is retried); unreadable stops it, saying
+// what was observed and that the setting is unknown.
+func TestMissingTopicEvidence(t *testing.T) {
+	for _, tc := range []struct {
+		autoCreate string
+		permanent  bool
+		says       string
+	}{
+		{"false", true, "auto.create.topics.enable=false in the configuration of broker 1): create it"},
+		{"true", false, "auto.create.topics.enable=true in the configuration of broker 1) but have not created it"},
+		{"", true, "whether the brokers create topics is unknown: their configuration could not be read from broker 1"},
+	} {
+		t.Run("auto.create.topics.enable="+tc.autoCreate, func(t *testing.T) {
+			b := &fakeBroker{autoCreate: tc.autoCreate, meta: func(int) (int16, error) { return int16(kafka.UnknownTopicOrPartition), nil }}
+			p := testProducer(t, b, Config{Linger: time.Millisecond, MaxAttempts: 1})
+			p.topicWait = 300 * time.Millisecond
+			r := newAckRecorder(1)
+			produceOne(t, p, rec(r, "P-1", "a"))
+			r.wait(t)
+			err := r.get("a")
+			var re *RecordError
+			if errors.As(err, &re) != tc.permanent || !strings.Contains(err.Error(), tc.says) ||
+				!strings.Contains(err.Error(), "answered UNKNOWN_TOPIC_OR_PARTITION to") {
+				t.Fatalf("want permanent %v, saying %q and what was observed; got %v", tc.permanent, tc.says, err)
+			}
+			b.mu.Lock()
+			describes := b.describes
+			b.mu.Unlock()
+			if describes != 1 {
+				t.Errorf("%d DescribeConfigs requests, want 1", describes)
+			}
+		})
+	}
+}
+
+// TestAnswerWithoutClusterViewIsNoAnswer (issue 19 item 8): a broker that
+// does not know the cluster yet (no broker, controller -1: a ZooKeeper-mode
+// broker after a controller restart, before the new controller sent it the
+// cluster's state) calls an existing topic unknown for longer than the
+// wait; that says nothing about the topic, and the records are delivered
+// once it knows. A fake broker: Kafka 4.1 (KRaft), the tests' broker, does
+// not serve requests before it caught up with the cluster's metadata.
+func TestAnswerWithoutClusterViewIsNoAnswer(t *testing.T) {
+	var blind atomic.Bool
+	blind.Store(true)
+	b := &fakeBroker{
+		noClusterView: func(int) bool { return blind.Load() },
+		meta: func(int) (int16, error) {
+			if blind.Load() {
+				return int16(kafka.UnknownTopicOrPartition), nil
+			}
+			return 0, nil
+		}}
+	p := testProducer(t, b, Config{Linger: time.Millisecond, MaxAttempts: 1})
+	p.topicWait = 300 * time.Millisecond
+	r := newAckRecorder(1)
+	produceOne(t, p, rec(r, "P-1", "a"))
+	time.Sleep(4 * p.topicWait)
+	blind.Store(false)
+	r.wait(t)
+	if err := r.get("a"); err != nil {
+		t.Fatalf("a: %v", err)
 	}
 }
 

@@ -82,6 +82,10 @@ type Producer struct {
 	topicWait time.Duration
 	// metadataTTL is metadataTTL (metadata.go); tests shorten it.
 	metadataTTL time.Duration
+	// autoCreate is the brokers' auto.create.topics.enable, read once a
+	// topic is first called missing; nil: not read yet. Only the sender
+	// goroutine uses it.
+	autoCreate *autoCreation
 
 	ctx    context.Context // cancelled when Close gives up
 	cancel context.CancelFunc
@@ -110,8 +114,12 @@ type topic struct {
 	ids     []int // partition ids, for the balancer
 	parts   map[int]*partition
 	fetched time.Time       // when its layout was last read; zero: not known yet
-	since   time.Time       // first attempt to read it, while not known
 	waiting []waitingRecord // records that came before its layout was known
+	// While its layout is not known: the first answer that called it
+	// missing since the cluster last failed to answer, and how many did
+	// (topicFailure).
+	missingSince   time.Time
+	missingAnswers int
 }
 
 type partition struct {

@@ -177,8 +177,8 @@ func explain(err error) (why string, definitive bool) {
 		return "SASL: authentication failed: check kafka.sasl.username, the password and kafka.sasl.mechanism (the broker must have the user for that mechanism)", true
 	case errors.As(err, &kerr) && (kerr == kafka.UnsupportedSASLMechanism || kerr == kafka.IllegalSASLState):
 		return "SASL: the broker does not take kafka.sasl.mechanism on this listener: use one its sasl.enabled.mechanisms lists", true
-	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET):
-		return "the broker closed the connection during the handshake: the listener may need TLS (kafka.tls.enable) or SASL (kafka.sasl), or refuse this client", false
+	case errors.Is(err, errBrokerClosed) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET):
+		return "the broker closed the connection: it may be restarting, or the listener may need TLS (kafka.tls.enable) or SASL (kafka.sasl), or refuse this client", false
 	}
 	var nerr net.Error
 	if errors.As(err, &nerr) && nerr.Timeout() && strings.Contains(err.Error(), "tls") {

@@ -193,8 +193,12 @@ func (p *Producer) send(round []*batch) {
 			case p.ctx.Err() != nil:
 				fatal = errClosed
 				retry, retryErr = append(retry, b), append(retryErr, errClosed)
-			case errors.Is(err, kafka.MessageSizeTooLarge) || errors.Is(err, kafka.RecordListTooLarge):
-				if err := p.tooLarge(b, err); err != nil {
+			case refusedContent(err) || errors.Is(err, kafka.InvalidMessage) && (b.isolating || attempt >= p.cfg.MaxAttempts):
+				// CORRUPT_MESSAGE (kafka.InvalidMessage) may be the
+				// network's: it is retried like an outage, but once it
+				// outlived the attempts (or its batch was already split
+				// from one that did) it is the record's.
+				if err := p.isolate(b, err); err != nil {
 					fatal = err
 				}
 			case retriable(err):
@@ -226,39 +230,45 @@ func (p *Producer) send(round []*batch) {
 	}
 }
 
-// tooLarge handles b refused as too large for the topic (max.message.bytes,
-// which the batch can exceed once compressed, as incompressible payloads
-// do). As the Java producer, it splits b in two and puts both halves at the
-// head of the partition's queue, before anything later, down to a record
-// alone in its batch: a Refusable one is refused with an
-// *outboxd.RefusedError and the records after it go on; any other fails
-// for good. It returns the error that fenced the producer, if it did.
-func (p *Producer) tooLarge(b *batch, err error) error {
+// isolate handles b refused by the broker for the content of its records
+// (refusedContent: too large for the topic's max.message.bytes, which the
+// batch can exceed once compressed, as incompressible payloads do; a
+// timestamp the topic does not take; a record it calls invalid or
+// corrupt). As the Java producer does for a batch too large, it splits b
+// in two and puts both halves at the head of the partition's queue, before
+// anything later, down to a record alone in its batch: a Refusable one is
+// refused with an *outboxd.RefusedError and the records after it go on (its
+// route dead-letters it); any other fails for good with a RecordError that
+// names the way out. It returns the error that fenced the producer, if it
+// did.
+func (p *Producer) isolate(b *batch, err error) error {
 	if b.count > 1 {
 		n := b.count
 		first, rest, serr := b.split()
 		if serr != nil {
 			return p.fail(b, serr)
 		}
-		p.log.Debug("the broker refused a batch as too large; sending it again in two",
-			"topic", first.part.topic, "partition", first.part.id, "records", n, "error", err)
+		p.log.Debug("the broker refused a batch for a record's content; sending it again in two",
+			"topic", first.part.topic, "partition", first.part.id, "records", n, "error", codeName(err))
 		p.mu.Lock()
 		first.part.queued = append([]*batch{first, rest}, first.part.queued...)
 		p.mu.Unlock()
 		return nil
 	}
-	recs, _, derr := b.records()
+	recs, stamps, derr := b.records()
 	if derr != nil {
 		return p.fail(b, derr)
 	}
 	r := &recs[0]
+	way := refusalFix(err, stamps[0], time.Now())
 	if r.Refusable {
 		p.complete(b, &outboxd.RefusedError{Topic: r.Topic, Key: bytes.Clone(r.Key), Headers: cloneHeaders(r.Headers),
-			Size: r.WireSize(), Err: err})
+			Size: r.WireSize(), Err: fmt.Errorf("%s: %s: %w", codeName(err), way, err)})
 		return nil
 	}
 	return p.fail(b, &RecordError{Topic: r.Topic, Key: bytes.Clone(r.Key), Err: err,
-		Reason: fmt.Sprintf("the broker refused the record (%d bytes) as too large, alone in its batch: raise the topic's max.message.bytes (and the broker's message.max.bytes), or dead-letter such rows (on_error: dead_letter)", r.WireSize())})
+		Reason: fmt.Sprintf("the broker refused the record (%d bytes) with %s, alone in its batch: %s, or dead-letter such rows (on_error: dead_letter)",
+			r.WireSize(), codeName(err), way)})
 }
 
 func cloneHeaders(hs []outboxd.Header) []outboxd.Header {
@@ -413,7 +423,7 @@ func partitionResult(res *produce.Response, pt *partition) error {
 				return nil
 			}
 			if r.ErrorMessage != "" {
-				return fmt.Errorf("%w: %s", kafka.Error(r.ErrorCode), r.ErrorMessage)
+				return &brokerError{code: kafka.Error(r.ErrorCode), message: r.ErrorMessage}
 			}
 			return kafka.Error(r.ErrorCode)
 		}
