@@ -14,7 +14,8 @@ import (
 //     WAL (it pins nothing), that exists from before the logical slot is
 //     created until Kafka has acknowledged the snapshot. While it exists
 //     the logical slot's position means nothing: its snapshot rows may not
-//     all be delivered, and the next start publishes them again;
+//     all be delivered, and the next start publishes the pending rows
+//     again (CutoverKeeps);
 //   - the lock: an advisory lock held exclusively, for the session, by the
 //     instance doing the cut-over; the retention job and replay take it
 //     shared (ReadDelivery), so no cut-over starts while they decide what
@@ -26,6 +27,18 @@ import (
 // replay the snapshot's rows (outboxd replay). The retention job deletes
 // nothing while it exists, or it could delete the rows to replay; the
 // operator drops it once they are replayed.
+
+// CutoverKeeps reports whether a start that finds the marker keeps slot,
+// the logical slot of the cut-over that did not finish. It was never
+// confirmed, so it is still at its consistent point and holds every change
+// committed since: kept, it loses nothing the snapshot cannot see (logical
+// messages, rows of a table without publicat_en or deleted since). A slot
+// that is gone, lost (wal_status lost: its WAL was removed, or it was
+// invalidated) or not a logical pgoutput slot of this database cannot be
+// streamed from: the cut-over starts over with a new slot.
+func CutoverKeeps(slot *Slot) bool {
+	return slot != nil && slot.Type == "logical" && slot.Plugin == "pgoutput" && slot.SameDatabase && slot.WALStatus != "lost"
+}
 
 // CutoverMarker is the name of the marker slot of slot.
 func CutoverMarker(slot string) string { return slotWithSuffix(slot, "_snapshot") }

@@ -553,7 +553,11 @@ func TestStandbyInstanceKeepsSlotMissing(t *testing.T) {
 // failover slot only once the snapshot is acknowledged: the promoted
 // standby has no slot, outboxd stops ("does not exist"), and its restart
 // (the operator's decision) does the cut-over again on the new primary.
-// Every pending row reaches Kafka.
+// Every pending row reaches Kafka. The retention job runs throughout
+// (max_age 1s, every 300 ms) and deletes none of them before: not on the
+// old primary while the marker exists, not on the new one while it has no
+// slot (outboxd stops beside it) nor during the second cut-over; once that
+// is done it deletes them all.
 //
 // The snapshot is slowed down (one record in flight) so that the kill
 // lands in its middle; nothing writes meanwhile, so that a copy of a
@@ -615,11 +619,12 @@ func TestFailoverDuringCutover(t *testing.T) {
 
 	cfg := testenv.Config{
 		DSN: dsn, Brokers: env.KafkaBrokers, Slot: name, Routes: []testenv.Route{seedRoute(name)},
-		Postgres: testenv.Section{"status_interval": "100ms"},
-		Kafka:    testenv.Section{"linger": "20ms"},
-		Pipeline: testenv.Section{"backoff_min": "200ms", "backoff_max": "2s", "max_in_flight_events": "10"},
-		Health:   testenv.Section{"poll_interval": "500ms"},
-		Log:      testenv.Section{"level": "info"},
+		Postgres:  testenv.Section{"status_interval": "100ms"},
+		Kafka:     testenv.Section{"linger": "20ms"},
+		Pipeline:  testenv.Section{"backoff_min": "200ms", "backoff_max": "2s", "max_in_flight_events": "10"},
+		Health:    testenv.Section{"poll_interval": "500ms"},
+		Retention: testenv.Section{"max_age": "1s", "interval": "300ms", "confirm_timeout": "1s"},
+		Log:       testenv.Section{"level": "info"},
 	}
 	start := func() *daemon {
 		td, err := testenv.StartDaemon(t.TempDir(), cfg)
@@ -659,6 +664,17 @@ func TestFailoverDuringCutover(t *testing.T) {
 	if !marker || delivered >= backlog {
 		t.Fatalf("the cut-over finished before the failover (marker %v, %d of %d rows in Kafka): the test needs a slower snapshot", marker, delivered, backlog)
 	}
+	rowsLeft := func(conn *pgx.Conn) int {
+		t.Helper()
+		var n int
+		if err := conn.QueryRow(ctx, "SELECT count(*) FROM outbox").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := rowsLeft(primary); n != backlog {
+		t.Fatalf("the retention job deleted %d of the %d pending rows during the cut-over", backlog-n, backlog)
+	}
 	t.Logf("killing the primary during the cut-over: %d of %d snapshot rows in Kafka, the slot a failover slot: %v, the standby's copy persistent: %v",
 		delivered, backlog, failover, persistentCopy(standbyDSN, name))
 	if err := pg.KillPG(); err != nil {
@@ -679,26 +695,30 @@ func TestFailoverDuringCutover(t *testing.T) {
 		st, err := d.Status(ctx)
 		return err == nil && st.State == "streaming"
 	})
-	if !d.Running() {
-		if err := d.exited(time.Second); err == nil || !strings.Contains(d.Log(), "does not exist") {
-			t.Fatalf("outboxd stopped after the failover (%v) without saying the slot does not exist", err)
-		}
-		cfg.Pipeline["max_in_flight_events"] = "1500"
-		d = start()
-	}
-	if _, err := ver.WaitSeen(ctx, pending, 60*time.Second); err != nil {
-		t.Fatalf("snapshot rows lost in a failover during the cut-over: %v", err)
-	}
-	d.waitReady(60 * time.Second)
 	newPrimary, err := pgx.Connect(ctx, standbyDSN)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer newPrimary.Close(context.Background())
+	if !d.Running() {
+		if err := d.exited(time.Second); err == nil || !strings.Contains(d.Log(), "does not exist") {
+			t.Fatalf("outboxd stopped after the failover (%v) without saying the slot does not exist", err)
+		}
+		if n := rowsLeft(newPrimary); n != backlog {
+			t.Fatalf("the retention job deleted %d of the %d pending rows on the new primary before outboxd stopped", backlog-n, backlog)
+		}
+		cfg.Pipeline["max_in_flight_events"] = "1500"
+		d = start()
+	}
+	if _, err := ver.WaitSeen(ctx, pending, 60*time.Second); err != nil {
+		t.Fatalf("snapshot rows lost in a failover during the cut-over (%d of %d rows left in the table): %v", rowsLeft(newPrimary), backlog, err)
+	}
+	d.waitReady(60 * time.Second)
 	eventually(t, 30*time.Second, "the slot a failover slot once its cut-over is done", func() bool {
 		var on bool
 		return newPrimary.QueryRow(ctx, "SELECT failover FROM pg_replication_slots WHERE slot_name = $1", name).Scan(&on) == nil && on
 	})
+	eventually(t, 60*time.Second, "the retention job deletes the delivered rows once the cut-over is done", func() bool { return rowsLeft(newPrimary) == 0 })
 	d.term()
 	t.Logf("after the restart every pending row is in Kafka (%d duplicates)", ver.Dups())
 }

@@ -128,31 +128,10 @@ func TestIdleOutboxDoesNotPinWAL(t *testing.T) {
 // and says what to do, rather than silently skipping the missing events.
 func TestLostSlotIsRefused(t *testing.T) {
 	f := newFixture(t, seedSchema+"CREATE TABLE soroll (id bigserial PRIMARY KEY, farciment text);", map[string]int{"comandes": 1})
-	ctx := context.Background()
 	dc := f.config(seedRoute(f.topic("comandes")))
 	d := f.start(dc)
 	d.term()
-	for _, sql := range []string{"ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'", "SELECT pg_reload_conf()"} {
-		if _, err := f.db.Exec(ctx, sql); err != nil {
-			t.Fatal(err)
-		}
-	}
-	t.Cleanup(func() {
-		_, _ = f.mon.Exec(context.Background(), "ALTER SYSTEM RESET max_slot_wal_keep_size")
-		_, _ = f.mon.Exec(context.Background(), "SELECT pg_reload_conf()")
-	})
-	var status string
-	eventually(t, 60*time.Second, "the slot lost", func() bool {
-		for _, sql := range []string{"INSERT INTO soroll (farciment) SELECT repeat(md5(g::text), 20) FROM generate_series(1, 20000) g", "CHECKPOINT"} {
-			if _, err := f.db.Exec(ctx, sql); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if err := f.mon.QueryRow(ctx, "SELECT coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = $1", f.name).Scan(&status); err != nil {
-			t.Fatal(err)
-		}
-		return status == "lost"
-	})
+	loseSlot(t, f)
 	bad := f.spawn(dc)
 	if err := bad.exited(30 * time.Second); err == nil {
 		t.Fatal("outboxd exited 0 on a lost slot")
@@ -199,4 +178,32 @@ func TestPublicationChangedUnderRunningOutboxd(t *testing.T) {
 	if log := d.Log(); !strings.Contains(log, "publication") || !strings.Contains(log, "does not exist") {
 		t.Fatalf("the error does not name the publication:\n%s", log)
 	}
+}
+
+// loseSlot makes the server remove WAL the fixture's slot needs
+// (max_slot_wal_keep_size 1MB, WAL written into the table soroll, and
+// checkpoints) until its wal_status is lost, then resets the setting: a
+// lost slot stays lost.
+func loseSlot(t *testing.T, f *fixture) {
+	t.Helper()
+	ctx := context.Background()
+	reset := func() {
+		_, _ = f.mon.Exec(context.Background(), "ALTER SYSTEM RESET max_slot_wal_keep_size")
+		_, _ = f.mon.Exec(context.Background(), "SELECT pg_reload_conf()")
+	}
+	t.Cleanup(reset)
+	for _, sql := range []string{"ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'", "SELECT pg_reload_conf()"} {
+		mustExec(f, sql)
+	}
+	eventually(t, 60*time.Second, "the slot lost", func() bool {
+		for _, sql := range []string{"INSERT INTO soroll (farciment) SELECT repeat(md5(g::text), 20) FROM generate_series(1, 20000) g", "CHECKPOINT"} {
+			mustExec(f, sql)
+		}
+		var status string
+		if err := f.mon.QueryRow(ctx, "SELECT coalesce(wal_status, '') FROM pg_replication_slots WHERE slot_name = $1", f.name).Scan(&status); err != nil {
+			t.Fatal(err)
+		}
+		return status == "lost"
+	})
+	reset()
 }

@@ -102,6 +102,16 @@ func (w *writer) txns(ctx context.Context, n, mod int) {
 	}
 }
 
+// backlog commits n transactions of size rows each.
+func (w *writer) backlog(ctx context.Context, n, size int) {
+	w.f.t.Helper()
+	for i := 0; i < n; i++ {
+		if err := w.txn(ctx, size); err != nil {
+			w.f.t.Fatal(err)
+		}
+	}
+}
+
 // inBackground commits n transactions of 1+i%mod rows, pausing between
 // them; the channel yields the first error, or nil when all committed.
 func (w *writer) inBackground(ctx context.Context, n, mod int, pause time.Duration) <-chan error {

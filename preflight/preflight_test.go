@@ -140,7 +140,10 @@ func TestEvalSlot(t *testing.T) {
 	}{
 		{"absent, create", pg, nil, cutover{}, Pass, []string{"will be created", "current WAL position"}},
 		{"absent, create with a snapshot", snap, nil, cutover{pending: []string{"public.outbox: 102"}}, Pass, []string{"exported snapshot", "public.outbox: 102"}},
-		{"unfinished cut-over", snap, &good, cutover{marker: true, pending: []string{"public.outbox: 7"}}, Pass, []string{"did not finish", "publishes the pending rows again (public.outbox: 7)"}},
+		{"unfinished cut-over", snap, &good, cutover{marker: true, pending: []string{"public.outbox: 7"}}, Pass, []string{"did not finish", "keeps its slot", "0/16B3748", "publishes the rows pending now (public.outbox: 7)"}},
+		{"unfinished cut-over, no slot", snap, nil, cutover{marker: true, pending: []string{"public.outbox: 7"}}, Pass, []string{"before its slot was created", "exported snapshot", "(public.outbox: 7)"}},
+		{"unfinished cut-over, slot lost", snap, with(func(s *catalog.Slot) { s.WALStatus = "lost" }), cutover{marker: true, pending: []string{"public.outbox: 7"}}, Warn,
+			[]string{"cannot be streamed from", "wal_status lost", "drops it", "(public.outbox: 7)", "logical messages", "outboxd replay"}},
 		{"unfinished cut-over, snapshot none", pg, &good, cutover{marker: true}, Pass, []string{"gives it up"}},
 		{"unfinished cut-over, no create", fixed, &good, cutover{marker: true}, Fail, []string{"did not finish", "create_slot is false", "s_snapshot"}},
 		{"absent, no create", fixed, nil, cutover{}, Fail, []string{"does not exist", "create_slot"}},

@@ -159,11 +159,16 @@ func evalSlot(pg config.Postgres, s *catalog.Slot, c cutover) Result {
 	switch {
 	case c.marker && !pg.CreateSlot:
 		return fail("slot", fmt.Sprintf("the cut-over of %s did not finish (marker slot %s exists): its snapshot rows may not all be in Kafka, and postgres.create_slot is false", name, catalog.CutoverMarker(name)),
-			"set postgres.create_slot: true to publish the snapshot again (outboxd recreates the slot), or postgres.snapshot: none to give up on it (then replay its rows: outboxd holds the retention job until you have)")
+			"set postgres.create_slot: true to publish the pending rows again, or postgres.snapshot: none to give up on them (then replay its rows: outboxd holds the retention job until you have)")
 	case c.marker && pg.Snapshot == config.SnapshotNone:
 		return pass("slot", "the cut-over of %s did not finish; with postgres.snapshot: none the next start gives it up (its snapshot rows may not all be in Kafka: replay them with outboxd replay; the retention job deletes nothing until the replay hold %s is dropped)", name, catalog.ReplayHold(name))
+	case c.marker && catalog.CutoverKeeps(s):
+		return pass("slot", "the cut-over of %s did not finish; the next start keeps its slot (never confirmed, at its consistent point %s: it holds every change since), publishes the rows pending now (%s), then streams from that point: duplicates of the rows already delivered and of those committed since, no gap", name, s.ConfirmedFlush, pending)
+	case c.marker && s == nil:
+		return pass("slot", "the cut-over of %s did not finish before its slot was created (or the slot was dropped); the next start creates it with an exported snapshot and publishes the pending rows (%s)", name, pending)
 	case c.marker:
-		return pass("slot", "the cut-over of %s did not finish; the next start recreates the slot and publishes the pending rows again (%s), duplicates of those already delivered", name, pending)
+		return warn("slot", fmt.Sprintf("the cut-over of %s did not finish and its slot cannot be streamed from (a %s %s slot, wal_status %s): the next start drops it and does the cut-over again with a new slot, publishing the pending rows (%s); events committed since the first attempt that are not pending rows (logical messages, rows of tables without publicat_en or deleted since) are in no slot", name, s.Type, s.Plugin, s.WALStatus, pending),
+			"after the restart, republish the rows of tables without publicat_en committed since the first attempt (outboxd replay --from); logical messages and deleted rows cannot be recovered")
 	case s == nil && pg.CreateSlot && pg.Snapshot == config.SnapshotPending:
 		return pass("slot", "%s does not exist; will be created at start with an exported snapshot, whose pending rows (publicat_en NULL) are published before streaming: %s", name, pending)
 	}

@@ -62,7 +62,9 @@ type Config struct {
 	// Snapshot, when set, is how a slot that outboxd creates starts: with
 	// an exported snapshot whose pending rows Snapshot publishes through
 	// prod, returning once Kafka acknowledged them all, before anything
-	// is streamed (cutover.go). Nil: the slot is created without one.
+	// is streamed (cutover.go). snapshot "": the slot was kept from a
+	// cut-over that did not finish, and Snapshot reads the rows pending
+	// now. Nil: the slot is created without one.
 	Snapshot func(ctx context.Context, snapshot, consistentPoint string, prod Producer) error
 	// Mark, when set, wraps the Acker of the record of a row of table
 	// whose id is id (postgres.mark_published): next learns the outcome

@@ -14,8 +14,8 @@ import (
 
 // prepare checks the server and makes sure the publication and the slot
 // exist, creating them when allowed. It returns the slot's confirmed flush
-// position, where streaming resumes, and the cutover of a slot it created
-// with a snapshot to publish first.
+// position, where streaming resumes, and the cutover of a slot whose
+// pending rows must be published first.
 func (r *Runner) prepare(ctx context.Context, conn *pgconn.PgConn) (pglogrepl.LSN, *cutover, error) {
 	srv, err := catalog.ReadServer(ctx, conn)
 	if err != nil {
@@ -87,9 +87,9 @@ func (r *Runner) ensurePublication(ctx context.Context, conn *pgconn.PgConn, ver
 // resumes, creating the slot when absent and allowed: postgres.create_slot
 // and no session of this process has seen it (Runner.slotSeen). A slot is
 // a failover slot where the server has them and postgres.failover_slot
-// asks for one; a slot created with a snapshot to publish first comes with
-// its cutover (cutover.go), and becomes a failover slot only once that is
-// published.
+// asks for one; a slot created, or kept from an unfinished cut-over, with
+// pending rows to publish first comes with its cutover (cutover.go), and
+// becomes a failover slot only once they are published.
 func (r *Runner) ensureSlot(ctx context.Context, conn *pgconn.PgConn, srv catalog.Server) (pglogrepl.LSN, *cutover, error) {
 	name := r.cfg.Slot
 	mayCreate := r.cfg.CreateSlot && !r.slotSeen
@@ -124,7 +124,7 @@ func (r *Runner) ensureSlot(ctx context.Context, conn *pgconn.PgConn, srv catalo
 	if slot == nil {
 		switch {
 		case r.slotSeen:
-			return 0, nil, Fatal(fmt.Errorf("replication slot %q does not exist, though this outboxd has seen it (dropped, or a failover to a standby that did not have it: before PostgreSQL 17 no slot is synchronised to standbys, on 17 only a failover slot, which outboxd's is from the end of its cut-over on): events committed since it went are not in any slot; outboxd will not recreate it silently. Recreate it deliberately (restart with postgres.create_slot: true) after reconciling (README, Failover)", name))
+			return 0, nil, r.slotGone()
 		case !mayCreate:
 			return 0, nil, Fatal(fmt.Errorf("replication slot %q does not exist and postgres.create_slot is false: reconcile the events committed since the old slot's position, if any (outboxd replay), then set postgres.create_slot: true, or create the slot (SELECT pg_create_logical_replication_slot('%s', 'pgoutput'))", name, name))
 		}
@@ -147,6 +147,12 @@ func (r *Runner) ensureSlot(ctx context.Context, conn *pgconn.PgConn, srv catalo
 		return 0, nil, err
 	}
 	return slot.ConfirmedFlush, nil, nil
+}
+
+// slotGone is the error of a slot this process has seen (Runner.slotSeen)
+// and found missing.
+func (r *Runner) slotGone() error {
+	return Fatal(fmt.Errorf("replication slot %q does not exist, though this outboxd has seen it (dropped, or a failover to a standby that did not have it: before PostgreSQL 17 no slot is synchronised to standbys, on 17 only a failover slot, which outboxd's is from the end of its cut-over on): events committed since it went are not in any slot; outboxd will not recreate it silently. Recreate it deliberately (restart with postgres.create_slot: true) after reconciling (README, Failover)", r.cfg.Slot))
 }
 
 // failover says whether a slot created on srv is a failover slot: where the

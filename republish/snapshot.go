@@ -18,7 +18,9 @@ import (
 // from the slot's consistent point. Those rows were committed before that
 // point, so the slot is already past them: nothing but this publication
 // delivers them, and the replication package confirms nothing on the slot
-// until Publish has returned (see replication/cutover.go).
+// until Publish has returned (see replication/cutover.go). After a
+// cut-over that did not finish, the slot is kept and Publish reads the rows
+// pending now instead.
 type Snapshotter struct {
 	Conn        *pgconn.Config
 	Router      *envelope.Router
@@ -34,11 +36,16 @@ type Snapshotter struct {
 	ProgressEvery time.Duration
 }
 
-// Publish imports the exported snapshot (it must run before the exporting
-// replication connection runs another command), publishes every pending
-// row of every table that has a publicat_en column, and returns once Kafka
-// acknowledged them all (and, with a Marker, their marks committed).
-// consistentPoint only labels the log and the dead-letter records.
+// Publish publishes every pending row of every table that has a
+// publicat_en column, and returns once Kafka acknowledged them all (and,
+// with a Marker, their marks committed). snapshot is the slot's exported
+// snapshot, imported first (before the exporting replication connection
+// runs another command): the rows pending as of the consistent point. ""
+// reads them in a snapshot taken now, for the slot of an unfinished
+// cut-over, still at its consistent point: the rows committed before it
+// and still pending are all there, and those committed after it too,
+// which its stream delivers again after them. consistentPoint only labels
+// the log and the dead-letter records.
 func (s *Snapshotter) Publish(ctx context.Context, snapshot, consistentPoint string, prod Producer) error {
 	started := time.Now()
 	conn, err := connect(ctx, s.Conn, "outboxd-snapshot")
@@ -46,7 +53,16 @@ func (s *Snapshotter) Publish(ctx context.Context, snapshot, consistentPoint str
 		return err
 	}
 	defer conn.Close(context.Background())
-	if err := exec(ctx, conn, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT "+catalog.QuoteLiteral(snapshot)); err != nil {
+	begin, asOf := "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", "the slot's consistent point"
+	if snapshot != "" {
+		begin += "; SET TRANSACTION SNAPSHOT " + catalog.QuoteLiteral(snapshot)
+	} else {
+		asOf = "now (the slot streams from its consistent point: the rows committed since come again after these)"
+	}
+	if err := exec(ctx, conn, begin); err != nil {
+		if snapshot == "" {
+			return fmt.Errorf("begin the snapshot: %w", err)
+		}
 		return fmt.Errorf("import the slot's snapshot %s: %w", snapshot, err)
 	}
 	var sels []selection
@@ -60,7 +76,7 @@ func (s *Snapshotter) Publish(ctx context.Context, snapshot, consistentPoint str
 		if err != nil {
 			return err
 		}
-		s.Log.Info("snapshot: pending rows as of the slot's consistent point", "table", t.Name(), "rows", n, "consistent_point", consistentPoint)
+		s.Log.Info("snapshot: pending rows as of "+asOf, "table", t.Name(), "rows", n, "consistent_point", consistentPoint)
 		total += n
 		sels = append(sels, sel)
 	}
