@@ -377,10 +377,13 @@ func TestInvalidTimestampFollowsOnError(t *testing.T) {
 					t.Fatal("outboxd exited 0")
 				}
 				log := d.Log()
-				for _, want := range []string{`with key "K-1"`, "INVALID_TIMESTAMP", "message.timestamp.before.max.ms", "LogAppendTime", "routes[].timestamp", "on_error: dead_letter"} {
+				for _, want := range []string{fmt.Sprintf("a record for topic %q", topic), "INVALID_TIMESTAMP", "message.timestamp.before.max.ms", "LogAppendTime", "routes[].timestamp", "on_error: dead_letter"} {
 					if !strings.Contains(log, want) {
 						t.Errorf("the error does not say %q:\n%s", want, log)
 					}
+				}
+				if strings.Contains(log, "K-1") {
+					t.Errorf("the error quotes the record's key, a row's content (issue 19 item 13):\n%s", log)
 				}
 				t.Logf("outboxd stopped with: %s", lastLine(log))
 				return
