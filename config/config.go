@@ -265,7 +265,7 @@ type Pipeline struct {
 // max_in_flight_bytes (24 MiB with the defaults): the records in flight
 // live once in the batch buffers, and the rest of outboxd takes a few MiB,
 // so the garbage collector works harder only as the heap nears that,
-// instead of letting it grow to twice what is live (docs/PERFORMANCE.md,
+// instead of letting it grow to twice what is live (docs/reports/PERFORMANCE.md,
 // issue 15).
 func (p Pipeline) SoftMemoryLimit() (int64, bool) {
 	switch {

@@ -13,8 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxd/outboxd/catalog"
+	"github.com/outboxd/outboxd/chaos"
 	"github.com/outboxd/outboxd/testenv"
-	"github.com/outboxd/outboxd/testenv/chaos"
 )
 
 // TestFailover is a real PostgreSQL failover under load: a primary and a
