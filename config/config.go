@@ -143,7 +143,7 @@ type KafkaSASL struct {
 // Route sends the changes of one source, an outbox table or the logical
 // messages of one prefix, to Kafka: one record per change it takes. A table
 // may have several routes: one without a filter takes every row, the others
-// the rows their filters match (docs/ROUTING.md).
+// the rows their filters match (docs/routing.md).
 type Route struct {
 	// Table is "schema.table" in SQL identifier syntax: unquoted names are
 	// lowercase, a quoted one ("Vendes", "Outbox.Events") is taken as it
