@@ -124,7 +124,7 @@ func (r *Runner) ensureSlot(ctx context.Context, conn *pgconn.PgConn, srv catalo
 	if slot == nil {
 		switch {
 		case r.slotSeen:
-			return 0, nil, Fatal(fmt.Errorf("replication slot %q does not exist, though this outboxd has seen it (dropped, or a failover to a standby that did not have it: before PostgreSQL 17 no slot is synchronised to standbys, on 17 only a failover slot, which outboxd's is from the end of its cut-over on): events committed since it went are not in any slot; outboxd will not recreate it silently. Recreate it deliberately (restart with postgres.create_slot: true) after reconciling (README, Failover)", name))
+			return 0, nil, Fatal(fmt.Errorf("replication slot %q does not exist, though this outboxd has seen it (dropped, or a failover to a standby that did not have it: before PostgreSQL 17 no slot is synchronised to standbys, on 17 only a failover slot, which outboxd's is from the end of its cut-over on): events committed since it went are not in any slot; outboxd will not recreate it silently. Recreate it deliberately (restart with postgres.create_slot: true) after reconciling (docs/failover.md)", name))
 		case !mayCreate:
 			return 0, nil, Fatal(fmt.Errorf("replication slot %q does not exist and postgres.create_slot is false: reconcile the events committed since the old slot's position, if any (outboxd replay), then set postgres.create_slot: true, or create the slot (SELECT pg_create_logical_replication_slot('%s', 'pgoutput'))", name, name))
 		}
