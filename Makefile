@@ -62,7 +62,7 @@ dist:
 image: dist
 	$(IMAGE_BUILD) --build-arg BINARY=dist --build-arg BASE_IMAGE=$${BASE_IMAGE:-scratch} --build-arg VERSION=$(VERSION) -t $(IMAGE) .
 
-# Benchmarks print numbers; they are not tests (docs/PERFORMANCE.md). Needs
+# Benchmarks print numbers; they are not tests (docs/reports/PERFORMANCE.md). Needs
 # the same tools as `make test`; starts and removes its own PostgreSQL and
 # Kafka; about 5 minutes with the defaults. Scale with ROWS=500000 REPEATS=5
 # DURATION=20s; more flags in BENCH_ARGS (go run ./tools/bench -h).
@@ -71,14 +71,15 @@ bench:
 	$(GO) run ./tools/bench -rows $${ROWS:-500000} -repeats $${REPEATS:-3} -duration $${DURATION:-5s} \
 		-rates $${RATES:-500,2000,10000} -out $${OUT:-bench-out} $(BENCH_ARGS)
 
-# How cost grows with the work (issue 15, docs/PERFORMANCE.md): drain rate
+# How cost grows with the work (issue 15, docs/reports/PERFORMANCE.md): drain rate
 # and CPU per event against carrega size (200 B to 200 KB), topic partitions
 # (1, 6, 60), routes (1 or 4 tables) and pgoutput's binary option (for
 # pg_recvlogical: outboxd reads text), and
 # latency against offered rate up to saturation, each beside pg_recvlogical
-# on the same backlog; tables and SVG plots in bench-out/. About 20 minutes
-# with the defaults. Sizes in BENCH_ARGS: -cost-sweeps size,rate
-# -cost-sizes 200,20000 -cost-rows 100000 -cost-mb 100 -cost-rates ...
+# on the same backlog; tables and SVG plots in bench-out/ (OUT=docs/reports/cost
+# to replace the published ones). About 20 minutes with the defaults. Sizes in
+# BENCH_ARGS: -cost-sweeps size,rate -cost-sizes 200,20000 -cost-rows 100000
+# -cost-mb 100 -cost-rates ...
 .PHONY: bench-cost
 bench-cost:
 	$(GO) run ./tools/bench -cost -repeats $${REPEATS:-3} -duration $${DURATION:-5s} -out $${OUT:-bench-out} $(BENCH_ARGS)
@@ -87,7 +88,7 @@ bench-cost:
 # outages, network cuts and blackholes, a 500,000-row transaction, SIGTERM,
 # a dropped slot; and on a three-broker cluster (issue 12) a leader killed,
 # a controlled shutdown, two brokers down, a broker cut off, partitions
-# added. Prints the table of docs/CHAOS.md; takes about 25 minutes.
+# added. Prints the table of docs/reports/CHAOS.md; takes about 25 minutes.
 # CHAOS_ARGS="-short" or "-only 1,7" for a subset.
 .PHONY: chaos
 chaos:
@@ -95,7 +96,7 @@ chaos:
 
 # PostgreSQL 14, 15, 16 and 17 (testenv/pg-fetch.sh fetches 14, 16 and 17
 # once): the integration suite (the failover test included) and the chaos
-# suite's PostgreSQL restarts (scenario 3) on each; writes docs/MATRIX.md.
+# suite's PostgreSQL restarts (scenario 3) on each; writes docs/reports/MATRIX.md.
 # About 20 minutes. MATRIX_ARGS="-versions 16,17 -chaos 3,1" for others.
 .PHONY: matrix
 matrix:

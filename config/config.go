@@ -143,7 +143,7 @@ type KafkaSASL struct {
 // Route sends the changes of one source, an outbox table or the logical
 // messages of one prefix, to Kafka: one record per change it takes. A table
 // may have several routes: one without a filter takes every row, the others
-// the rows their filters match (docs/ROUTING.md).
+// the rows their filters match (docs/routing.md).
 type Route struct {
 	// Table is "schema.table" in SQL identifier syntax: unquoted names are
 	// lowercase, a quoted one ("Vendes", "Outbox.Events") is taken as it
@@ -265,7 +265,7 @@ type Pipeline struct {
 // max_in_flight_bytes (24 MiB with the defaults): the records in flight
 // live once in the batch buffers, and the rest of outboxd takes a few MiB,
 // so the garbage collector works harder only as the heap nears that,
-// instead of letting it grow to twice what is live (docs/PERFORMANCE.md,
+// instead of letting it grow to twice what is live (docs/reports/PERFORMANCE.md,
 // issue 15).
 func (p Pipeline) SoftMemoryLimit() (int64, bool) {
 	switch {

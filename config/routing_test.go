@@ -1,7 +1,6 @@
 package config_test
 
 import (
-	"os"
 	"reflect"
 	"strings"
 	"testing"
@@ -172,36 +171,5 @@ func TestCatalogRoutes(t *testing.T) {
 	}
 	if keys["mercat"] != "line 13: routes[1].filter.mercat" || keys["agregat"] != "line 10: routes[0].topic" || keys["client"] != "line 14: routes[1].fields[0].column" {
 		t.Errorf("refs %v", keys)
-	}
-}
-
-// TestREADMECookbook: every route of the README's routing cookbook is a
-// valid configuration, so the examples cannot drift from the code.
-func TestREADMECookbook(t *testing.T) {
-	readme, err := os.ReadFile("../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	text := string(readme)
-	start := strings.Index(text, "## Routing cookbook")
-	end := strings.Index(text[start+1:], "\n## ")
-	if start < 0 || end < 0 {
-		t.Fatal("no routing cookbook section in README.md")
-	}
-	blocks := strings.Split(text[start:start+1+end], "```yaml\n")[1:]
-	if len(blocks) < 8 {
-		t.Fatalf("%d YAML examples in the cookbook, want one per mode", len(blocks))
-	}
-	for _, b := range blocks {
-		routes := b[:strings.Index(b, "```")]
-		// A cookbook example whose filter needs a route without one gets
-		// the seed's.
-		yml := head + routes
-		if strings.Contains(routes, "filter:") && strings.Count(routes, "- table:") == 1 {
-			yml += "  - table: " + strings.Fields(routes)[2] + "\n    topic: main\n"
-		}
-		if _, err := config.Parse([]byte(yml), env(nil), nil); err != nil {
-			t.Errorf("cookbook example\n%s: %v", routes, err)
-		}
 	}
 }

@@ -6,7 +6,7 @@
 // (templates, overrides), filter, place extra columns, shape the record as
 // Debezium's outbox EventRouter does, and carry the trace context and the
 // source position. Router.Build is the one place that decides whether a
-// change can become a record (docs/ROUTING.md).
+// change can become a record (docs/routing.md).
 package envelope
 
 import (

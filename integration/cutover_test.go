@@ -259,7 +259,7 @@ func (f *fixture) topicSize(topic string) int64 {
 // track_commit_timestamp on, outboxd orders by commit time and each
 // aggregate's events arrive as committed; with it off (the default) it can
 // only follow creat_en, the polling relay's order, and says so in its log
-// (README, Ordering).
+// (docs/guarantees.md, Order).
 func TestSnapshotFollowsCommitOrder(t *testing.T) {
 	needEnv(t)
 	for _, commitTS := range []bool{true, false} {
@@ -358,7 +358,7 @@ func TestSnapshotFollowsCommitOrder(t *testing.T) {
 			if !strings.Contains(d.Log(), "rows in creat_en order") || !strings.Contains(d.Log(), "track_commit_timestamp is off") {
 				t.Errorf("outboxd's log does not say it can only follow creat_en:\n%s", d.Log())
 			}
-			t.Logf("track_commit_timestamp off: %d of %d aggregates published in creat_en order against their commit order (the relay's behaviour; README, Ordering)", wrong, aggregates)
+			t.Logf("track_commit_timestamp off: %d of %d aggregates published in creat_en order against their commit order (the relay's behaviour; docs/guarantees.md, Order)", wrong, aggregates)
 		})
 	}
 }

@@ -13,8 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxd/outboxd/catalog"
+	"github.com/outboxd/outboxd/chaos"
 	"github.com/outboxd/outboxd/testenv"
-	"github.com/outboxd/outboxd/testenv/chaos"
 )
 
 // TestFailover is a real PostgreSQL failover under load: a primary and a
@@ -36,16 +36,16 @@ import (
 // current position, with the exported snapshot of postgres.snapshot:
 // pending (the default), which publishes every row still pending
 // (publicat_en NULL): nothing is lost, the window's rows included, at the
-// cost of duplicates. The test also reports the reconciliation window the
-// README gives for snapshot: none (from 10 s before the failure to the new
-// slot's creation) and checks that anything lost would lie in it.
+// cost of duplicates. The test also reports the reconciliation window
+// docs/failover.md gives for snapshot: none (from 10 s before the failure to
+// the new slot's creation) and checks that anything lost would lie in it.
 func TestFailover(t *testing.T) {
 	needEnv(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	// Its own primary and standby: on 17 the primary makes every logical
 	// walsender wait for the standby, the other tests' outboxd too. Commit
-	// timestamps on, as the README advises: before 17 the re-created slot's
+	// timestamps on, as docs/guarantees.md advises: before 17 the re-created slot's
 	// snapshot then publishes each aggregate's rows in commit order (by
 	// creat_en, two writers' transactions of one aggregate can swap:
 	// TestSnapshotFollowsCommitOrder).
@@ -166,7 +166,7 @@ func TestFailover(t *testing.T) {
 			t.Fatal(err)
 		}
 		d.waitReady(30 * time.Second)
-		// S of the README's procedure: when the log says the slot was
+		// S of docs/failover.md's procedure: when the log says the slot was
 		// created (not when outboxd was started: rows in between are in no
 		// slot either).
 		slotCreated = slotCreatedAt(t, d.Log())
@@ -263,7 +263,7 @@ func TestFailover(t *testing.T) {
 		return
 	}
 	// 14 to 16: the window. Everything lost lies in it, and is what the
-	// README's reconciliation query finds; nothing else is wrong.
+	// reconciliation query of docs/failover.md finds; nothing else is wrong.
 	if rep.OrderErrors+rep.DupDiffer+rep.Mismatch+rep.BadRecords+rep.LSNViolations > 0 {
 		explainOrder(t, ctx, conn, ver, rep)
 		t.Fatalf("beyond the window:\n%s", strings.Join(rep.Examples, "\n"))
@@ -487,7 +487,7 @@ func explainOrder(t *testing.T, ctx context.Context, conn *pgx.Conn, ver *testen
 }
 
 // TestStandbyInstanceKeepsSlotMissing: re-creating a slot that existed is
-// the operator's decision, for every instance (README, Failover). Two
+// the operator's decision, for every instance (docs/failover.md). Two
 // instances share a slot: one streams, the other stands by, having only
 // ever seen the slot in use. The slot then disappears as it does after a
 // PostgreSQL 14-16 failover (here: the active instance is killed and the

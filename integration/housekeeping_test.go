@@ -258,7 +258,7 @@ func TestRetentionPartitioned(t *testing.T) {
 	f := newFixture(t, partitionedOutbox, map[string]int{"comandes": 2})
 	ctx := context.Background()
 	topic := f.topic("comandes")
-	// The publication as the README's sql/002_publication.sql makes it.
+	// The publication as sql/002_publication.sql makes it.
 	mustExec(f, fmt.Sprintf("CREATE PUBLICATION %q FOR TABLE outbox WITH (publish = 'insert', publish_via_partition_root = true)", f.name))
 	cfg := f.config(seedRoute(topic))
 	cfg.Retention = map[string]string{"max_age": "24h", "interval": "300ms", "batch_size": "1000", "confirm_timeout": "1s"}

@@ -155,7 +155,7 @@ func evalFailover(cfg config.Config, v failoverView) Result {
 			remedy = "postgres.failover_slot: true removes this window"
 		}
 		detail += "; outboxd stops on the promoted standby (\"does not exist\"), and the events committed after the slot's last confirmed position, up to its re-creation on the new primary, are not delivered unless reconciled"
-		fix := "after a failover, reconcile (README, Failover) and start outboxd with postgres.create_slot: true; " + remedy
+		fix := "after a failover, reconcile (docs/failover.md) and start outboxd with postgres.create_slot: true; " + remedy
 		tables := coveredTables(cfg, v.stats)
 		switch {
 		case pg.Snapshot == config.SnapshotNone:
@@ -164,7 +164,7 @@ func evalFailover(cfg config.Config, v failoverView) Result {
 			detail += "; the re-created slot's snapshot covers no route"
 		default:
 			detail += fmt.Sprintf("; with postgres.snapshot: pending the re-created slot's snapshot publishes again every row still pending (publicat_en NULL) of %s, which covers their window as long as rows stay in the table until delivered (duplicates, not loss)", strings.Join(tables, ", "))
-			fix = "after a failover, start outboxd with postgres.create_slot: true (its snapshot publishes the window of the tables it covers again) and reconcile each route a \"failover\" line below names (README, Failover); " + remedy
+			fix = "after a failover, start outboxd with postgres.create_slot: true (its snapshot publishes the window of the tables it covers again) and reconcile each route a \"failover\" line below names (docs/failover.md); " + remedy
 		}
 		if s := standbyNames(v); s != "" {
 			detail += "; standbys: " + s
@@ -178,7 +178,7 @@ func evalFailover(cfg config.Config, v failoverView) Result {
 	var state string
 	switch {
 	case v.slot == nil && pg.Snapshot == config.SnapshotPending && pg.CreateSlot:
-		state = fmt.Sprintf("slot %s will be created for the cut-over, and made a failover slot once its snapshot is in Kafka (a failover before that stops outboxd: README, Failover)", slot)
+		state = fmt.Sprintf("slot %s will be created for the cut-over, and made a failover slot once its snapshot is in Kafka (a failover before that stops outboxd: docs/failover.md)", slot)
 	case v.slot == nil:
 		state = fmt.Sprintf("slot %s will be created as a failover slot", slot)
 	case v.marker:
@@ -219,7 +219,7 @@ func evalFailover(cfg config.Config, v failoverView) Result {
 	}
 	detail := strings.Join(append([]string{state}, append(problems, notes...)...), "; ")
 	if len(problems) > 0 {
-		return warn(name, detail, "on the primary: synchronized_standby_slots = 'STANDBY_SLOT'; on each standby: primary_slot_name = 'STANDBY_SLOT', sync_replication_slots = on, hot_standby_feedback = on, dbname in primary_conninfo (README, Failover)")
+		return warn(name, detail, "on the primary: synchronized_standby_slots = 'STANDBY_SLOT'; on each standby: primary_slot_name = 'STANDBY_SLOT', sync_replication_slots = on, hot_standby_feedback = on, dbname in primary_conninfo (docs/failover.md)")
 	}
 	return pass(name, "%s", detail)
 }
@@ -282,8 +282,8 @@ func holderName(h string) string {
 type tableStats struct{ inserted, deleted, live int64 }
 
 // deletesItsRows: every row inserted is gone, and the table is empty: the
-// service deletes each row in the transaction that inserts it (README,
-// Outbox housekeeping), or something else deleted them all. Its rows do
+// service deletes each row in the transaction that inserts it
+// (docs/housekeeping.md), or something else deleted them all. Its rows do
 // not stay until delivered, so a snapshot finds nothing of them.
 func (s tableStats) deletesItsRows() bool {
 	return s.inserted > 0 && s.live == 0 && s.deleted >= s.inserted
@@ -351,7 +351,7 @@ func coveredTables(cfg config.Config, stats map[catalog.Table]tableStats) []stri
 // table without publicat_en has nothing pending; a table that deletes its
 // rows keeps none; postgres.snapshot: none takes no snapshot at all.
 func snapshotGaps(cfg config.Config, stats map[catalog.Table]tableStats) []Result {
-	const reconcile = "reconcile its events of the window by hand after a failover (README, Failover)"
+	const reconcile = "reconcile its events of the window by hand after a failover (docs/failover.md)"
 	var out []Result
 	for _, i := range sources(cfg.Routes) {
 		r := cfg.Routes[i]
@@ -367,7 +367,7 @@ func snapshotGaps(cfg config.Config, stats map[catalog.Table]tableStats) []Resul
 				"set postgres.snapshot: pending, or "+reconcile))
 		case r.Message != "":
 			out = append(out, warn(name, fmt.Sprintf("%s (routes[%d]): logical messages are in no table, so the snapshot cannot publish them again", gap, i),
-				"after a failover, have the service emit the window's messages again (README, Failover), or route an outbox table instead"))
+				"after a failover, have the service emit the window's messages again (docs/failover.md), or route an outbox table instead"))
 		case r.Columns.PublicatEn == "":
 			out = append(out, warn(name, fmt.Sprintf("%s: routes[%d].columns.publicat_en is \"-\", so no row of it is pending", gap, i),
 				"add a publicat_en column (NULL on insert) and name it in routes[].columns.publicat_en, or "+reconcile+" (outboxd replay --from)"))

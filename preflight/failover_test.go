@@ -37,7 +37,7 @@ func TestEvalFailover(t *testing.T) {
 		{"15: the window", pg, failoverView{srv: pg15, streaming: streaming}, Warn,
 			[]string{"PostgreSQL 15 has no failover slots", "reconcile", "replica-a from 10.0.0.8, slot sb1", "create_slot: true",
 				"publishes again every row still pending (publicat_en NULL) of public.outbox", "as long as rows stay in the table until delivered"}},
-		{"15: snapshot none", noSnapshot, failoverView{srv: pg15}, Warn, []string{"comes without a snapshot", "reconcile (README, Failover)"}},
+		{"15: snapshot none", noSnapshot, failoverView{srv: pg15}, Warn, []string{"comes without a snapshot", "reconcile (docs/failover.md)"}},
 		{"15: a table that deletes its rows", pg, failoverView{srv: pg15, stats: map[catalog.Table]tableStats{{Schema: "public", Name: "outbox"}: {inserted: 9, deleted: 9}}}, Warn,
 			[]string{"covers no route"}},
 		{"17 through a standby", pg, failoverView{srv: catalog.Server{Version: 170012, InRecovery: true}}, Warn, []string{"leads to a standby"}},

@@ -114,7 +114,7 @@ func (r *Runner) prepareCutover(ctx context.Context, conn *pgconn.PgConn, srv ca
 		}
 		return nil, &cutover{at: slot.ConfirmedFlush, srv: srv}, nil
 	case slot != nil:
-		r.log.Warn("an earlier cut-over did not finish and its slot cannot be streamed from: dropping it to publish the pending rows again with a new slot; events committed since its consistent point that are not pending rows (logical messages, rows of tables without publicat_en or deleted since) are in no slot (README, Moving in)",
+		r.log.Warn("an earlier cut-over did not finish and its slot cannot be streamed from: dropping it to publish the pending rows again with a new slot; events committed since its consistent point that are not pending rows (logical messages, rows of tables without publicat_en or deleted since) are in no slot (docs/cutover.md)",
 			"slot", name, "marker", marker, "wal_status", slot.WALStatus, "type", slot.Type, "plugin", slot.Plugin, "consistent_point", slot.ConfirmedFlush.String())
 		if _, err := scalar(ctx, conn, "SELECT pg_drop_replication_slot("+catalog.QuoteLiteral(name)+")"); err != nil {
 			return nil, nil, fmt.Errorf("drop replication slot %q of the unfinished cut-over: %w", name, err)

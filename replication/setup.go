@@ -152,7 +152,7 @@ func (r *Runner) ensureSlot(ctx context.Context, conn *pgconn.PgConn, srv catalo
 // slotGone is the error of a slot this process has seen (Runner.slotSeen)
 // and found missing.
 func (r *Runner) slotGone() error {
-	return Fatal(fmt.Errorf("replication slot %q does not exist, though this outboxd has seen it (dropped, or a failover to a standby that did not have it: before PostgreSQL 17 no slot is synchronised to standbys, on 17 only a failover slot, which outboxd's is from the end of its cut-over on): events committed since it went are not in any slot; outboxd will not recreate it silently. Recreate it deliberately (restart with postgres.create_slot: true) after reconciling (README, Failover)", r.cfg.Slot))
+	return Fatal(fmt.Errorf("replication slot %q does not exist, though this outboxd has seen it (dropped, or a failover to a standby that did not have it: before PostgreSQL 17 no slot is synchronised to standbys, on 17 only a failover slot, which outboxd's is from the end of its cut-over on): events committed since it went are not in any slot; outboxd will not recreate it silently. Recreate it deliberately (restart with postgres.create_slot: true) after reconciling (docs/failover.md)", r.cfg.Slot))
 }
 
 // failover says whether a slot created on srv is a failover slot: where the

@@ -313,7 +313,7 @@ func publishAll(ctx context.Context, conn *pgconn.PgConn, router *envelope.Route
 	if byCommit {
 		p.log.Info("rows in commit order: track_commit_timestamp is on", "source", p.source)
 	} else {
-		p.log.Info("rows in creat_en order (the relay's): track_commit_timestamp is off, so the commit order of concurrent transactions of one aggregate is not known (README, Ordering)", "source", p.source)
+		p.log.Info("rows in creat_en order (the relay's): track_commit_timestamp is off, so the commit order of concurrent transactions of one aggregate is not known (docs/guarantees.md, Order)", "source", p.source)
 	}
 	counts := make([]TableCount, 0, len(sels))
 	for _, s := range sels {

@@ -323,7 +323,7 @@ func cloneRecord(r *outboxd.Record) outboxd.Record {
 // does not wait. The stream calls it at each commit: an isolated commit
 // goes out at once, a busy stream still sends full rounds. (A flush that
 // only waited for the request in flight cost the drain ~30 % more CPU,
-// outboxd's and the broker's, in smaller requests: docs/PERFORMANCE.md.)
+// outboxd's and the broker's, in smaller requests: docs/reports/PERFORMANCE.md.)
 func (p *Producer) Flush() {
 	p.mu.Lock()
 	idle := !p.sending

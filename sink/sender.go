@@ -105,7 +105,7 @@ func (p *Producer) takeRound(now time.Time) (round []*batch, wait time.Duration,
 	// (at most the linger): commits arriving back to back then share a
 	// request instead of costing the broker (and the consumers it wakes)
 	// one each, and the broker is busy with our requests at most half the
-	// time (docs/PERFORMANCE.md, issue 15).
+	// time (docs/reports/PERFORMANCE.md, issue 15).
 	pace := p.paceUntil.Sub(now)
 	ready, any := false, false
 	var oldest time.Time

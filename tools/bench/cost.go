@@ -30,7 +30,7 @@ var costSweeps = []string{"size", "partitions", "routes", "binary", "rate"}
 // lists once flag.Parse has run.
 func costFlags(c *costOptions) func() error {
 	var sweeps, sizes, parts, tables, rates string
-	flag.BoolVar(&c.on, "cost", false, "measure how cost grows with the work (the cost curves of docs/PERFORMANCE.md) instead of the default workloads")
+	flag.BoolVar(&c.on, "cost", false, "measure how cost grows with the work (the cost curves of docs/reports/PERFORMANCE.md) instead of the default workloads")
 	flag.StringVar(&sweeps, "cost-sweeps", strings.Join(costSweeps, ","), "which cost curves: "+strings.Join(costSweeps, ", "))
 	flag.StringVar(&sizes, "cost-sizes", "200,2000,20000,200000", "carrega sizes, bytes")
 	flag.StringVar(&parts, "cost-partitions", "1,6,60", "topic partitions")
@@ -73,7 +73,7 @@ func (c costOptions) rowsFor(size int) int {
 
 // costPoint is one point of a drain curve: a backlog, read by
 // pg_recvlogical and outboxd, or with binary by pg_recvlogical alone with
-// pgoutput's binary option (outboxd reads text only: docs/PERFORMANCE.md
+// pgoutput's binary option (outboxd reads text only: docs/reports/PERFORMANCE.md
 // says why).
 type costPoint struct {
 	label  string

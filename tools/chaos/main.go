@@ -1,7 +1,7 @@
 // Command chaos runs outboxd's fault-injection scenarios (issue 4) against
 // a PostgreSQL 15 and a Kafka 4.1 it starts itself, and prints the table:
 // scenario, runs, events, lost, duplicated, max recovery seconds, peak RSS.
-// `make chaos` runs it; see docs/CHAOS.md.
+// `make chaos` runs it; see docs/reports/CHAOS.md.
 //
 //	go run ./tools/chaos [-short] [-only 1,4c,7]
 package main
@@ -16,8 +16,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/outboxd/outboxd/chaos"
 	"github.com/outboxd/outboxd/testenv"
-	"github.com/outboxd/outboxd/testenv/chaos"
 )
 
 func main() {

@@ -1,9 +1,9 @@
 // Command matrix runs the integration suite, and the chaos suite's
 // PostgreSQL restart scenario, on each supported PostgreSQL version
-// (testenv/pg-fetch.sh) and writes what it found to docs/MATRIX.md:
+// (testenv/pg-fetch.sh) and writes what it found to docs/reports/MATRIX.md:
 // `make matrix`.
 //
-//	go run ./tools/matrix [-versions 14,15,16,17] [-chaos 3] [-out docs/MATRIX.md]
+//	go run ./tools/matrix [-versions 14,15,16,17] [-chaos 3] [-out docs/reports/MATRIX.md]
 package main
 
 import (
@@ -40,7 +40,7 @@ type result struct {
 func run() int {
 	versions := flag.String("versions", "14,15,16,17", "PostgreSQL major versions")
 	scenarios := flag.String("chaos", "3", "chaos scenarios to run on each version (CHAOS_SCENARIOS); empty: none")
-	out := flag.String("out", "docs/MATRIX.md", "where the results go")
+	out := flag.String("out", "docs/reports/MATRIX.md", "where the results go")
 	flag.Parse()
 	var results []result
 	failed := false
@@ -140,7 +140,7 @@ func integration(version string) result {
 
 func chaos(version, scenarios string, r *result) {
 	t0 := time.Now()
-	cmd, out, err := gotest(version, []string{"CHAOS_SCENARIOS=" + scenarios}, "-v", "-timeout", "30m", "-run", "^TestChaosShort$", "./testenv/chaos/")
+	cmd, out, err := gotest(version, []string{"CHAOS_SCENARIOS=" + scenarios}, "-v", "-timeout", "30m", "-run", "^TestChaosShort$", "./chaos/")
 	if err != nil {
 		r.chaos = append(r.chaos, "could not run: "+err.Error())
 		return
@@ -169,7 +169,7 @@ func chaos(version, scenarios string, r *result) {
 func write(w io.Writer, results []result, scenarios string, took time.Duration) {
 	host, _ := os.Hostname()
 	fmt.Fprintf(w, "# PostgreSQL version matrix (`make matrix`)\n\n")
-	fmt.Fprintf(w, "Written by `go run ./tools/matrix` on %s (%s, %d CPUs, %s; %s in all). Every figure is from that run: timings on a shared machine are upper bounds. What differs between the versions, and why, is in [POSTGRES.md](POSTGRES.md).\n\n",
+	fmt.Fprintf(w, "Written by `go run ./tools/matrix` on %s (%s, %d CPUs, %s; %s in all). Every figure is from that run: timings on a shared machine are upper bounds. What differs between the versions, and why, is in [postgres-versions.md](../postgres-versions.md).\n\n",
 		time.Now().UTC().Format("2006-01-02 15:04 UTC"), host, runtime.NumCPU(), runtime.Version(), took.Round(time.Second))
 	fmt.Fprintf(w, "| PostgreSQL | integration tests | passed | failed | skipped | took | chaos %s |\n| --- | --- | ---: | ---: | ---: | ---: | --- |\n", scenarios)
 	for _, r := range results {

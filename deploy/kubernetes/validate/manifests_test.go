@@ -126,7 +126,7 @@ func outboxdContainer(spec corev1.PodSpec) (corev1.Container, bool, bool) {
 	return corev1.Container{}, false, false
 }
 
-// measuredPeakRSS is docs/PERFORMANCE.md's peak RSS (500,000-row drain).
+// measuredPeakRSS is docs/reports/PERFORMANCE.md's peak RSS (500,000-row drain).
 var measuredPeakRSS = resource.MustParse("32Mi")
 
 func TestManifests(t *testing.T) {

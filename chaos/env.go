@@ -6,7 +6,7 @@
 // holds). `make chaos` runs them all (tools/chaos); TestChaosShort runs a
 // short subset.
 //
-// See docs/CHAOS.md for the method, its limits and the measured figures.
+// See docs/reports/CHAOS.md for the method, its limits and the measured figures.
 package chaos
 
 import (
