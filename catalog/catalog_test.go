@@ -36,7 +36,7 @@ func TestPublicationCheck(t *testing.T) {
 	outbox := catalog.Table{Schema: "public", Name: "outbox"}
 	mixed := catalog.Table{Schema: "Vendes", Name: "OutboxEvent"}
 	p1, p2 := catalog.Table{Schema: "public", Name: "outbox_p1"}, catalog.Table{Schema: "public", Name: "outbox_p2"}
-	routes := []catalog.Route{
+	routes := []catalog.RoutedTable{
 		{Table: outbox, Columns: []string{"id", "agregat_id", "tipus", "carrega", "creat_en"}},
 		{Table: mixed, Columns: []string{"id", "aggregateid", "type", "payload", "timestamp"}},
 	}

@@ -51,10 +51,10 @@ func ReadRelation(ctx context.Context, conn *pgconn.PgConn, t Table) (Relation, 
 	return rel, nil
 }
 
-// Missing is the refs of route whose column rel lacks, as one line each:
+// Missing is the refs of r whose column rel lacks, as one line each:
 // "column tipo (line 14: routes[1].filter.tipo) does not exist in
 // public.outbox".
-func (r Route) Missing(rel Relation) []string {
+func (r RoutedTable) Missing(rel Relation) []string {
 	var out []string
 	for _, ref := range r.Refs {
 		if _, ok := rel.Columns[ref.Column]; !ok {
@@ -67,8 +67,8 @@ func (r Route) Missing(rel Relation) []string {
 // CheckColumns reads each routed table and reports every column a route
 // reads that it lacks, or that it is missing: the one verdict the daemon
 // acts on at start (outboxd check says more, with the types).
-func CheckColumns(ctx context.Context, conn *pgconn.PgConn, routes []Route) (problems []string, err error) {
-	for _, r := range routes {
+func CheckColumns(ctx context.Context, conn *pgconn.PgConn, tables []RoutedTable) (problems []string, err error) {
+	for _, r := range tables {
 		rel, err := ReadRelation(ctx, conn, r.Table)
 		if err != nil {
 			return nil, fmt.Errorf("read the columns of %s: %w", r.Table, err)

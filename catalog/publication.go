@@ -84,9 +84,10 @@ func ReadPublication(ctx context.Context, conn *pgconn.PgConn, name string, serv
 	return p, nil
 }
 
-// Route is what the publication must publish for one routed table: its
-// inserts, with at least the columns its routes read.
-type Route struct {
+// RoutedTable is what the publication must publish for one routed table:
+// its inserts, with at least the columns its routes read
+// (envelope.Routing.Publication).
+type RoutedTable struct {
 	Table   Table
 	Columns []string
 	// Refs: each column read, with the configuration key that reads it.
@@ -118,18 +119,18 @@ func (p Problem) String() string { return p.Text + ": " + p.Fix }
 // rows under its partitioned table's name (the routed one).
 const options = "WITH (publish = 'insert', publish_via_partition_root = true)"
 
-// CreateSQL is the statement that creates the publication for routes.
-func CreateSQL(name string, routes []Route) string {
-	if len(routes) == 0 {
+// CreateSQL is the statement that creates the publication for tables.
+func CreateSQL(name string, tables []RoutedTable) string {
+	if len(tables) == 0 {
 		// Logical messages only: they need no table.
 		return fmt.Sprintf("CREATE PUBLICATION %s %s", QuoteIdent(name), options)
 	}
-	return fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s %s", QuoteIdent(name), quotedTables(routes), options)
+	return fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s %s", QuoteIdent(name), quotedTables(tables), options)
 }
 
-func quotedTables(routes []Route) string {
-	names := make([]string, len(routes))
-	for i, r := range routes {
+func quotedTables(tables []RoutedTable) string {
+	names := make([]string, len(tables))
+	for i, r := range tables {
 		names[i] = r.Table.Quoted()
 	}
 	return strings.Join(names, ", ")
@@ -138,10 +139,10 @@ func quotedTables(routes []Route) string {
 // Check is the one policy on a publication: it must exist, publish inserts,
 // and publish every row and every mapped column of each routed table and no
 // other table. Each problem carries the statement that fixes it.
-func (p Publication) Check(routes []Route) []Problem {
+func (p Publication) Check(tables []RoutedTable) []Problem {
 	ref := QuoteIdent(p.Name)
 	if !p.Exists {
-		return []Problem{{Unpublished, fmt.Sprintf("publication %s does not exist", p.Name), CreateSQL(p.Name, routes) + " (as the tables' owner; see sql/002_publication.sql)"}}
+		return []Problem{{Unpublished, fmt.Sprintf("publication %s does not exist", p.Name), CreateSQL(p.Name, tables) + " (as the tables' owner; see sql/002_publication.sql)"}}
 	}
 	var out []Problem
 	if !p.Inserts {
@@ -149,7 +150,7 @@ func (p Publication) Check(routes []Route) []Problem {
 	}
 	if p.AllTables {
 		return append(out, Problem{Unrouted, fmt.Sprintf("publication %s is FOR ALL TABLES: an insert into a table without a route stops outboxd", p.Name),
-			fmt.Sprintf("use a publication of the outbox tables only: %s", CreateSQL(p.Name, routes))})
+			fmt.Sprintf("use a publication of the outbox tables only: %s", CreateSQL(p.Name, tables))})
 	}
 	// Without ViaRoot a routed partitioned table is published under its
 	// partitions' names: one problem, whose fix covers them all.
@@ -166,7 +167,7 @@ func (p Publication) Check(routes []Route) []Problem {
 	}
 	routed := map[Table]bool{}
 	var partitioned []string
-	for _, r := range routes {
+	for _, r := range tables {
 		routed[r.Table] = true
 		t, ok := p.Tables[r.Table]
 		if !ok && underPartitions[r.Table] {
@@ -187,12 +188,12 @@ func (p Publication) Check(routes []Route) []Problem {
 			}
 			if len(missing) > 0 {
 				out = append(out, Problem{Unpublished, fmt.Sprintf("publication %s's column list for %s leaves out %s", p.Name, r.Table, strings.Join(missing, ", ")),
-					fmt.Sprintf("ALTER PUBLICATION %s SET TABLE %s (publish the table without a column list)", ref, quotedTables(routes))})
+					fmt.Sprintf("ALTER PUBLICATION %s SET TABLE %s (publish the table without a column list)", ref, quotedTables(tables))})
 			}
 		}
 		if t.RowFilter != "" {
 			out = append(out, Problem{Unpublished, fmt.Sprintf("publication %s filters %s with WHERE %s: rows it rejects are never delivered", p.Name, r.Table, t.RowFilter),
-				fmt.Sprintf("ALTER PUBLICATION %s SET TABLE %s (publish the table without a WHERE clause)", ref, quotedTables(routes))})
+				fmt.Sprintf("ALTER PUBLICATION %s SET TABLE %s (publish the table without a WHERE clause)", ref, quotedTables(tables))})
 		}
 	}
 	if len(partitioned) > 0 {

@@ -22,6 +22,8 @@ import (
 	"os"
 	"reflect"
 	"time"
+
+	"github.com/outboxd/outboxd/envelope"
 )
 
 // Config is the whole outboxd configuration.
@@ -143,7 +145,8 @@ type KafkaSASL struct {
 // Route sends the changes of one source, an outbox table or the logical
 // messages of one prefix, to Kafka: one record per change it takes. A table
 // may have several routes: one without a filter takes every row, the others
-// the rows their filters match (docs/routing.md).
+// the rows their filters match (docs/routing.md). Route is the file's form;
+// the rest of outboxd reads the routes as Config.Routing builds them.
 type Route struct {
 	// Table is "schema.table" in SQL identifier syntax: unquoted names are
 	// lowercase, a quoted one ("Vendes", "Outbox.Events") is taken as it
@@ -225,7 +228,8 @@ type Trace struct {
 }
 
 // Columns names the columns of an outbox table (or the members of a
-// logical message's JSON).
+// logical message's JSON): envelope.Columns in the file's form (the two
+// convert into each other).
 type Columns struct {
 	ID        string `yaml:"id"`
 	AgregatID string `yaml:"agregat_id"`
@@ -346,19 +350,10 @@ func Default() Config {
 	}
 }
 
-// DefaultColumns returns the column names of the contract's outbox table,
-// which a route gets for every column its YAML does not name.
-func DefaultColumns() Columns {
-	return Columns{
-		ID:         "id",
-		AgregatID:  "agregat_id",
-		Tipus:      "tipus",
-		Versio:     "versio",
-		Carrega:    "carrega",
-		CreatEn:    "creat_en",
-		PublicatEn: "publicat_en",
-	}
-}
+// DefaultColumns are the column names of the contract's outbox table
+// (envelope.DefaultColumns), which a route gets for every column its YAML
+// does not name.
+func DefaultColumns() Columns { return Columns(envelope.DefaultColumns()) }
 
 // defaultRoute is a route with every default filled in: each routes[] item
 // of the YAML is decoded over it.

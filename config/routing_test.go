@@ -7,6 +7,7 @@ import (
 
 	"github.com/outboxd/outboxd/catalog"
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/envelope"
 )
 
 // head is minimal without its route: 8 lines, ending with "routes:".
@@ -123,27 +124,27 @@ func TestPresetDefaults(t *testing.T) {
     columns: {carrega: payload}
 `, nil)
 	want := config.Route{Table: "inventory.outboxevent", Schema: "inventory", Name: "outboxevent", Preset: "debezium", Topic: "outbox.event.{aggregatetype}",
-		Columns: config.DebeziumColumns(), Value: "payload", Trace: config.Trace{SpanContext: "tracingspancontext", Optional: true}, OnError: "stop"}
+		Columns: config.Columns(envelope.DebeziumColumns()), Value: "payload", Trace: config.Trace{SpanContext: "tracingspancontext", Optional: true}, OnError: "stop"}
 	if !reflect.DeepEqual(cfg.Routes[0], want) {
 		t.Errorf("debezium route\n got %+v\nwant %+v", cfg.Routes[0], want)
 	}
-	cols := config.DebeziumColumns()
+	cols := config.Columns(envelope.DebeziumColumns())
 	cols.AgregatID = "aggregate_id"
 	want = config.Route{Table: "inventory.outbox2", Schema: "inventory", Name: "outbox2", Preset: "debezium", Topic: "{type}.events",
 		Columns: cols, Value: "envelope", Trace: config.Trace{Traceparent: "tp"}, OnError: "stop"}
 	if !reflect.DeepEqual(cfg.Routes[1], want) {
 		t.Errorf("debezium route with keys\n got %+v\nwant %+v", cfg.Routes[1], want)
 	}
-	msgCols := config.MessageColumns()
+	msgCols := config.Columns(envelope.MessageColumns())
 	msgCols.Carrega = "payload"
 	if got := cfg.Routes[2]; got.Columns != msgCols || got.Message != "comandes" {
 		t.Errorf("message route %+v", got)
 	}
 }
 
-// TestCatalogRoutes: each table once, with every column its routes read
-// and the line of the key that reads it.
-func TestCatalogRoutes(t *testing.T) {
+// TestRoutingPublication: each table once, with every column its routes
+// read and the line of the key that reads it.
+func TestRoutingPublication(t *testing.T) {
 	cfg := mustParse(t, head+`  - table: public.outbox
     topic: "{agregat}.esdeveniments"
   - table: public.outbox
@@ -153,12 +154,16 @@ func TestCatalogRoutes(t *testing.T) {
   - message: comandes
     topic: t
 `, nil)
-	got := cfg.CatalogRoutes()
+	routing := cfg.Routing()
+	got := routing.Publication()
 	if len(got) != 1 || got[0].Table != (catalog.Table{Schema: "public", Name: "outbox"}) {
-		t.Fatalf("catalog routes %+v", got)
+		t.Fatalf("publication %+v", got)
 	}
-	if tables := cfg.Tables(); len(tables) != 1 || tables[0].Table != got[0].Table || !reflect.DeepEqual(tables[0].Routes, []int{0, 1}) {
-		t.Fatalf("tables %+v: want public.outbox with routes 0 and 1, and no table for the message route", tables)
+	if tables := routing.Tables(); len(tables) != 1 || tables[0].Table != got[0].Table || tables[0].Route != &routing.Routes[0] {
+		t.Fatalf("tables %+v: want public.outbox by routes[0], and no table for the message route", tables)
+	}
+	if s := routing.Sources; len(s) != 2 || !reflect.DeepEqual(s[0].Routes, []int{0, 1}) || s[1].Prefix != "comandes" {
+		t.Fatalf("sources %+v: want public.outbox with routes 0 and 1, then the message prefix", s)
 	}
 	for _, c := range []string{"id", "agregat_id", "tipus", "versio", "carrega", "creat_en", "agregat", "mercat", "client"} {
 		if !strings.Contains(strings.Join(got[0].Columns, ","), c) {

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/outboxd/outboxd/envelope"
 )
 
 var (
@@ -19,12 +21,27 @@ var (
 // key when the field is missing).
 func (c Config) Validate() error {
 	v := validator{lines: c.lines}
-
 	if c.Origen == "" {
 		v.add("origen", "required (the service name, e.g. comandes)")
 	}
+	v.postgres(c.Postgres)
+	v.kafka(c.Kafka)
+	m := c.Routing()
+	v.routes(c, m)
+	for i, r := range c.Routes {
+		if c.Postgres.MarkPublished && r.Message == "" && r.Columns.PublicatEn == "" {
+			v.add(fmt.Sprintf("routes[%d].columns.publicat_en", i), "postgres.mark_published is true, but the table has no publicat_en column (\"-\"): name it, or leave mark_published off")
+		}
+	}
+	v.retention(c.Retention, m)
+	v.pipeline(c.Pipeline)
+	v.health(c.Health)
+	v.oneOf("log.level", c.Log.Level, "trace", "debug", "info", "warn", "error")
+	v.oneOf("log.format", c.Log.Format, "text", "json")
+	return errors.Join(v.errs...)
+}
 
-	p := c.Postgres
+func (v *validator) postgres(p Postgres) {
 	if p.DSN == "" {
 		v.add("postgres.dsn", "required")
 	} else if _, reason := p.connConfig(); reason != "" {
@@ -55,8 +72,9 @@ func (c Config) Validate() error {
 	if p.StatusInterval > 0 && p.IdleStatusInterval > 0 && p.IdleStatusInterval < p.StatusInterval {
 		v.add("postgres.idle_status_interval", "%s is shorter than status_interval %s", p.IdleStatusInterval, p.StatusInterval)
 	}
+}
 
-	k := c.Kafka
+func (v *validator) kafka(k Kafka) {
 	if len(k.Brokers) == 0 {
 		v.add("kafka.brokers", "required (a list of host:port)")
 	}
@@ -84,34 +102,31 @@ func (c Config) Validate() error {
 	if k.ClientID == "" {
 		v.add("kafka.client_id", "must not be empty")
 	}
+}
 
-	if len(c.Routes) == 0 {
-		v.add("routes", "at least one route is required")
-	}
-	v.routes(c.Routes)
-
-	for i, r := range c.Routes {
-		if p.MarkPublished && r.Message == "" && r.Columns.PublicatEn == "" {
-			v.add(fmt.Sprintf("routes[%d].columns.publicat_en", i), "postgres.mark_published is true, but the table has no publicat_en column (\"-\"): name it, or leave mark_published off")
-		}
-	}
-
-	if rt := c.Retention; rt.MaxAge < 0 {
+// retention checks the job, and that each table it prunes has the
+// creat_en column it deletes by (its first route's).
+func (v *validator) retention(rt Retention, m envelope.Routing) {
+	if rt.MaxAge < 0 {
 		v.add("retention.max_age", "must be >= 0 (0 turns retention off), got %s", rt.MaxAge)
-	} else if rt.MaxAge > 0 {
-		v.positive("retention.interval", rt.Interval)
-		v.positive("retention.confirm_timeout", rt.ConfirmTimeout)
-		if rt.BatchSize <= 0 {
-			v.add("retention.batch_size", "must be > 0, got %d", rt.BatchSize)
-		}
-		for _, t := range c.Tables() {
-			if k := t.Routes[0]; c.Routes[k].Columns.CreatEn == "" {
-				v.add(fmt.Sprintf("routes[%d].columns.creat_en", k), "retention.max_age is set, but %s has no creat_en column (\"-\"): retention deletes rows by their creat_en; name the column, or turn retention off (max_age: 0)", t.Table)
-			}
+		return
+	}
+	if rt.MaxAge == 0 {
+		return
+	}
+	v.positive("retention.interval", rt.Interval)
+	v.positive("retention.confirm_timeout", rt.ConfirmTimeout)
+	if rt.BatchSize <= 0 {
+		v.add("retention.batch_size", "must be > 0, got %d", rt.BatchSize)
+	}
+	for _, s := range m.Sources {
+		if k := s.Routes[0]; s.Prefix == "" && m.Routes[k].Columns.CreatEn == "" {
+			v.add(fmt.Sprintf("routes[%d].columns.creat_en", k), "retention.max_age is set, but %s has no creat_en column (\"-\"): retention deletes rows by their creat_en; name the column, or turn retention off (max_age: 0)", s.Table)
 		}
 	}
+}
 
-	pl := c.Pipeline
+func (v *validator) pipeline(pl Pipeline) {
 	if pl.MaxInFlightEvents <= 0 {
 		v.add("pipeline.max_in_flight_events", "must be > 0, got %d", pl.MaxInFlightEvents)
 	}
@@ -124,24 +139,21 @@ func (c Config) Validate() error {
 	if pl.BackoffMin > 0 && pl.BackoffMax > 0 && pl.BackoffMax < pl.BackoffMin {
 		v.add("pipeline.backoff_max", "%s is shorter than backoff_min %s", pl.BackoffMax, pl.BackoffMin)
 	}
+}
 
-	if c.Health.Listen != "" {
-		if err := hostPort(c.Health.Listen, true); err != nil {
-			v.add("health.listen", "%q: %v (or \"\" to disable the server)", c.Health.Listen, err)
+func (v *validator) health(h Health) {
+	if h.Listen != "" {
+		if err := hostPort(h.Listen, true); err != nil {
+			v.add("health.listen", "%q: %v (or \"\" to disable the server)", h.Listen, err)
 		}
 	}
-	v.positive("health.poll_interval", c.Health.PollInterval)
-	if c.Health.MaxLag < 0 {
-		v.add("health.max_lag", "must be >= 0 (0 disables the check), got %s", c.Health.MaxLag)
+	v.positive("health.poll_interval", h.PollInterval)
+	if h.MaxLag < 0 {
+		v.add("health.max_lag", "must be >= 0 (0 disables the check), got %s", h.MaxLag)
 	}
-	if c.Health.MaxRetainedWALBytes < 0 {
-		v.add("health.max_retained_wal_bytes", "must be >= 0 (0 disables the check), got %d", c.Health.MaxRetainedWALBytes)
+	if h.MaxRetainedWALBytes < 0 {
+		v.add("health.max_retained_wal_bytes", "must be >= 0 (0 disables the check), got %d", h.MaxRetainedWALBytes)
 	}
-
-	v.oneOf("log.level", c.Log.Level, "trace", "debug", "info", "warn", "error")
-	v.oneOf("log.format", c.Log.Format, "text", "json")
-
-	return errors.Join(v.errs...)
 }
 
 // hostPort checks host:port; emptyHost allows ":8080" (all interfaces).

@@ -39,7 +39,7 @@ routes:
 	if err != nil {
 		t.Fatal(err)
 	}
-	return newRouter(t, cfg.Origen, cfg.EnvelopeRoutes(), 0)
+	return newRouter(t, cfg.Origen, cfg.Routing().Routes, 0)
 }
 
 // debeziumTable is Debezium's basic outbox table (id uuid, aggregatetype,

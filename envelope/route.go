@@ -1,42 +1,10 @@
 package envelope
 
-import (
-	"errors"
-	"fmt"
-
-	"github.com/jackc/pglogrepl"
-
-	"github.com/outboxd/outboxd/catalog"
-)
-
-// Columns names the columns a route reads. "" means the table has no such
-// column: no versio (every event has versio 1), no creat_en (a payload
-// value needs none; a logical message's data_ms is its commit time).
-type Columns struct {
-	ID, AgregatID, Tipus, Versio, Carrega, CreatEn string
-}
-
-// Presets: the record's headers and what a NULL may mean.
-const (
-	// PresetKM0 is the contract's record: headers tipus and
-	// id_esdeveniment; every mapped value required.
-	PresetKM0 = "km0"
-	// PresetDebezium is the record of Debezium's outbox EventRouter:
-	// header id; a NULL key or payload gives a null key or value.
-	PresetDebezium = "debezium"
-)
-
-// Value shapes.
-const (
-	// ValueEnvelope is the contract's JSON envelope with carrega embedded.
-	ValueEnvelope = "envelope"
-	// ValuePayload is the payload column alone; with envelope fields, the
-	// object {"payload": ..., field: ...} (Debezium's envelope).
-	ValuePayload = "payload"
-)
-
 // Route sends the changes of one source (a table, or the logical messages
-// of one prefix) to Kafka, one record per change it takes.
+// of one prefix) to Kafka, one record per change it takes. It is the one
+// route type: config fills it from the file (Routing), Problems judges
+// it, the Router compiles it, and everything that reads the table itself
+// (the cut-over snapshot, replay, marks, retention) reads its columns.
 type Route struct {
 	Schema, Table string // a table route
 	Prefix        string // a logical-message route (Table is "")
@@ -52,7 +20,7 @@ type Route struct {
 	Overrides []Override
 
 	Columns Columns
-	Preset  string // PresetKM0 ("" too) or PresetDebezium
+	Preset  string // "" (the contract's record) or PresetDebezium
 	Value   string // ValueEnvelope ("" too) or ValuePayload
 	// KeyJSON and ValueJSON write the key and the payload as JSON strings,
 	// as Kafka Connect's JsonConverter (schemas.enable=false) does.
@@ -68,6 +36,18 @@ type Route struct {
 	// DeadLetterTopic receives the rows that cannot become records; empty
 	// means such a row stops outboxd.
 	DeadLetterTopic string
+}
+
+// Columns names the columns a route reads. "" means the table has no such
+// column: no versio (every event has versio 1), no creat_en (a payload
+// value needs none; a logical message's data_ms is its commit time), no
+// publicat_en.
+type Columns struct {
+	ID, AgregatID, Tipus, Versio, Carrega, CreatEn string
+	// PublicatEn is the column the polling relay set once it published a
+	// row (NULL: pending): the cut-over snapshot reads it and
+	// postgres.mark_published sets it. A record never carries it.
+	PublicatEn string
 }
 
 // Condition holds when Column's text is one of Values (NULL never does).
@@ -100,329 +80,76 @@ type Trace struct {
 	Optional bool
 }
 
-// Roles: the columns a record is made of.
+// PresetDebezium is the record of Debezium's outbox EventRouter: header
+// id; a NULL key or payload gives a null key or value. The other preset,
+// "", is the contract's record: headers tipus and id_esdeveniment; every
+// mapped value required.
+const PresetDebezium = "debezium"
+
+// Value shapes.
 const (
-	roleID = iota
-	roleKey
-	roleTipus
-	roleVersio
-	roleCarrega
-	roleCreatEn
-	roleTimestamp
-	roleTraceparent
-	roleTracestate
-	roleSpanContext
-	nRoles
+	// ValueEnvelope is the contract's JSON envelope with carrega embedded.
+	ValueEnvelope = "envelope"
+	// ValuePayload is the payload column alone; with envelope fields, the
+	// object {"payload": ..., field: ...} (Debezium's envelope).
+	ValuePayload = "payload"
 )
 
-// route is a Route compiled: every column it reads, once, in cols; each use
-// refers to its index there.
-type route struct {
-	*Route
-	cols     []string
-	optional []bool // a missing column is no error (and reads as NULL)
-	role     [nRoles]int
-	topic    template
-	fallback string
-	filter   []condition
-	over     []override
-	fields   []field
-	debezium bool
-	payload  bool // ValuePayload
-	// payloadEnvelope: a payload value with envelope fields.
-	payloadEnvelope bool
+// The values Route.Preset and Route.Value take besides "".
+var (
+	presets = []string{PresetDebezium}
+	values  = []string{ValueEnvelope, ValuePayload}
+)
+
+// DefaultColumns are the column names of the contract's outbox table: a
+// table route reads them unless it names others.
+func DefaultColumns() Columns {
+	return Columns{ID: "id", AgregatID: "agregat_id", Tipus: "tipus", Versio: "versio", Carrega: "carrega", CreatEn: "creat_en", PublicatEn: "publicat_en"}
 }
 
-type template struct {
-	static string // the topic, when the template has no placeholder
-	parts  []templatePart
-	cache  topicCache
+// DebeziumColumns are the column names of Debezium's outbox table (id,
+// aggregatetype, aggregateid, type, payload, and an optional timestamp):
+// a route with PresetDebezium reads them unless it names others.
+func DebeziumColumns() Columns {
+	return Columns{ID: "id", AgregatID: "aggregateid", Tipus: "type", Carrega: "payload", CreatEn: "timestamp"}
 }
 
-type templatePart struct {
-	literal string
-	col     int // -1 for a literal
+// MessageColumns are the members a logical message's JSON carries by
+// default: the envelope's own names, and agregat_id for the key. No
+// creat_en: data_ms is the transaction's commit time.
+func MessageColumns() Columns {
+	return Columns{ID: "id_esdeveniment", AgregatID: "agregat_id", Tipus: "tipus", Versio: "versio", Carrega: "dades"}
 }
 
-type condition struct {
-	col    int
-	values []string
+// Debezium's defaults for a route with PresetDebezium that leaves them
+// unset: the value is the payload alone (ValuePayload),
+// route.topic.replacement with route.by.field, and
+// tracing.span.context.field (an optional column).
+const (
+	DebeziumTopic       = "outbox.event.{aggregatetype}"
+	DebeziumSpanContext = "tracingspancontext"
+)
+
+// NeedsCreatEn: the record needs a creat_en column for its data_ms. A
+// message's data_ms is its commit time, and a payload value has no
+// data_ms.
+func (r *Route) NeedsCreatEn() bool { return r.Prefix == "" && r.Value != ValuePayload }
+
+// headers are the headers every record of the route has (a field may not
+// take their names).
+func (r *Route) headers() []string {
+	hs := []string{HeaderTraceparent, HeaderTracestate, HeaderCommitLSN, HeaderTxnIndex}
+	if r.Preset == PresetDebezium {
+		return append(hs, HeaderDebeziumID)
+	}
+	return append(hs, HeaderTipus, HeaderID)
 }
 
-type override struct {
-	when  []condition
-	topic template
-	drop  bool
+// members are the members of the route's value (an envelope field may not
+// take their names).
+func (r *Route) members() []string {
+	if r.Value == ValuePayload {
+		return []string{"payload"}
+	}
+	return []string{"id_esdeveniment", "tipus", "versio", "data_ms", "origen", "dades"}
 }
-
-type field struct {
-	col    int
-	header string // a header's name, or "" for an envelope field
-	member []byte // the envelope member's name as a JSON string, with its colon
-}
-
-func (rt *route) ref(name string, optional bool) int {
-	for i, c := range rt.cols {
-		if c == name {
-			rt.optional[i] = rt.optional[i] && optional
-			return i
-		}
-	}
-	rt.cols = append(rt.cols, name)
-	rt.optional = append(rt.optional, optional)
-	return len(rt.cols) - 1
-}
-
-func compile(r *Route) (*route, error) {
-	rt := &route{Route: r, debezium: r.Preset == PresetDebezium, payload: r.Value == ValuePayload}
-	for i := range rt.role {
-		rt.role[i] = -1
-	}
-	switch r.Preset {
-	case "", PresetKM0, PresetDebezium:
-	default:
-		return nil, fmt.Errorf("unknown preset %q", r.Preset)
-	}
-	switch r.Value {
-	case "", ValueEnvelope, ValuePayload:
-	default:
-		return nil, fmt.Errorf("unknown value %q", r.Value)
-	}
-	var err error
-	for _, c := range r.Filter {
-		rt.filter = append(rt.filter, rt.condition(c))
-	}
-	for _, o := range r.Overrides {
-		ov := override{drop: o.Drop}
-		for _, c := range o.When {
-			ov.when = append(ov.when, rt.condition(c))
-		}
-		if !o.Drop {
-			if ov.topic, err = rt.template(o.Topic); err != nil {
-				return nil, fmt.Errorf("override topic: %w", err)
-			}
-		}
-		rt.over = append(rt.over, ov)
-	}
-	c := r.Columns
-	need := func(role int, col string) {
-		if col != "" {
-			rt.role[role] = rt.ref(col, false)
-		}
-	}
-	need(roleID, c.ID)
-	need(roleKey, c.AgregatID)
-	if !rt.debezium || !rt.payload {
-		need(roleTipus, c.Tipus) // a header of the km0 preset, a member of the envelope
-	}
-	need(roleCarrega, c.Carrega)
-	if !rt.payload {
-		if c.Versio != "" {
-			// A message may leave versio out: 1.
-			rt.role[roleVersio] = rt.ref(c.Versio, r.Prefix != "")
-		}
-		need(roleCreatEn, c.CreatEn)
-		if c.CreatEn == "" && r.Prefix == "" {
-			return nil, errors.New("the envelope needs a creat_en column")
-		}
-	}
-	need(roleTimestamp, r.Timestamp)
-	for _, t := range []struct {
-		role int
-		col  string
-	}{{roleTraceparent, r.Trace.Traceparent}, {roleTracestate, r.Trace.Tracestate}, {roleSpanContext, r.Trace.SpanContext}} {
-		if t.col != "" {
-			rt.role[t.role] = rt.ref(t.col, r.Trace.Optional)
-		}
-	}
-	if rt.role[roleID] < 0 || rt.role[roleKey] < 0 || rt.role[roleCarrega] < 0 {
-		return nil, errors.New("the columns id, agregat_id and carrega are required")
-	}
-	if rt.topic, err = rt.template(r.Topic); err != nil {
-		return nil, fmt.Errorf("topic: %w", err)
-	}
-	if r.TopicFallback != "" && !ValidTopic(r.TopicFallback) {
-		return nil, fmt.Errorf("topic_fallback %q is not a valid Kafka topic name", r.TopicFallback)
-	}
-	rt.fallback = r.TopicFallback
-	for _, f := range r.Fields {
-		fd := field{col: rt.ref(f.Column, false), header: f.Header}
-		if (f.Header == "") == (f.Envelope == "") {
-			return nil, fmt.Errorf("field %s: exactly one of header and envelope", f.Column)
-		}
-		if f.Envelope != "" {
-			fd.member = append(appendString(nil, []byte(f.Envelope)), ':')
-			rt.payloadEnvelope = rt.payload
-		}
-		rt.fields = append(rt.fields, fd)
-	}
-	return rt, nil
-}
-
-func (rt *route) condition(c Condition) condition {
-	return condition{col: rt.ref(c.Column, false), values: c.Values}
-}
-
-func (rt *route) template(s string) (template, error) {
-	t, err := ParseTemplate(s)
-	if err != nil {
-		return template{}, err
-	}
-	if t.Static() {
-		return template{static: s}, nil
-	}
-	out := template{cache: topicCache{}}
-	for _, p := range t.Parts {
-		tp := templatePart{literal: p.Literal, col: -1}
-		if p.Column != "" {
-			tp.col = rt.ref(p.Column, false)
-		}
-		out.parts = append(out.parts, tp)
-	}
-	return out, nil
-}
-
-// Router knows the routes, the service name and the largest record Kafka
-// takes.
-type Router struct {
-	origen   []byte // origen already encoded as a JSON string
-	tables   map[catalog.Table][]*route
-	prefixes map[string][]*Binding // bound once: a message has no Relation
-	maxBytes int                   // the largest WireSize a record may have; 0: no limit
-}
-
-// NewRouter compiles the routes. maxRecordBytes is kafka.batch_bytes: a
-// record whose WireSize is larger is a bad row. Its errors are those a
-// validated configuration never has.
-func NewRouter(origen string, routes []Route, maxRecordBytes int) (*Router, error) {
-	r := &Router{origen: appendString(nil, []byte(origen)), tables: map[catalog.Table][]*route{}, prefixes: map[string][]*Binding{}, maxBytes: maxRecordBytes}
-	for i := range routes {
-		rt, err := compile(&routes[i])
-		if err != nil {
-			return nil, fmt.Errorf("route %d: %w", i, err)
-		}
-		if rt.Table == "" {
-			r.prefixes[rt.Prefix] = append(r.prefixes[rt.Prefix], bindMessage(rt))
-			continue
-		}
-		t := catalog.Table{Schema: rt.Schema, Name: rt.Table}
-		r.tables[t] = append(r.tables[t], rt)
-	}
-	return r, nil
-}
-
-// Binding is one route of one relation (as announced by a pgoutput Relation
-// message), or of one message prefix, with the route's columns found.
-type Binding struct {
-	Name  string // schema.table as a reader writes it, or `message prefix "p"`
-	Route *Route // nil when the table has no route
-	rt    *route
-	pos   []int    // per rt.cols: position in the tuple, -1 when absent
-	oid   []uint32 // per rt.cols: type OID (0 for a message member)
-	// columns: every column's name, in tuple order (for a dead letter).
-	columns []string
-	message bool
-}
-
-// Bind resolves a relation's columns for each of its table's routes, in
-// the order of the configuration; a table without a route has one binding
-// whose Route is nil. It does not fail on missing columns: a table may be
-// altered back before any insert arrives, so the error is reported when a
-// row needs the column.
-func (r *Router) Bind(rel *pglogrepl.RelationMessage) []*Binding {
-	t := catalog.Table{Schema: rel.Namespace, Name: rel.RelationName}
-	name := t.String()
-	routes := r.tables[t]
-	if len(routes) == 0 {
-		return []*Binding{{Name: name}}
-	}
-	columns := make([]string, len(rel.Columns))
-	for i, c := range rel.Columns {
-		columns[i] = c.Name
-	}
-	out := make([]*Binding, len(routes))
-	for i, rt := range routes {
-		b := &Binding{Name: name, Route: rt.Route, rt: rt, columns: columns, pos: make([]int, len(rt.cols)), oid: make([]uint32, len(rt.cols))}
-		for j, col := range rt.cols {
-			b.pos[j] = -1
-			for k, c := range rel.Columns {
-				if c.Name == col {
-					b.pos[j], b.oid[j] = k, c.DataType
-					break
-				}
-			}
-		}
-		out[i] = b
-	}
-	return out
-}
-
-// BindMessage returns the bindings of the routes of a logical message's
-// prefix, none when the prefix has no route. It does not allocate.
-func (r *Router) BindMessage(prefix []byte) []*Binding {
-	return r.prefixes[string(prefix)]
-}
-
-// messageColumns is the one "column" of a logical message, for dead letters.
-var messageColumns = []string{"content"}
-
-func bindMessage(rt *route) *Binding {
-	b := &Binding{Name: fmt.Sprintf("message prefix %q", rt.Prefix), Route: rt.Route, rt: rt, columns: messageColumns, message: true,
-		pos: make([]int, len(rt.cols)), oid: make([]uint32, len(rt.cols))}
-	for i := range b.pos {
-		b.pos[i] = i
-	}
-	return b
-}
-
-// Refs lists every column (or, for a message route, member) the route
-// reads that must exist, each with the configuration key that reads it,
-// relative to the route: "columns.id", "filter.tipus",
-// "overrides[0].when.tipus", "topic", "fields[1].column", "trace.traceparent",
-// "timestamp". The route must compile (NewRouter's errors): nil otherwise.
-func (r Route) Refs() []Ref {
-	rt, err := compile(&r)
-	if err != nil {
-		return nil
-	}
-	var out []Ref
-	add := func(col, use string) { out = append(out, Ref{Column: col, Use: use}) }
-	uses := [nRoles]string{roleID: "columns.id", roleKey: "columns.agregat_id", roleTipus: "columns.tipus", roleVersio: "columns.versio",
-		roleCarrega: "columns.carrega", roleCreatEn: "columns.creat_en", roleTimestamp: "timestamp", roleTraceparent: "trace.traceparent",
-		roleTracestate: "trace.tracestate", roleSpanContext: "trace.span_context"}
-	for role, i := range rt.role {
-		if i >= 0 && !rt.optional[i] {
-			add(rt.cols[i], uses[role])
-		}
-	}
-	for _, c := range r.Filter {
-		add(c.Column, "filter."+c.Column)
-	}
-	for k, o := range r.Overrides {
-		for _, c := range o.When {
-			add(c.Column, fmt.Sprintf("overrides[%d].when.%s", k, c.Column))
-		}
-		if t, err := ParseTemplate(o.Topic); err == nil {
-			for _, c := range t.Columns() {
-				add(c, fmt.Sprintf("overrides[%d].topic", k))
-			}
-		}
-	}
-	if t, err := ParseTemplate(r.Topic); err == nil {
-		for _, c := range t.Columns() {
-			add(c, "topic")
-		}
-	}
-	for k, f := range r.Fields {
-		add(f.Column, fmt.Sprintf("fields[%d].column", k))
-	}
-	return out
-}
-
-// Ref is a column a route reads and the key that makes it read it.
-type Ref struct {
-	Column, Use string
-}
-
-// String is "column (use)".
-func (r Ref) String() string { return r.Column + " (" + r.Use + ")" }

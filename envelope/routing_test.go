@@ -354,7 +354,7 @@ func TestBuildAllocatesNothingInAnyMode(t *testing.T) {
 	rich.Trace = envelope.Trace{Traceparent: "traceparent", Tracestate: "tracestate"}
 	rich.Position, rich.Timestamp = true, "moment"
 	debezium := envelope.Route{Schema: "public", Table: "outbox", Preset: envelope.PresetDebezium, Value: envelope.ValuePayload, Topic: "outbox.event.{agregat}",
-		Columns: envelope.Columns{ID: "id", AgregatID: "agregat_id", Carrega: "carrega"}, KeyJSON: true, ValueJSON: true,
+		Columns: envelope.Columns{ID: "id", AgregatID: "agregat_id", Tipus: "tipus", Carrega: "carrega"}, KeyJSON: true, ValueJSON: true,
 		Trace: envelope.Trace{SpanContext: "tracingspancontext"}, Fields: []envelope.Field{{Column: "tipus", Envelope: "type"}}}
 	binary := debezium
 	binary.Columns.Carrega, binary.Fields, binary.ValueJSON = "bin", nil, false
@@ -383,5 +383,31 @@ func TestBuildAllocatesNothingInAnyMode(t *testing.T) {
 	}
 	if n := testing.AllocsPerRun(100, func() { _, _, _ = r.Build(b, content, envelope.Position{}, &sc) }); n != 0 {
 		t.Errorf("logical message: %.1f allocations per warm build, want 0", n)
+	}
+}
+
+// TestNewRouterRefusesProblems: the router compiles only what
+// Route.Problems passes, the one judgement of a route's shape (config
+// reports the same problems with their lines).
+func TestNewRouterRefusesProblems(t *testing.T) {
+	noCreatEn := km0Route("t")
+	noCreatEn.Columns.CreatEn = ""
+	jsonEnvelope := km0Route("t")
+	jsonEnvelope.ValueJSON = true
+	for want, rt := range map[string]envelope.Route{
+		`route 0: topic: "{agregat": a '{' without its '}'`:                                                                          km0Route("{agregat"),
+		"route 0: columns.creat_en: column name must not be empty":                                                                   noCreatEn,
+		"route 0: value_converter: json writes the payload as a JSON string: it needs value: payload (the envelope is JSON already)": jsonEnvelope,
+	} {
+		if _, err := envelope.NewRouter("comandes", []envelope.Route{rt}, 0); err == nil || err.Error() != want {
+			t.Errorf("NewRouter: %v, want %q", err, want)
+		}
+		if ps := rt.Problems(); len(ps) != 1 || "route 0: "+ps[0].String() != want {
+			t.Errorf("Problems: %v, want the one problem of %q", ps, want)
+		}
+	}
+	msg := envelope.Route{Prefix: "p", Topic: "t", Columns: envelope.MessageColumns()}
+	if ps := msg.Problems(); len(ps) != 0 {
+		t.Errorf("a message route needs no creat_en: %v", ps)
 	}
 }

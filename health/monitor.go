@@ -48,7 +48,7 @@ type MonitorConfig struct {
 	Conn        *pgconn.Config // a normal connection to the service database
 	Slot        string
 	Publication string
-	Routes      []catalog.Route
+	Tables      []catalog.RoutedTable // what the publication must publish
 	Brokers     []string
 	// Probe asks addr whether it is a Kafka broker that answers.
 	Probe    func(ctx context.Context, addr string) error
@@ -174,7 +174,7 @@ func (p *poller) read(ctx context.Context, cfg MonitorConfig, snap *Snapshot) er
 		return fmt.Errorf("read the publication: %w", err)
 	}
 	var problems []string
-	for _, pr := range pub.Check(cfg.Routes) {
+	for _, pr := range pub.Check(cfg.Tables) {
 		if pr.Kind == catalog.Unpublished {
 			problems = append(problems, pr.String())
 		}

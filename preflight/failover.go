@@ -15,6 +15,7 @@ import (
 
 	"github.com/outboxd/outboxd/catalog"
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/envelope"
 )
 
 // ---- failover ----
@@ -44,7 +45,7 @@ type hostView struct {
 	slot *catalog.Slot
 }
 
-func checkFailover(ctx context.Context, conn *pgx.Conn, cfg config.Config) []Result {
+func checkFailover(ctx context.Context, conn *pgx.Conn, cfg target) []Result {
 	var v failoverView
 	var err error
 	pc := conn.PgConn()
@@ -143,7 +144,7 @@ func lostSlot(pg config.Postgres, srv catalog.Server) bool {
 // cover); on 17, a warning for each way the slot could be lost or get
 // ahead of a standby, a failure for a synchronized_standby_slots entry
 // that makes logical walsenders wait for ever.
-func evalFailover(cfg config.Config, v failoverView) Result {
+func evalFailover(cfg target, v failoverView) Result {
 	const name = "failover"
 	pg := cfg.Postgres
 	slot := pg.Slot
@@ -291,14 +292,14 @@ func (s tableStats) deletesItsRows() bool {
 
 // readTableStats reads the statistics of every table a route reads that
 // has a publicat_en column (a table the snapshot would read).
-func readTableStats(ctx context.Context, conn *pgx.Conn, cfg config.Config) (map[catalog.Table]tableStats, error) {
+func readTableStats(ctx context.Context, conn *pgx.Conn, cfg target) (map[catalog.Table]tableStats, error) {
 	out := map[catalog.Table]tableStats{}
-	for _, i := range sources(cfg.Routes) {
-		r := cfg.Routes[i]
-		if r.Message != "" || r.Columns.PublicatEn == "" {
+	for _, i := range snapshotRoutes(cfg.routing) {
+		r := &cfg.routing.Routes[i]
+		if r.Prefix != "" || r.Columns.PublicatEn == "" {
 			continue
 		}
-		t := catalog.Table{Schema: r.Schema, Name: r.Name}
+		t := catalog.Table{Schema: r.Schema, Name: r.Table}
 		var s tableStats
 		err := conn.QueryRow(ctx, "SELECT n_tup_ins, n_tup_del, n_live_tup FROM pg_catalog.pg_stat_user_tables WHERE relid = to_regclass($1)",
 			t.Quoted()).Scan(&s.inserted, &s.deleted, &s.live)
@@ -313,19 +314,17 @@ func readTableStats(ctx context.Context, conn *pgx.Conn, cfg config.Config) (map
 	return out, nil
 }
 
-// sources are the routes as the snapshot sees them: each table once, by
-// its first route (whose publicat_en it reads, as outboxd's run does),
-// each message route.
-func sources(routes []config.Route) []int {
+// snapshotRoutes are the routes as the snapshot sees them: each table
+// once, by its first route (whose publicat_en it reads, as outboxd's run
+// does), each message route.
+func snapshotRoutes(m envelope.Routing) []int {
 	var out []int
-	seen := map[catalog.Table]bool{}
-	for i, r := range routes {
-		t := catalog.Table{Schema: r.Schema, Name: r.Name}
-		if r.Message == "" && seen[t] {
-			continue
+	for _, s := range m.Sources {
+		if s.Prefix != "" {
+			out = append(out, s.Routes...)
+		} else {
+			out = append(out, s.Routes[0])
 		}
-		seen[t] = true
-		out = append(out, i)
 	}
 	return out
 }
@@ -333,12 +332,12 @@ func sources(routes []config.Route) []int {
 // coveredTables are the tables whose window the snapshot of a re-created
 // slot publishes again: with a publicat_en column, and not seen deleting
 // their rows.
-func coveredTables(cfg config.Config, stats map[catalog.Table]tableStats) []string {
+func coveredTables(cfg target, stats map[catalog.Table]tableStats) []string {
 	var out []string
-	for _, i := range sources(cfg.Routes) {
-		r := cfg.Routes[i]
-		t := catalog.Table{Schema: r.Schema, Name: r.Name}
-		if r.Message == "" && r.Columns.PublicatEn != "" && !stats[t].deletesItsRows() {
+	for _, i := range snapshotRoutes(cfg.routing) {
+		r := &cfg.routing.Routes[i]
+		t := catalog.Table{Schema: r.Schema, Name: r.Table}
+		if r.Prefix == "" && r.Columns.PublicatEn != "" && !stats[t].deletesItsRows() {
 			out = append(out, t.String())
 		}
 	}
@@ -350,22 +349,22 @@ func coveredTables(cfg config.Config, stats map[catalog.Table]tableStats) []stri
 // its events of the window instead: a logical message is in no table; a
 // table without publicat_en has nothing pending; a table that deletes its
 // rows keeps none; postgres.snapshot: none takes no snapshot at all.
-func snapshotGaps(cfg config.Config, stats map[catalog.Table]tableStats) []Result {
+func snapshotGaps(cfg target, stats map[catalog.Table]tableStats) []Result {
 	const reconcile = "reconcile its events of the window by hand after a failover (docs/failover.md)"
 	var out []Result
-	for _, i := range sources(cfg.Routes) {
-		r := cfg.Routes[i]
-		t := catalog.Table{Schema: r.Schema, Name: r.Name}
+	for _, i := range snapshotRoutes(cfg.routing) {
+		r := &cfg.routing.Routes[i]
+		t := catalog.Table{Schema: r.Schema, Name: r.Table}
 		name := "failover " + t.String()
-		if r.Message != "" {
-			name = fmt.Sprintf("failover message prefix %q", r.Message)
+		if r.Prefix != "" {
+			name = fmt.Sprintf("failover message prefix %q", r.Prefix)
 		}
 		gap := "the snapshot of a slot re-created after a failover does not cover it"
 		switch {
 		case cfg.Postgres.Snapshot == config.SnapshotNone:
 			out = append(out, warn(name, gap+": postgres.snapshot is none, so the new slot starts without one",
 				"set postgres.snapshot: pending, or "+reconcile))
-		case r.Message != "":
+		case r.Prefix != "":
 			out = append(out, warn(name, fmt.Sprintf("%s (routes[%d]): logical messages are in no table, so the snapshot cannot publish them again", gap, i),
 				"after a failover, have the service emit the window's messages again (docs/failover.md), or route an outbox table instead"))
 		case r.Columns.PublicatEn == "":

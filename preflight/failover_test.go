@@ -78,11 +78,11 @@ func TestEvalFailover(t *testing.T) {
 // outbox is the seed's table, routed.
 var outbox = config.Route{Table: "public.outbox", Schema: "public", Name: "outbox", Columns: config.Columns{PublicatEn: "publicat_en"}}
 
-// routed is a configuration of pg and routes.
-func routed(pg config.Postgres, routes ...config.Route) config.Config {
+// routed is a configuration of pg and routes, as the checks judge it.
+func routed(pg config.Postgres, routes ...config.Route) target {
 	cfg := config.Default()
 	cfg.Postgres, cfg.Routes = pg, routes
-	return cfg
+	return newTarget(cfg)
 }
 
 func TestSnapshotGaps(t *testing.T) {
@@ -100,7 +100,7 @@ func TestSnapshotGaps(t *testing.T) {
 	}
 	tests := []struct {
 		name string
-		cfg  config.Config
+		cfg  target
 		want [][]string // one warning per uncovered route, in route order
 	}{
 		{"covered", routed(pg, outbox, filtered), nil},

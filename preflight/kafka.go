@@ -11,7 +11,6 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/envelope"
 	"github.com/outboxd/outboxd/sink"
 )
@@ -27,7 +26,7 @@ type brokerDial struct {
 // checkKafka dials every broker as outboxd dials (sc: client id, TLS,
 // SASL), so that a port that accepts TCP but does not speak Kafka is not
 // counted and a TLS or SASL failure is named as such.
-func checkKafka(ctx context.Context, cfg config.Config, sc sink.Config) []Result {
+func checkKafka(ctx context.Context, cfg target, sc sink.Config) []Result {
 	var dials []brokerDial
 	var conn *kafka.Conn
 	for _, addr := range cfg.Kafka.Brokers {
@@ -41,7 +40,7 @@ func checkKafka(ctx context.Context, cfg config.Config, sc sink.Config) []Result
 			}
 		}
 	}
-	topics, templates := routeTopics(cfg)
+	topics, templates := routeTopics(cfg.routing)
 	if conn == nil {
 		out := []Result{evalKafka(dials, nil)}
 		for _, t := range append(topics, templates...) {
@@ -95,7 +94,7 @@ func checkKafka(ctx context.Context, cfg config.Config, sc sink.Config) []Result
 // routeTopics lists the fixed topics of the routes (their topics, their
 // overrides' and fallbacks) and, apart, the templates, whose topics depend
 // on the rows.
-func routeTopics(cfg config.Config) (topics, templates []string) {
+func routeTopics(m envelope.Routing) (topics, templates []string) {
 	seen := map[string]bool{}
 	add := func(t string) {
 		if t == "" || seen[t] {
@@ -108,7 +107,7 @@ func routeTopics(cfg config.Config) (topics, templates []string) {
 			topics = append(topics, t)
 		}
 	}
-	for _, r := range cfg.Routes {
+	for _, r := range m.Routes {
 		add(r.Topic)
 		for _, o := range r.Overrides {
 			add(o.Topic)

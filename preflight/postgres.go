@@ -11,6 +11,7 @@ import (
 
 	"github.com/outboxd/outboxd/catalog"
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/envelope"
 	"github.com/outboxd/outboxd/replication"
 )
 
@@ -53,7 +54,7 @@ func scrub(msg, password string) string {
 	return msg
 }
 
-func checkPostgres(ctx context.Context, cfg config.Config) []Result {
+func checkPostgres(ctx context.Context, cfg target) []Result {
 	pg := cfg.Postgres
 	ctx, cancel := context.WithTimeout(ctx, pg.ConnectTimeout+30*time.Second)
 	defer cancel()
@@ -76,7 +77,7 @@ func checkPostgres(ctx context.Context, cfg config.Config) []Result {
 	}
 	out := []Result{pass("database", "connected to %s (PostgreSQL %s, database %s, role %s)", pg.RedactedDSN(), version, db, user)}
 	out = append(out, checkTLS(pg)...)
-	for _, check := range []func(context.Context, *pgx.Conn, config.Config) []Result{
+	for _, check := range []func(context.Context, *pgx.Conn, target) []Result{
 		checkWalLevel, checkCapacity, checkRole, checkTables, checkPublication, checkSlot, checkFailover,
 	} {
 		out = append(out, check(ctx, conn, cfg)...)
@@ -94,9 +95,9 @@ func checkTLS(pg config.Postgres) []Result {
 }
 
 // databaseChecks names the checks that need a database connection.
-func databaseChecks(cfg config.Config) []string {
+func databaseChecks(cfg target) []string {
 	names := []string{"wal_level", "max_replication_slots", "max_wal_senders", "role"}
-	for _, t := range cfg.Tables() {
+	for _, t := range cfg.routing.Tables() {
 		names = append(names, "table "+t.String())
 	}
 	return append(names, "publication", "slot", "failover")
@@ -108,7 +109,7 @@ func queryFailed(name string, err error) []Result {
 
 // ---- wal_level ----
 
-func checkWalLevel(ctx context.Context, conn *pgx.Conn, _ config.Config) []Result {
+func checkWalLevel(ctx context.Context, conn *pgx.Conn, _ target) []Result {
 	var level string
 	if err := conn.QueryRow(ctx, "SELECT current_setting('wal_level')").Scan(&level); err != nil {
 		return queryFailed("wal_level", err)
@@ -132,7 +133,7 @@ type capacity struct {
 	maxSenders, usedSenders int
 }
 
-func checkCapacity(ctx context.Context, conn *pgx.Conn, cfg config.Config) []Result {
+func checkCapacity(ctx context.Context, conn *pgx.Conn, cfg target) []Result {
 	var c capacity
 	err := conn.QueryRow(ctx, `SELECT current_setting('max_replication_slots')::int,
 		(SELECT count(*) FROM pg_catalog.pg_replication_slots)::int,
@@ -172,7 +173,7 @@ func evalCapacity(c capacity) []Result {
 
 // ---- role ----
 
-func checkRole(ctx context.Context, conn *pgx.Conn, _ config.Config) []Result {
+func checkRole(ctx context.Context, conn *pgx.Conn, _ target) []Result {
 	var name string
 	var repl, super bool
 	err := conn.QueryRow(ctx, "SELECT rolname, rolreplication, rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user").Scan(&name, &repl, &super)
@@ -199,10 +200,9 @@ func evalRole(name string, repl, super bool) Result {
 // it and the name of its base type (a domain's underlying type).
 type column struct{ typ, base string }
 
-func checkTables(ctx context.Context, conn *pgx.Conn, cfg config.Config) []Result {
+func checkTables(ctx context.Context, conn *pgx.Conn, cfg target) []Result {
 	var out []Result
-	for _, t := range cfg.Tables() {
-		first := cfg.Routes[t.Routes[0]]
+	for _, t := range cfg.routing.Tables() {
 		name := "table " + t.String()
 		rel, err := catalog.ReadRelation(ctx, conn.PgConn(), t.Table)
 		switch {
@@ -210,7 +210,7 @@ func checkTables(ctx context.Context, conn *pgx.Conn, cfg config.Config) []Resul
 			out = append(out, queryFailed(name, err)...)
 			continue
 		case !rel.Exists:
-			out = append(out, fail(name, fmt.Sprintf("%s does not exist (or the role cannot see its schema)", first.Table),
+			out = append(out, fail(name, fmt.Sprintf("%s does not exist (or the role cannot see its schema)", t),
 				"create it (sql/001_outbox.sql), or correct routes[].table; grant USAGE on its schema"))
 			continue
 		}
@@ -220,10 +220,10 @@ func checkTables(ctx context.Context, conn *pgx.Conn, cfg config.Config) []Resul
 		}
 		var results []Result
 		for _, i := range t.Routes {
-			where := func(use string) string { return cfg.Where(fmt.Sprintf("routes[%d].%s", i, use)) }
-			results = append(results, evalRoute(cfg.Routes[i], where, rel.Kind, cols))
+			where := func(use string) string { return cfg.routing.Key(i, use) }
+			results = append(results, evalRoute(&cfg.routing.Routes[i], where, rel.Kind, cols))
 		}
-		if r := markPrivilege(ctx, conn, cfg, first, cols); r != nil {
+		if r := markPrivilege(ctx, conn, cfg.Postgres, t, cols); r != nil {
 			results = append(results, *r)
 		}
 		res := merge(name, results)
@@ -236,31 +236,32 @@ func checkTables(ctx context.Context, conn *pgx.Conn, cfg config.Config) []Resul
 }
 
 // markPrivilege is a FAIL when postgres.mark_published would have to set
-// r's publicat_en column and the role may not: the first mark, of the
-// cut-over snapshot or of the stream, would stop outboxd. Nil otherwise.
-func markPrivilege(ctx context.Context, conn *pgx.Conn, cfg config.Config, r config.Route, cols map[string]column) *Result {
-	if !cfg.Postgres.MarkPublished || r.Columns.PublicatEn == "" {
+// the table's publicat_en column (its first route's) and the role may
+// not: the first mark, of the cut-over snapshot or of the stream, would
+// stop outboxd. Nil otherwise.
+func markPrivilege(ctx context.Context, conn *pgx.Conn, pg config.Postgres, t envelope.Table, cols map[string]column) *Result {
+	publicatEn := t.Route.Columns.PublicatEn
+	if !pg.MarkPublished || publicatEn == "" {
 		return nil
 	}
-	name := "table " + catalog.Table{Schema: r.Schema, Name: r.Name}.String()
-	if _, ok := cols[r.Columns.PublicatEn]; !ok {
-		res := fail(name, fmt.Sprintf("column %s (columns.publicat_en) does not exist: postgres.mark_published cannot set it", r.Columns.PublicatEn),
+	name := "table " + t.String()
+	if _, ok := cols[publicatEn]; !ok {
+		res := fail(name, fmt.Sprintf("column %s (columns.publicat_en) does not exist: postgres.mark_published cannot set it", publicatEn),
 			"set routes[].columns.publicat_en to the column to mark, or leave postgres.mark_published off")
 		return &res
 	}
-	table := catalog.Table{Schema: r.Schema, Name: r.Name}
 	var may bool
 	var col, role string // as SQL identifiers, quoted where they need it
 	if err := conn.QueryRow(ctx, "SELECT has_column_privilege($1::regclass, $2, 'UPDATE'), quote_ident($2), quote_ident(current_user)",
-		table.Quoted(), r.Columns.PublicatEn).Scan(&may, &col, &role); err != nil {
-		res := fail(name, fmt.Sprintf("could not read the role's privilege on %s: %v", r.Columns.PublicatEn, err), "check the role's access to the table")
+		t.Quoted(), publicatEn).Scan(&may, &col, &role); err != nil {
+		res := fail(name, fmt.Sprintf("could not read the role's privilege on %s: %v", publicatEn, err), "check the role's access to the table")
 		return &res
 	}
 	if may {
 		return nil
 	}
-	res := fail(name, fmt.Sprintf("postgres.mark_published is on, but the role may not UPDATE %s: the first mark would stop outboxd", r.Columns.PublicatEn),
-		fmt.Sprintf("GRANT UPDATE (%s) ON %s TO %s, or leave postgres.mark_published off", col, table, role))
+	res := fail(name, fmt.Sprintf("postgres.mark_published is on, but the role may not UPDATE %s: the first mark would stop outboxd", publicatEn),
+		fmt.Sprintf("GRANT UPDATE (%s) ON %s TO %s, or leave postgres.mark_published off", col, t.Table, role))
 	return &res
 }
 
@@ -284,88 +285,46 @@ func merge(name string, results []Result) Result {
 	return pass(name, "%s", strings.Join(details, "; "))
 }
 
-var (
-	textTypes = []string{"text", "varchar", "bpchar", "name", "citext"}
-	intTypes  = []string{"int2", "int4", "int8"}
-	jsonTypes = []string{"jsonb", "json"}
-)
-
-func oneOf(s string, sets ...[]string) bool {
-	for _, set := range sets {
-		for _, v := range set {
-			if s == v {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-// evalTable checks that every column the route reads exists with a type
-// outboxd can turn into the record. relkind is pg_class.relkind.
-func evalTable(r config.Route, relkind string, cols map[string]column) Result {
-	return evalRoute(r, func(use string) string { return "routes[]." + use }, relkind, cols)
-}
-
-// typeWant is what a column must be for a use.
-type typeWant struct {
-	ok   func(base string) bool
-	want string
-}
-
-// evalRoute is evalTable with where naming a use's configuration key (its
-// line, for a route read from a file).
-func evalRoute(r config.Route, where func(use string) string, relkind string, cols map[string]column) Result {
-	name := "table " + catalog.Table{Schema: r.Schema, Name: r.Name}.String()
+// evalRoute checks that every column the route reads exists with a type
+// outboxd can turn into the record (envelope's Route.Fits). relkind is
+// pg_class.relkind; where names a use's configuration key (with its line,
+// for a route read from a file).
+func evalRoute(r *envelope.Route, where func(use string) string, relkind string, cols map[string]column) Result {
+	table := catalog.Table{Schema: r.Schema, Name: r.Table}
+	name := "table " + table.String()
 	if relkind != "r" && relkind != "p" {
-		return fail(name, fmt.Sprintf("%s is not a table (relkind %s)", r.Table, relkind), "route a plain table: only tables are published")
-	}
-	carrega := typeWant{func(b string) bool { return oneOf(b, jsonTypes, textTypes) }, "jsonb, json or text holding JSON"}
-	if r.Value == config.ValuePayload {
-		carrega = typeWant{func(b string) bool { return oneOf(b, jsonTypes, textTypes) || b == "bytea" }, "jsonb, json, text or bytea"}
-	}
-	text := typeWant{func(b string) bool { return oneOf(b, textTypes) }, "text or varchar"}
-	wants := map[string]typeWant{
-		"columns.agregat_id": {func(b string) bool { return oneOf(b, textTypes) || oneOf(b, []string{"uuid", "int2", "int4", "int8"}) }, "text, varchar, uuid or an integer (its text form is the Kafka key)"},
-		"columns.tipus":      text,
-		"columns.versio":     {func(b string) bool { return oneOf(b, intTypes, textTypes) }, "smallint, integer, bigint or text holding an integer"},
-		"columns.carrega":    carrega,
-		"columns.creat_en":   {func(b string) bool { return b == "timestamptz" }, "timestamptz"},
-		"timestamp":          {func(b string) bool { return b == "timestamptz" || b == "timestamp" || oneOf(b, intTypes) }, "timestamptz, timestamp (read as UTC) or an integer of milliseconds"},
-		"trace.traceparent":  text,
-		"trace.tracestate":   text,
-		"trace.span_context": text,
+		return fail(name, fmt.Sprintf("%s is not a table (relkind %s)", table, relkind), "route a plain table: only tables are published")
 	}
 	var problems, fixes, found []string
 	seen := map[string]bool{}
-	for _, ref := range r.Envelope().Refs() {
+	for _, ref := range r.Refs() {
 		c, ok := cols[ref.Column]
 		mapped := strings.HasPrefix(ref.Use, "columns.")
 		key := ref.Use
 		if !mapped {
 			key = where(ref.Use)
 		}
-		w, typed := wants[ref.Use]
+		fits, want := r.Fits(ref.Use, c.base)
 		switch {
 		case !ok && mapped:
 			problems = append(problems, fmt.Sprintf("column %s (%s) does not exist", ref.Column, ref.Use))
 			fixes = append(fixes, fmt.Sprintf("set routes[].%s to one of: %s", ref.Use, strings.Join(sortedKeys(cols), ", ")))
 		case !ok:
 			problems = append(problems, fmt.Sprintf("column %s (%s) does not exist", ref.Column, key))
-			fixes = append(fixes, fmt.Sprintf("correct %s: %s has %s", key, r.Table, strings.Join(sortedKeys(cols), ", ")))
+			fixes = append(fixes, fmt.Sprintf("correct %s: %s has %s", key, table, strings.Join(sortedKeys(cols), ", ")))
 		case ref.Use == "columns.creat_en" && c.base == "timestamp":
 			problems = append(problems, fmt.Sprintf("column %s is timestamp without time zone: the instant is ambiguous", ref.Column))
 			fixes = append(fixes, fmt.Sprintf("ALTER TABLE %s ALTER COLUMN %s TYPE timestamptz USING %s AT TIME ZONE 'UTC' (with the zone the writers meant)",
-				pgx.Identifier{r.Schema, r.Name}.Sanitize(), pgx.Identifier{ref.Column}.Sanitize(), pgx.Identifier{ref.Column}.Sanitize()))
-		case typed && !w.ok(c.base):
-			problems = append(problems, fmt.Sprintf("column %s (%s) is %s, outboxd needs %s", ref.Column, key, c.typ, w.want))
-			fixes = append(fixes, fmt.Sprintf("map %s to a column of type %s, or change the column's type", key, w.want))
+				table.Quoted(), pgx.Identifier{ref.Column}.Sanitize(), pgx.Identifier{ref.Column}.Sanitize()))
+		case !fits:
+			problems = append(problems, fmt.Sprintf("column %s (%s) is %s, outboxd needs %s", ref.Column, key, c.typ, want))
+			fixes = append(fixes, fmt.Sprintf("map %s to a column of type %s, or change the column's type", key, want))
 		case !seen[ref.Column]:
 			seen[ref.Column] = true
 			found = append(found, fmt.Sprintf("%s %s", ref.Column, c.typ))
 		}
 	}
-	if r.Columns.Versio == "" && r.Value != config.ValuePayload {
+	if r.Columns.Versio == "" && r.Value != envelope.ValuePayload {
 		found = append(found, "versio -")
 	}
 	if len(problems) > 0 {

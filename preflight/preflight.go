@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/envelope"
 	"github.com/outboxd/outboxd/sink"
 )
 
@@ -55,11 +56,21 @@ func Passed(results []Result) bool {
 // checks (which need a connection), then Kafka and its topics.
 // kafka is how outboxd connects to the brokers (client id, TLS, SASL).
 func Run(ctx context.Context, cfg config.Config, kafka sink.Config) []Result {
-	out := []Result{{Name: "config", Status: Pass, Detail: fmt.Sprintf("%d route(s), slot %s, publication %s", len(cfg.Routes), cfg.Postgres.Slot, cfg.Postgres.Publication)}}
-	out = append(out, checkPostgres(ctx, cfg)...)
-	out = append(out, checkKafka(ctx, cfg, kafka)...)
+	t := newTarget(cfg)
+	out := []Result{{Name: "config", Status: Pass, Detail: fmt.Sprintf("%d route(s), slot %s, publication %s", len(t.routing.Routes), cfg.Postgres.Slot, cfg.Postgres.Publication)}}
+	out = append(out, checkPostgres(ctx, t)...)
+	out = append(out, checkKafka(ctx, t, kafka)...)
 	return out
 }
+
+// target is what the checks judge: the configuration, and its routing
+// (config.Config.Routing) built once.
+type target struct {
+	config.Config
+	routing envelope.Routing
+}
+
+func newTarget(cfg config.Config) target { return target{Config: cfg, routing: cfg.Routing()} }
 
 // ConfigInvalid is the checklist for a configuration that could not be
 // loaded: the config check fails and every other check is skipped.

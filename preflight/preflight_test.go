@@ -13,6 +13,14 @@ func route() config.Route {
 	return config.Route{Table: "public.outbox", Schema: "public", Name: "outbox", Topic: "t", Columns: config.DefaultColumns()}
 }
 
+// evalTable is evalRoute for r alone, its keys without a line.
+func evalTable(r config.Route, relkind string, cols map[string]column) Result {
+	cfg := config.Default()
+	cfg.Routes = []config.Route{r}
+	m := cfg.Routing()
+	return evalRoute(&m.Routes[0], func(use string) string { return "routes[]." + use }, relkind, cols)
+}
+
 func seedColumns() map[string]column {
 	return map[string]column{
 		"id": {"uuid", "uuid"}, "agregat": {"text", "text"}, "agregat_id": {"text", "text"}, "tipus": {"text", "text"},
@@ -116,7 +124,7 @@ func TestEvalPublication(t *testing.T) {
 		{"row filter", cfg, exists(true, false, map[catalog.Table]catalog.PublishedTable{outbox: {RowFilter: "(tipus <> 'x')"}}), Fail, []string{"never delivered"}},
 	}
 	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) { check(t, evalPublication(tc.cfg, tc.p), tc.status, tc.want...) })
+		t.Run(tc.name, func(t *testing.T) { check(t, evalPublication(newTarget(tc.cfg), tc.p), tc.status, tc.want...) })
 	}
 }
 

@@ -24,7 +24,7 @@ type publication struct {
 	notOwned             []string // routed tables the role does not own
 }
 
-func checkPublication(ctx context.Context, conn *pgx.Conn, cfg config.Config) []Result {
+func checkPublication(ctx context.Context, conn *pgx.Conn, cfg target) []Result {
 	var version int
 	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
 		return queryFailed("publication", err)
@@ -38,15 +38,15 @@ func checkPublication(ctx context.Context, conn *pgx.Conn, cfg config.Config) []
 		if err := conn.QueryRow(ctx, "SELECT rolsuper, has_database_privilege(current_database(), 'CREATE') FROM pg_catalog.pg_roles WHERE rolname = current_user").Scan(&p.super, &p.mayCreateInDB); err != nil {
 			return queryFailed("publication", err)
 		}
-		for _, r := range cfg.CatalogRoutes() { // each routed table once; messages need none
+		for _, t := range cfg.routing.Tables() { // messages need none
 			var owns bool
 			err := conn.QueryRow(ctx, "SELECT pg_has_role(current_user, relowner, 'USAGE') FROM pg_catalog.pg_class WHERE oid = to_regclass($1)",
-				r.Table.Quoted()).Scan(&owns)
+				t.Quoted()).Scan(&owns)
 			if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 				return queryFailed("publication", err)
 			}
 			if !owns {
-				p.notOwned = append(p.notOwned, r.Table.String())
+				p.notOwned = append(p.notOwned, t.String())
 			}
 		}
 	}
@@ -56,9 +56,9 @@ func checkPublication(ctx context.Context, conn *pgx.Conn, cfg config.Config) []
 // evalPublication: catalog's policy (every row and mapped column of each
 // routed table, no other table); an absent publication passes when
 // outboxd will create it.
-func evalPublication(cfg config.Config, p publication) Result {
+func evalPublication(cfg target, p publication) Result {
 	name := cfg.Postgres.Publication
-	routes := cfg.CatalogRoutes()
+	routes := cfg.routing.Publication()
 	if !p.Exists {
 		const sqlFile = "run sql/002_publication.sql as the tables' owner"
 		create := catalog.CreateSQL(name, routes)
@@ -96,7 +96,7 @@ func evalPublication(cfg config.Config, p publication) Result {
 
 // ---- the slot ----
 
-func checkSlot(ctx context.Context, conn *pgx.Conn, cfg config.Config) []Result {
+func checkSlot(ctx context.Context, conn *pgx.Conn, cfg target) []Result {
 	s, err := catalog.ReadSlot(ctx, conn.PgConn(), cfg.Postgres.Slot)
 	if err != nil {
 		return queryFailed("slot", err)
@@ -111,14 +111,12 @@ func checkSlot(ctx context.Context, conn *pgx.Conn, cfg config.Config) []Result 
 		// publish, and whether it can.
 		// The snapshot's own question (republish.CountPending): a cut-over
 		// that could not read or order the pending rows fails here.
-		for _, t := range cfg.Tables() {
-			name := t.String()
-			i := t.Routes[0]
-			r := cfg.Routes[i]
-			if r.Columns.PublicatEn == "" {
+		for _, t := range cfg.routing.Tables() {
+			name, i := t.String(), t.Routes[0]
+			if t.Route.Columns.PublicatEn == "" {
 				continue
 			}
-			n, err := republish.CountPending(ctx, conn.PgConn(), republish.Table{Route: r.Envelope(), PublicatEn: r.Columns.PublicatEn})
+			n, err := republish.CountPending(ctx, conn.PgConn(), t)
 			if err != nil {
 				why, fix := err.Error(), "grant outboxd's role SELECT on the table, or set postgres.snapshot: none"
 				var ce *republish.ColumnError

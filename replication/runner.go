@@ -40,7 +40,7 @@ type Config struct {
 	// FailoverSlot: on a server with failover slots (PostgreSQL 17+) the
 	// slot is created as one, and an existing slot is altered to match.
 	FailoverSlot       bool
-	Routes             []catalog.Route // what the publication must publish
+	Tables             []catalog.RoutedTable // what the publication must publish (envelope.Routing.Publication)
 	StatusInterval     time.Duration
 	IdleStatusInterval time.Duration
 	MaxInFlightEvents  int

@@ -79,9 +79,9 @@ func (r *Runner) session(ctx context.Context) (err error) {
 	// pgoutput decodes a change with the catalogs of its time: rows
 	// committed while publish_via_partition_root was off reach the slot
 	// under their partition's name, and route as its table's.
-	tables := make([]catalog.Table, len(r.cfg.Routes))
-	for i, rt := range r.cfg.Routes {
-		tables[i] = rt.Table
+	tables := make([]catalog.Table, len(r.cfg.Tables))
+	for i, t := range r.cfg.Tables {
+		tables[i] = t.Table
 	}
 	partitions, err := catalog.Partitions(ctx, conn, tables)
 	if err != nil {

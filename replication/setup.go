@@ -33,7 +33,7 @@ func (r *Runner) prepare(ctx context.Context, conn *pgconn.PgConn) (pglogrepl.LS
 	}
 	// A column a route reads and the table lacks would fail every row:
 	// stop now, naming the configuration line.
-	problems, err := catalog.CheckColumns(ctx, conn, r.cfg.Routes)
+	problems, err := catalog.CheckColumns(ctx, conn, r.cfg.Tables)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -53,7 +53,7 @@ func (r *Runner) ensurePublication(ctx context.Context, conn *pgconn.PgConn, ver
 		return fmt.Errorf("read publication: %w", err)
 	}
 	if !pub.Exists && r.cfg.CreatePublication {
-		sql := catalog.CreateSQL(r.cfg.Publication, r.cfg.Routes)
+		sql := catalog.CreateSQL(r.cfg.Publication, r.cfg.Tables)
 		if _, err := conn.Exec(ctx, sql).ReadAll(); err != nil {
 			switch {
 			case hasCode(err, "42501"):
@@ -67,7 +67,7 @@ func (r *Runner) ensurePublication(ctx context.Context, conn *pgconn.PgConn, ver
 		return nil
 	}
 	var stop []string
-	for _, p := range pub.Check(r.cfg.Routes) {
+	for _, p := range pub.Check(r.cfg.Tables) {
 		if p.Kind == catalog.Unrouted {
 			r.log.Warn(p.Text, "fix", p.Fix)
 			continue

@@ -13,6 +13,7 @@ import (
 
 	"github.com/outboxd/outboxd"
 	"github.com/outboxd/outboxd/catalog"
+	"github.com/outboxd/outboxd/envelope"
 )
 
 // markBatch bounds the ids of one UPDATE.
@@ -60,15 +61,15 @@ type mark struct {
 
 // NewMarker marks rows of the tables that have a publicat_en column,
 // through its own connection to conn.
-func NewMarker(conn *pgconn.Config, tables []Table, log hclog.Logger) *Marker {
+func NewMarker(conn *pgconn.Config, tables []envelope.Table, log hclog.Logger) *Marker {
 	m := &Marker{conn: conn, tables: map[string]markTable{}, log: log, wake: make(chan struct{}, 1)}
 	for _, t := range tables {
-		if t.PublicatEn == "" {
+		if t.Route.Columns.PublicatEn == "" {
 			continue
 		}
-		col := catalog.QuoteIdent(t.PublicatEn)
-		m.tables[t.Name()] = markTable{update: fmt.Sprintf("UPDATE %s SET %s = now() WHERE %s = ANY($1) AND %s IS NULL",
-			t.quoted(), col, catalog.QuoteIdent(t.Route.Columns.ID), col)}
+		col := catalog.QuoteIdent(t.Route.Columns.PublicatEn)
+		m.tables[t.String()] = markTable{update: fmt.Sprintf("UPDATE %s SET %s = now() WHERE %s = ANY($1) AND %s IS NULL",
+			t.Quoted(), col, catalog.QuoteIdent(t.Route.Columns.ID), col)}
 	}
 	return m
 }

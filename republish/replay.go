@@ -17,7 +17,7 @@ import (
 // ReplayRequest says which rows a replay republishes: those of Tables
 // whose creat_en is in [From, To), or those whose id is in IDs.
 type ReplayRequest struct {
-	Tables []Table
+	Tables []envelope.Table
 	// From and To are timestamps as PostgreSQL reads a timestamptz
 	// ("2026-12-03T10:00:00Z"); an empty one leaves that end open.
 	From, To string
@@ -83,7 +83,7 @@ func (r *Replayer) Replay(ctx context.Context, req ReplayRequest, prod Producer,
 		sel.where, sel.params = replayWhere(t, req)
 		n, err := count(ctx, conn, "SELECT count(*)"+sel.where, sel.params)
 		if err != nil {
-			return nil, privilege(fmt.Errorf("replay: count the rows of %s: %w", t.Name(), err), "the role needs SELECT on the outbox table")
+			return nil, privilege(fmt.Errorf("replay: count the rows of %s: %w", t.String(), err), "the role needs SELECT on the outbox table")
 		}
 		total += n
 		sels = append(sels, sel)
@@ -155,8 +155,8 @@ func (r *Replayer) waitPassed(ctx context.Context, conn *pgconn.PgConn, at pglog
 
 // replayWhere is the FROM ... WHERE clause of a request for one table and
 // its parameters (text).
-func replayWhere(t Table, req ReplayRequest) (string, [][]byte) {
-	where := " FROM " + t.quoted()
+func replayWhere(t envelope.Table, req ReplayRequest) (string, [][]byte) {
+	where := " FROM " + t.Quoted()
 	if len(req.IDs) > 0 {
 		ids := make([][]byte, len(req.IDs))
 		for i, id := range req.IDs {

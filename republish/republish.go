@@ -33,25 +33,6 @@ type Producer interface {
 	Produce(r *outboxd.Record) error
 }
 
-// Table is one routed outbox table: the first of its routes (for the
-// columns a table reader needs: id, creat_en) and its publicat_en column.
-// Every route of the table gets its rows (the router binds them all).
-type Table struct {
-	Route envelope.Route
-	// PublicatEn is the column the polling relay set once it published a
-	// row (NULL: pending); "" when the table has none.
-	PublicatEn string
-}
-
-// Name is the table as a Binding names it (quoted where it needs to be).
-func (t Table) Name() string {
-	return catalog.Table{Schema: t.Route.Schema, Name: t.Route.Table}.String()
-}
-
-func (t Table) quoted() string {
-	return catalog.Table{Schema: t.Route.Schema, Name: t.Route.Table}.Quoted()
-}
-
 // Progress is how far a publication has got.
 type Progress struct {
 	Table    string // schema.table being read
@@ -293,7 +274,7 @@ func (p *publisher) state() Progress {
 // selection is the rows of one table to publish: " FROM ... WHERE ..."
 // and its parameters (text).
 type selection struct {
-	t      Table
+	t      envelope.Table
 	where  string
 	params [][]byte
 }
@@ -318,15 +299,15 @@ func publishAll(ctx context.Context, conn *pgconn.PgConn, router *envelope.Route
 	counts := make([]TableCount, 0, len(sels))
 	for _, s := range sels {
 		p.mu.Lock()
-		p.progress.Table = s.t.Name()
+		p.progress.Table = s.t.String()
 		before := p.progress.Read
 		p.mu.Unlock()
 		err := scan(ctx, conn, router, s.t, "SELECT *"+s.where+" ORDER BY "+rowOrder(s.t, byCommit), s.params,
 			func(bs []*envelope.Binding, row []envelope.Column) error { return p.row(ctx, bs, row) })
 		if err != nil {
-			return counts, columnError(fmt.Errorf("%s: %w", s.t.Name(), err), s.t, "creat_en", s.t.Route.Columns.CreatEn, "its name")
+			return counts, columnError(fmt.Errorf("%s: %w", s.t.String(), err), s.t, "creat_en", s.t.Route.Columns.CreatEn, "its name")
 		}
-		counts = append(counts, TableCount{Table: s.t.Name(), Topic: s.t.Route.Topic, Rows: p.state().Read - before})
+		counts = append(counts, TableCount{Table: s.t.String(), Topic: s.t.Route.Topic, Rows: p.state().Read - before})
 	}
 	if err := exec(ctx, conn, "COMMIT"); err != nil {
 		return counts, fmt.Errorf("end the transaction: %w", err)
@@ -406,7 +387,7 @@ func commitTimestamps(ctx context.Context, conn *pgconn.PgConn) (bool, error) {
 // happen; a failover test under load met it). ctid only breaks the ties
 // left: the rows of one multi-row statement, within one partition (a ctid
 // is a place in one table: through a partitioned table, tableoid first).
-func rowOrder(t Table, byCommit bool) string {
+func rowOrder(t envelope.Table, byCommit bool) string {
 	creat := catalog.QuoteIdent(t.Route.Columns.CreatEn) + ", cmin::text::bigint, tableoid, ctid"
 	if byCommit {
 		return "pg_xact_commit_timestamp(xmin) NULLS FIRST, " + creat
@@ -439,7 +420,7 @@ func count(ctx context.Context, conn *pgconn.PgConn, sql string, params [][]byte
 // the table would give: what Build gets from the stream. A row and its
 // values are valid until fn returns. After an error the connection is in
 // an unknown state: close it.
-func scan(ctx context.Context, conn *pgconn.PgConn, router *envelope.Router, t Table, sql string, params [][]byte,
+func scan(ctx context.Context, conn *pgconn.PgConn, router *envelope.Router, t envelope.Table, sql string, params [][]byte,
 	fn func(bs []*envelope.Binding, row []envelope.Column) error) error {
 	rr := conn.ExecParams(ctx, sql, params, nil, nil, nil)
 	fields := rr.FieldDescriptions()
@@ -509,17 +490,17 @@ func (e *ColumnError) Permanent() string { return e.Error() }
 // columnError turns the server's "column does not exist" (or "no ordering
 // operator" for a column that must order rows) into a *ColumnError whose fix
 // is to set routes[].columns.key to fix.
-func columnError(err error, t Table, key, column, fix string) error {
+func columnError(err error, t envelope.Table, key, column, fix string) error {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) {
 		return err
 	}
 	switch pgErr.Code {
 	case "42703":
-		return &ColumnError{Table: t.Name(), Key: key, Problem: fmt.Sprintf("has no column %q (routes[].columns.%s)", column, key),
+		return &ColumnError{Table: t.String(), Key: key, Problem: fmt.Sprintf("has no column %q (routes[].columns.%s)", column, key),
 			Fix: fmt.Sprintf("set routes[].columns.%s to %s", key, fix), Err: err}
 	case "42883":
-		return &ColumnError{Table: t.Name(), Key: key, Problem: fmt.Sprintf("cannot order its rows by column %q (routes[].columns.%s)", column, key),
+		return &ColumnError{Table: t.String(), Key: key, Problem: fmt.Sprintf("cannot order its rows by column %q (routes[].columns.%s)", column, key),
 			Fix: fmt.Sprintf("set routes[].columns.%s to %s", key, fix), Err: err}
 	}
 	return err

@@ -24,7 +24,7 @@ import (
 type Snapshotter struct {
 	Conn        *pgconn.Config
 	Router      *envelope.Router
-	Tables      []Table
+	Tables      []envelope.Table
 	Marker      *Marker // nil: publicat_en is left as it is
 	MaxInFlight int
 	// DeliveryTimeout: Kafka acknowledging nothing for this long fails the
@@ -68,15 +68,15 @@ func (s *Snapshotter) Publish(ctx context.Context, snapshot, consistentPoint str
 	var sels []selection
 	total := 0
 	for _, t := range s.Tables {
-		if t.PublicatEn == "" {
-			s.Log.Info("snapshot: the table has no publicat_en column; nothing of it is pending", "table", t.Name())
+		if t.Route.Columns.PublicatEn == "" {
+			s.Log.Info("snapshot: the table has no publicat_en column; nothing of it is pending", "table", t.String())
 			continue
 		}
 		sel, n, err := pending(ctx, conn, t)
 		if err != nil {
 			return err
 		}
-		s.Log.Info("snapshot: pending rows as of "+asOf, "table", t.Name(), "rows", n, "consistent_point", consistentPoint)
+		s.Log.Info("snapshot: pending rows as of "+asOf, "table", t.String(), "rows", n, "consistent_point", consistentPoint)
 		total += n
 		sels = append(sels, sel)
 	}
@@ -101,7 +101,7 @@ func (s *Snapshotter) Publish(ctx context.Context, snapshot, consistentPoint str
 // cut-over snapshot would publish if it began now, once it is sure that it
 // could read them in their order: what outboxd check says of a cut-over to
 // come. Its errors are the snapshot's own.
-func CountPending(ctx context.Context, conn *pgconn.PgConn, t Table) (int, error) {
+func CountPending(ctx context.Context, conn *pgconn.PgConn, t envelope.Table) (int, error) {
 	_, n, err := pending(ctx, conn, t)
 	return n, err
 }
@@ -111,21 +111,21 @@ func CountPending(ctx context.Context, conn *pgconn.PgConn, t Table) (int, error
 // cut-over that cannot order them must fail before it begins, with the
 // fix, not once the slot exists. A column the configuration names wrong is
 // a *ColumnError.
-func pending(ctx context.Context, conn *pgconn.PgConn, t Table) (selection, int, error) {
-	sel := selection{t: t, where: fmt.Sprintf(" FROM %s WHERE %s IS NULL", t.quoted(), catalog.QuoteIdent(t.PublicatEn))}
+func pending(ctx context.Context, conn *pgconn.PgConn, t envelope.Table) (selection, int, error) {
+	sel := selection{t: t, where: fmt.Sprintf(" FROM %s WHERE %s IS NULL", t.Quoted(), catalog.QuoteIdent(t.Route.Columns.PublicatEn))}
 	const noOrder = `the column that orders its rows as they were written (a timestamptz such as the relay's creat_en, or Debezium's optional timestamp column: add it if the table lacks it), or postgres.snapshot: none if nothing of the table is pending`
 	if t.Route.Columns.CreatEn == "" {
-		return sel, 0, &ColumnError{Table: t.Name(), Key: "creat_en", Problem: `has no creat_en column ("-"), so the cut-over snapshot cannot publish its pending rows in order`, Fix: "set routes[].columns.creat_en to " + noOrder}
+		return sel, 0, &ColumnError{Table: t.String(), Key: "creat_en", Problem: `has no creat_en column ("-"), so the cut-over snapshot cannot publish its pending rows in order`, Fix: "set routes[].columns.creat_en to " + noOrder}
 	}
 	n, err := count(ctx, conn, "SELECT count(*)"+sel.where, nil)
 	if err != nil {
-		err = columnError(fmt.Errorf("count the pending rows of %s: %w", t.Name(), err), t, "publicat_en", t.PublicatEn,
+		err = columnError(fmt.Errorf("count the pending rows of %s: %w", t.String(), err), t, "publicat_en", t.Route.Columns.PublicatEn,
 			`the column the polling relay sets ("-" if no relay served the table), or postgres.snapshot: none`)
 		return sel, 0, privilege(err, "outboxd's role needs SELECT on the outbox table")
 	}
 	// What publishAll will ask of the server, without reading a row.
 	if err := exec(ctx, conn, "SELECT 1"+sel.where+" ORDER BY "+rowOrder(t, false)+" LIMIT 0"); err != nil {
-		return sel, 0, columnError(fmt.Errorf("order the pending rows of %s: %w", t.Name(), err), t, "creat_en", t.Route.Columns.CreatEn, noOrder)
+		return sel, 0, columnError(fmt.Errorf("order the pending rows of %s: %w", t.String(), err), t, "creat_en", t.Route.Columns.CreatEn, noOrder)
 	}
 	return sel, n, nil
 }

@@ -45,18 +45,14 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxd/outboxd/catalog"
+	"github.com/outboxd/outboxd/envelope"
 )
-
-// Table is an outbox table and its creat_en column.
-type Table struct {
-	Schema, Name, CreatEn string
-}
 
 // Config is the job's configuration; durations and BatchSize are positive.
 type Config struct {
 	Conn           *pgconn.Config
 	Slot           string
-	Tables         []Table
+	Tables         []envelope.Table // each by its first route's creat_en
 	MaxAge         time.Duration
 	Interval       time.Duration
 	BatchSize      int
@@ -203,7 +199,7 @@ func (j *Job) pass(ctx context.Context, conn *pgconn.PgConn) error {
 
 // batch deletes at most BatchSize old rows of t that the slot has
 // confirmed, in one transaction (see the package comment).
-func (j *Job) batch(ctx context.Context, conn *pgconn.PgConn, t Table) (int, error) {
+func (j *Job) batch(ctx context.Context, conn *pgconn.PgConn, t envelope.Table) (int, error) {
 	committed := false
 	defer func() {
 		if !committed {
@@ -217,7 +213,7 @@ func (j *Job) batch(ctx context.Context, conn *pgconn.PgConn, t Table) (int, err
 	if err := j.waitConfirmed(ctx, conn, l); err != nil {
 		return 0, err
 	}
-	table, creat := catalog.Table{Schema: t.Schema, Name: t.Name}.Quoted(), catalog.QuoteIdent(t.CreatEn)
+	table, creat := t.Quoted(), catalog.QuoteIdent(t.Route.Columns.CreatEn)
 	// A row by (tableoid, ctid): through a partitioned table, a ctid alone
 	// names a row in each partition (a TID scan per partition finds them).
 	res := conn.ExecParams(ctx, fmt.Sprintf(`DELETE FROM %s t USING (

@@ -64,8 +64,9 @@ func replay(ctx context.Context, path string, a replayArgs, stdout, stderr io.Wr
 	if err != nil {
 		return usageError{err}
 	}
-	for _, t := range outboxTables(cfg) {
-		if a.route == "" || a.route == t.Name() || a.route == t.Route.Topic {
+	routing := cfg.Routing()
+	for _, t := range routing.Tables() {
+		if a.route == "" || a.route == t.String() || a.route == t.Route.Topic {
 			req.Tables = append(req.Tables, t)
 		}
 	}
@@ -85,7 +86,7 @@ func replay(ctx context.Context, path string, a replayArgs, stdout, stderr io.Wr
 	if err != nil {
 		return fmt.Errorf("kafka producer: %w", err)
 	}
-	router, err := newRouter(cfg)
+	router, err := newRouter(cfg, routing)
 	if err != nil {
 		return usageError{err}
 	}

@@ -39,25 +39,20 @@ func run(ctx context.Context, path string, proc *process) error {
 	if err != nil {
 		return usageError{err}
 	}
+	// The routed model, built once: the router, the publication, the
+	// cut-over snapshot, marks and retention all read it.
+	routing := cfg.Routing()
 	metrics := health.NewMetrics()
 	var mon *health.Monitor
 	var srv *health.Server
-	rc := replicationConfig(cfg, conn, metrics)
+	rc := replicationConfig(cfg, routing, conn, metrics)
 	sc, err := kafkaConfig(ctx, cfg)
 	if err != nil {
 		return usageError{err}
 	}
 	sc.Observe = metrics.ObserveProduce
 	sc.Partitions = metrics.ObservePartitions
-	if detail, fix := cfg.Postgres.TLSWarning(); detail != "" {
-		log.Warn(detail + "; " + fix)
-	}
-	if cfg.Kafka.TLS.InsecureSkipVerify {
-		log.Warn("kafka.tls.insecure_skip_verify is true: the brokers' certificates are NOT verified; anyone on the path can read and change the events")
-	}
-	if cfg.Kafka.SASL.Mechanism == sink.SASLPlain && !cfg.Kafka.TLS.Enable {
-		log.Warn("kafka.sasl.mechanism PLAIN without kafka.tls sends the password in clear text: enable kafka.tls (SASL_SSL) or use SCRAM")
-	}
+	warnInsecure(cfg, log)
 	if cfg.Health.Listen != "" {
 		// The same question check asks: does the broker answer as Kafka?
 		probe := func(ctx context.Context, addr string) error {
@@ -68,25 +63,14 @@ func run(ctx context.Context, path string, proc *process) error {
 			return err
 		}
 		mon = health.NewMonitor(health.MonitorConfig{Conn: conn, Slot: cfg.Postgres.Slot, Publication: cfg.Postgres.Publication,
-			Routes: rc.Routes, Brokers: cfg.Kafka.Brokers, Probe: probe, Interval: cfg.Health.PollInterval}, log.Named("health"))
+			Tables: rc.Tables, Brokers: cfg.Kafka.Brokers, Probe: probe, Interval: cfg.Health.PollInterval}, log.Named("health"))
 		rc.OnStreaming = mon.PollNow
 	}
-	router, err := newRouter(cfg)
+	router, err := newRouter(cfg, routing)
 	if err != nil {
 		return usageError{err}
 	}
-	var marker *republish.Marker
-	if cfg.Postgres.MarkPublished {
-		marker = republish.NewMarker(conn, outboxTables(cfg), log.Named("mark"))
-		rc.Mark = marker.Wrap
-	}
-	if cfg.Postgres.Snapshot == config.SnapshotPending {
-		snap := &republish.Snapshotter{Conn: conn, Router: router, Tables: outboxTables(cfg), Marker: marker,
-			MaxInFlight: cfg.Pipeline.MaxInFlightEvents, DeliveryTimeout: cfg.Kafka.DeliveryTimeout, Log: log.Named("snapshot")}
-		rc.Snapshot = func(ctx context.Context, snapshot, at string, prod replication.Producer) error {
-			return snap.Publish(ctx, snapshot, at, prod)
-		}
-	}
+	tableParts := onTables(cfg, routing.Tables(), conn, router, &rc, log)
 	runner := buildRunner(rc, sc, router, log)
 	if mon != nil {
 		// Bound now, so a port clash fails at start.
@@ -108,28 +92,56 @@ func run(ctx context.Context, path string, proc *process) error {
 			_ = srv.Shutdown(sctx)
 		}}, part{name: "health monitor", run: func(ctx context.Context) error { mon.Run(ctx, srv.Watch); return nil }})
 	}
-	if marker != nil {
+	return runBeside(ctx, runner.Run, append(parts, tableParts...))
+}
+
+// warnInsecure logs, at every start, each setting that leaves a connection
+// open to being read or changed on the way.
+func warnInsecure(cfg config.Config, log hclog.Logger) {
+	if detail, fix := cfg.Postgres.TLSWarning(); detail != "" {
+		log.Warn(detail + "; " + fix)
+	}
+	if cfg.Kafka.TLS.InsecureSkipVerify {
+		log.Warn("kafka.tls.insecure_skip_verify is true: the brokers' certificates are NOT verified; anyone on the path can read and change the events")
+	}
+	if cfg.Kafka.SASL.Mechanism == sink.SASLPlain && !cfg.Kafka.TLS.Enable {
+		log.Warn("kafka.sasl.mechanism PLAIN without kafka.tls sends the password in clear text: enable kafka.tls (SASL_SSL) or use SCRAM")
+	}
+}
+
+// onTables wires what works on the routed tables themselves: the marks
+// (postgres.mark_published) and the cut-over snapshot go into rc; the
+// parts returned run beside the stream (the marker, retention).
+func onTables(cfg config.Config, tables []envelope.Table, conn *pgconn.Config, router *envelope.Router, rc *replication.Config, log hclog.Logger) []part {
+	var parts []part
+	var marker *republish.Marker
+	if cfg.Postgres.MarkPublished {
+		marker = republish.NewMarker(conn, tables, log.Named("mark"))
+		rc.Mark = marker.Wrap
 		// A mark that fails fails its record's acknowledgement: the
 		// runner stops on a permanent one (a missing privilege).
 		parts = append(parts, part{name: "mark_published", run: func(ctx context.Context) error { marker.Run(ctx); return nil }})
 	}
-	if rt := cfg.Retention; rt.MaxAge > 0 {
-		var tables []retention.Table
-		for _, t := range cfg.Tables() {
-			tables = append(tables, retention.Table{Schema: t.Schema, Name: t.Name, CreatEn: cfg.Routes[t.Routes[0]].Columns.CreatEn})
+	if cfg.Postgres.Snapshot == config.SnapshotPending {
+		snap := &republish.Snapshotter{Conn: conn, Router: router, Tables: tables, Marker: marker,
+			MaxInFlight: cfg.Pipeline.MaxInFlightEvents, DeliveryTimeout: cfg.Kafka.DeliveryTimeout, Log: log.Named("snapshot")}
+		rc.Snapshot = func(ctx context.Context, snapshot, at string, prod replication.Producer) error {
+			return snap.Publish(ctx, snapshot, at, prod)
 		}
+	}
+	if rt := cfg.Retention; rt.MaxAge > 0 {
 		job := retention.New(retention.Config{Conn: conn, Slot: cfg.Postgres.Slot, Tables: tables, MaxAge: rt.MaxAge,
 			Interval: rt.Interval, BatchSize: rt.BatchSize, ConfirmTimeout: rt.ConfirmTimeout}, log.Named("retention"))
 		parts = append(parts, part{name: "retention", run: func(ctx context.Context) error { job.Run(ctx); return nil }})
 	}
-	return runBeside(ctx, runner.Run, parts)
+	return parts
 }
 
-func replicationConfig(cfg config.Config, conn *pgconn.Config, metrics *health.Metrics) replication.Config {
+func replicationConfig(cfg config.Config, routing envelope.Routing, conn *pgconn.Config, metrics *health.Metrics) replication.Config {
 	p, pl := cfg.Postgres, cfg.Pipeline
 	return replication.Config{
 		Conn: conn, Slot: p.Slot, Publication: p.Publication, CreateSlot: p.CreateSlot, CreatePublication: p.CreatePublication,
-		FailoverSlot: p.FailoverSlot, Routes: cfg.CatalogRoutes(), StatusInterval: p.StatusInterval, IdleStatusInterval: p.IdleStatusInterval,
+		FailoverSlot: p.FailoverSlot, Tables: routing.Publication(), StatusInterval: p.StatusInterval, IdleStatusInterval: p.IdleStatusInterval,
 		MaxInFlightEvents: pl.MaxInFlightEvents, MaxInFlightBytes: pl.MaxInFlightBytes, ShutdownTimeout: pl.ShutdownTimeout,
 		BackoffMin: pl.BackoffMin, BackoffMax: pl.BackoffMax, StandbyRetry: p.StandbyRetry,
 		ReceiveTimeout: p.ReceiveTimeout, DeliveryTimeout: cfg.Kafka.DeliveryTimeout,
@@ -169,21 +181,10 @@ func buildRunner(rc replication.Config, sc sink.Config, router *envelope.Router,
 
 // newRouter is the one envelope router of the configuration: the stream,
 // the cut-over snapshot and replay build every record through it.
-func newRouter(cfg config.Config) (*envelope.Router, error) {
-	router, err := envelope.NewRouter(cfg.Origen, cfg.EnvelopeRoutes(), int(cfg.Kafka.BatchBytes))
+func newRouter(cfg config.Config, routing envelope.Routing) (*envelope.Router, error) {
+	router, err := envelope.NewRouter(cfg.Origen, routing.Routes, int(cfg.Kafka.BatchBytes))
 	if err != nil {
 		return nil, fmt.Errorf("routes: %w", err)
 	}
 	return router, nil
-}
-
-// outboxTables are the routed tables (config.Tables), as the table readers
-// and writers (snapshot, replay, marks) see them.
-func outboxTables(cfg config.Config) []republish.Table {
-	var ts []republish.Table
-	for _, t := range cfg.Tables() {
-		r := cfg.Routes[t.Routes[0]]
-		ts = append(ts, republish.Table{Route: r.Envelope(), PublicatEn: r.Columns.PublicatEn})
-	}
-	return ts
 }
