@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/outboxd/outboxd/envelope"
+	"github.com/outboxd/outboxd/sink"
 )
 
 // Config is the whole outboxd configuration.
@@ -97,8 +98,8 @@ type PostgresTLS struct {
 // Kafka is the destination cluster and producer settings.
 type Kafka struct {
 	Brokers      []string      `yaml:"brokers"`     // required, each host:port
-	Partitioner  string        `yaml:"partitioner"` // murmur2 | crc32
-	Compression  string        `yaml:"compression"` // none | gzip | snappy | lz4 | zstd
+	Partitioner  string        `yaml:"partitioner"` // sink.Partitioners: murmur2 | crc32
+	Compression  string        `yaml:"compression"` // sink.Compressions: none | gzip | snappy | lz4 | zstd
 	Linger       time.Duration `yaml:"linger"`
 	BatchSize    int           `yaml:"batch_size"`  // messages
 	BatchBytes   int64         `yaml:"batch_bytes"` // bytes
@@ -335,7 +336,7 @@ func Default() Config {
 			WriteTimeout:      10 * time.Second,
 			ClientID:          "outboxd",
 			DeliveryTimeout:   30 * time.Second,
-			OnPartitionChange: "follow",
+			OnPartitionChange: sink.PartitionsFollow,
 		},
 		Pipeline: Pipeline{
 			MaxInFlightEvents: 1500,

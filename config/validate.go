@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/outboxd/outboxd/envelope"
+	"github.com/outboxd/outboxd/sink"
 )
 
 var (
@@ -83,9 +84,9 @@ func (v *validator) kafka(k Kafka) {
 			v.add(fmt.Sprintf("kafka.brokers[%d]", i), "%q: %v", b, err)
 		}
 	}
-	v.oneOf("kafka.partitioner", k.Partitioner, "murmur2", "crc32")
-	v.oneOf("kafka.compression", k.Compression, "none", "gzip", "snappy", "lz4", "zstd")
-	v.oneOf("kafka.on_partition_change", k.OnPartitionChange, "follow", "stop")
+	v.oneOf("kafka.partitioner", k.Partitioner, sink.Partitioners()...)
+	v.oneOf("kafka.compression", k.Compression, sink.Compressions()...)
+	v.oneOf("kafka.on_partition_change", k.OnPartitionChange, sink.PartitionChanges()...)
 	v.kafkaSecurity(k)
 	v.positive("kafka.linger", k.Linger)
 	v.positive("kafka.write_timeout", k.WriteTimeout)
@@ -222,7 +223,7 @@ func (v *validator) kafkaSecurity(k Kafka) {
 		v.add("kafka.tls.enable", "false, but other kafka.tls keys are set: set enable: true to use TLS")
 	}
 	if t.MinVersion != "" {
-		v.oneOf("kafka.tls.min_version", t.MinVersion, "1.2", "1.3")
+		v.oneOf("kafka.tls.min_version", t.MinVersion, sink.TLSVersions()...)
 	}
 	if (t.CertFile == "") != (t.KeyFile == "") {
 		v.add("kafka.tls.cert_file", "cert_file and key_file go together (a client certificate and its key, for mTLS)")
@@ -237,8 +238,8 @@ func (v *validator) kafkaSecurity(k Kafka) {
 		}
 		return
 	}
-	v.oneOf("kafka.sasl.mechanism", s.Mechanism, "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "AWS_MSK_IAM")
-	if s.Mechanism == "AWS_MSK_IAM" {
+	v.oneOf("kafka.sasl.mechanism", s.Mechanism, sink.SASLMechanisms()...)
+	if s.Mechanism == sink.SASLAWSMSKIAM {
 		// Credentials come from the AWS SDK's chain (IRSA, instance role...).
 		if s.Username != "" || s.Password != "" || s.PasswordFile != "" {
 			v.add("kafka.sasl.username", "not used with AWS_MSK_IAM: the AWS credentials come from the environment, web identity or instance role")

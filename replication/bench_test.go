@@ -84,7 +84,7 @@ func BenchmarkStream(b *testing.B) {
 // setup message; records is how many records one change makes.
 func benchStream(b *testing.B, router *envelope.Router, comp string, setup, begin, change, commit []byte, records int) {
 	prod, err := sink.NewWithTransport(sink.Config{Brokers: []string{"null:9092"}, Partitioner: "murmur2", Compression: comp, Linger: 5 * time.Millisecond,
-		BatchSize: 1000, BatchBytes: 1 << 20, MaxAttempts: 1, WriteTimeout: time.Second}, hclog.NewNullLogger(), nullBroker{partitions: 6})
+		BatchSize: 1000, BatchBytes: 1 << 20, MaxAttempts: 1, WriteTimeout: time.Second, OnPartitionChange: sink.PartitionsFollow}, hclog.NewNullLogger(), nullBroker{partitions: 6})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -9,19 +9,23 @@ import (
 	"github.com/segmentio/kafka-go/compress"
 )
 
+// compressions are the Config.Compression values and their codecs, nil
+// for none.
+var compressions = []option[func() compress.Codec]{
+	{"none", func() compress.Codec { return nil }},
+	{"gzip", compress.Gzip.Codec},
+	{"snappy", compress.Snappy.Codec},
+	{"lz4", func() compress.Codec { return lz4Codec{} }},
+	{"zstd", compress.Zstd.Codec},
+}
+
+// Compressions lists the Config.Compression values (kafka.compression).
+func Compressions() []string { return names(compressions) }
+
 // codec returns the codec for a kafka.compression name, nil for none.
 func codec(name string) (compress.Codec, error) {
-	switch name {
-	case "none":
-		return nil, nil
-	case "gzip":
-		return compress.Gzip.Codec(), nil
-	case "snappy":
-		return compress.Snappy.Codec(), nil
-	case "lz4":
-		return lz4Codec{}, nil
-	case "zstd":
-		return compress.Zstd.Codec(), nil
+	if c, ok := lookup(compressions, name); ok {
+		return c(), nil
 	}
 	return nil, fmt.Errorf("unknown compression %q", name)
 }

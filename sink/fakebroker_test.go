@@ -302,7 +302,7 @@ func decodeRaw(raw []byte) ([]kafka.Message, error) {
 			m.Value, _ = io.ReadAll(rec.Value)
 		}
 		for _, h := range rec.Headers {
-			m.Headers = append(m.Headers, kafka.Header{Key: h.Key, Value: h.Value})
+			m.Headers = append(m.Headers, kafka.Header(h))
 		}
 		out = append(out, m)
 	}
@@ -364,6 +364,9 @@ func testProducer(t *testing.T, b *fakeBroker, cfg Config) *Producer {
 	}
 	if cfg.Compression == "" {
 		cfg.Compression = "none"
+	}
+	if cfg.OnPartitionChange == "" {
+		cfg.OnPartitionChange = PartitionsFollow
 	}
 	if cfg.BatchSize == 0 {
 		cfg.BatchSize = 1000

@@ -24,6 +24,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"net"
+	"slices"
 	"sync"
 	"time"
 
@@ -38,8 +39,8 @@ import (
 // Config is the producer's configuration.
 type Config struct {
 	Brokers      []string
-	Partitioner  string // murmur2 | crc32
-	Compression  string // none | gzip | snappy | lz4 | zstd
+	Partitioner  string // one of Partitioners
+	Compression  string // one of Compressions
 	Linger       time.Duration
 	BatchSize    int   // records per partition batch
 	BatchBytes   int64 // bytes per partition batch, as encoded (before compression)
@@ -130,17 +131,23 @@ type partition struct {
 	queued []*batch // full batches, oldest first
 }
 
+// partitioners are the Config.Partitioner values and their balancers.
+var partitioners = []option[func() kafka.Balancer]{
+	// The Java client's default partitioner for keyed records.
+	{"murmur2", func() kafka.Balancer { return &kafka.Murmur2Balancer{Consistent: true} }},
+	// librdkafka's "consistent_random" for keyed records.
+	{"crc32", func() kafka.Balancer { return &kafka.CRC32Balancer{Consistent: true} }},
+}
+
+// Partitioners lists the Config.Partitioner values (kafka.partitioner).
+func Partitioners() []string { return names(partitioners) }
+
 // balancer returns the kafka-go balancer for a partitioner name.
 func balancer(name string) (kafka.Balancer, error) {
-	switch name {
-	case "murmur2":
-		// The Java client's default partitioner for keyed records.
-		return &kafka.Murmur2Balancer{Consistent: true}, nil
-	case "crc32":
-		// librdkafka's "consistent_random" for keyed records.
-		return &kafka.CRC32Balancer{Consistent: true}, nil
+	if b, ok := lookup(partitioners, name); ok {
+		return b(), nil
 	}
-	return nil, fmt.Errorf("unknown partitioner %q (want murmur2 or crc32)", name)
+	return nil, fmt.Errorf("unknown partitioner %q (want %s)", name, either(Partitioners()))
 }
 
 // What a producer does when a topic's partition count changes
@@ -149,6 +156,10 @@ const (
 	PartitionsFollow = "follow"
 	PartitionsStop   = "stop"
 )
+
+// PartitionChanges lists the Config.OnPartitionChange values
+// (kafka.on_partition_change).
+func PartitionChanges() []string { return []string{PartitionsFollow, PartitionsStop} }
 
 // New builds a producer for cfg.Brokers. It does not connect until the
 // first record.
@@ -164,12 +175,8 @@ func NewWithTransport(cfg Config, log hclog.Logger, rt kafka.RoundTripper) (*Pro
 	if err != nil {
 		return nil, err
 	}
-	switch cfg.OnPartitionChange {
-	case PartitionsFollow, PartitionsStop:
-	case "":
-		cfg.OnPartitionChange = PartitionsFollow
-	default:
-		return nil, fmt.Errorf("unknown partition change policy %q (want %s or %s)", cfg.OnPartitionChange, PartitionsFollow, PartitionsStop)
+	if !slices.Contains(PartitionChanges(), cfg.OnPartitionChange) {
+		return nil, fmt.Errorf("unknown partition change policy %q (want %s)", cfg.OnPartitionChange, either(PartitionChanges()))
 	}
 	cd, err := codec(cfg.Compression)
 	if err != nil {

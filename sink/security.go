@@ -27,7 +27,7 @@ type TLSOptions struct {
 	CertFile   string // client certificate (mTLS), with KeyFile
 	KeyFile    string
 	ServerName string // "": the host of the address dialled
-	MinVersion string // "1.2" or "1.3"
+	MinVersion string // one of TLSVersions; "": 1.2
 	// InsecureSkipVerify accepts any certificate: for a test cluster only;
 	// outboxd logs a warning at every start.
 	InsecureSkipVerify bool
@@ -35,7 +35,7 @@ type TLSOptions struct {
 
 // SASLOptions is kafka.sasl, as configured (secrets already read).
 type SASLOptions struct {
-	Mechanism string // "": none; PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, AWS_MSK_IAM
+	Mechanism string // "": none; one of SASLMechanisms
 	Username  string
 	Password  string
 	// AWSRegion is the MSK cluster's region for AWS_MSK_IAM; "": the AWS
@@ -51,6 +51,22 @@ const (
 	SASLAWSMSKIAM   = "AWS_MSK_IAM"
 )
 
+// mechanisms are the SASLOptions.Mechanism values and how each is built.
+var mechanisms = []option[func(context.Context, SASLOptions) (sasl.Mechanism, error)]{
+	{SASLPlain, plainMechanism}, {SASLScramSHA256, scramMechanism}, {SASLScramSHA512, scramMechanism}, {SASLAWSMSKIAM, awsMechanism},
+}
+
+// SASLMechanisms lists the SASLOptions.Mechanism values
+// (kafka.sasl.mechanism).
+func SASLMechanisms() []string { return names(mechanisms) }
+
+// tlsVersions are the TLSOptions.MinVersion values.
+var tlsVersions = []option[uint16]{{"1.2", tls.VersionTLS12}, {"1.3", tls.VersionTLS13}}
+
+// TLSVersions lists the TLSOptions.MinVersion values
+// (kafka.tls.min_version).
+func TLSVersions() []string { return names(tlsVersions) }
+
 // BuildTLS turns the options into a client tls.Config; nil when TLS is off.
 // Files are read now, so a missing or malformed one fails at start.
 func BuildTLS(o TLSOptions) (*tls.Config, error) {
@@ -58,12 +74,12 @@ func BuildTLS(o TLSOptions) (*tls.Config, error) {
 		return nil, nil
 	}
 	c := &tls.Config{ServerName: o.ServerName, InsecureSkipVerify: o.InsecureSkipVerify, MinVersion: tls.VersionTLS12}
-	switch o.MinVersion {
-	case "", "1.2":
-	case "1.3":
-		c.MinVersion = tls.VersionTLS13
-	default:
-		return nil, fmt.Errorf("kafka.tls.min_version %q: want 1.2 or 1.3", o.MinVersion)
+	if o.MinVersion != "" {
+		v, ok := lookup(tlsVersions, o.MinVersion)
+		if !ok {
+			return nil, fmt.Errorf("kafka.tls.min_version %q: want %s", o.MinVersion, either(TLSVersions()))
+		}
+		c.MinVersion = v
 	}
 	if o.CAFile != "" {
 		pem, err := os.ReadFile(o.CAFile)
@@ -93,41 +109,51 @@ func BuildTLS(o TLSOptions) (*tls.Config, error) {
 // BuildSASL turns the options into a kafka-go mechanism; nil when SASL is
 // off.
 func BuildSASL(ctx context.Context, o SASLOptions) (sasl.Mechanism, error) {
-	switch o.Mechanism {
-	case "":
+	if o.Mechanism == "" {
 		return nil, nil
-	case SASLAWSMSKIAM:
-		// Credentials from the AWS SDK's default chain: environment, shared
-		// files, web identity (EKS IRSA), container or instance role. They
-		// are fetched (and refreshed) when a connection authenticates.
-		var opts []func(*awsconfig.LoadOptions) error
-		if o.AWSRegion != "" {
-			opts = append(opts, awsconfig.WithRegion(o.AWSRegion))
-		}
-		cfg, err := awsconfig.LoadDefaultConfig(ctx, opts...)
-		if err != nil {
-			return nil, fmt.Errorf("kafka.sasl AWS_MSK_IAM: load the AWS configuration: %w", err)
-		}
-		if cfg.Region == "" {
-			return nil, errors.New("kafka.sasl AWS_MSK_IAM: no AWS region: set kafka.sasl.aws_region or AWS_REGION")
-		}
-		return aws_msk_iam_v2.NewMechanism(cfg), nil
-	case SASLPlain:
-		return plain.Mechanism{Username: o.Username, Password: o.Password}, nil
-	case SASLScramSHA256, SASLScramSHA512:
-		algo := scram.SHA256
-		if o.Mechanism == SASLScramSHA512 {
-			algo = scram.SHA512
-		}
-		m, err := scram.Mechanism(algo, o.Username, o.Password)
-		if err != nil {
-			// SASLprep refused the username or password; say which
-			// without quoting either.
-			return nil, fmt.Errorf("kafka.sasl: the username or password is not valid for %s (SASLprep refused it)", o.Mechanism)
-		}
-		return m, nil
 	}
-	return nil, fmt.Errorf("kafka.sasl.mechanism %q: want %s, %s, %s or %s", o.Mechanism, SASLPlain, SASLScramSHA256, SASLScramSHA512, SASLAWSMSKIAM)
+	build, ok := lookup(mechanisms, o.Mechanism)
+	if !ok {
+		return nil, fmt.Errorf("kafka.sasl.mechanism %q: want %s", o.Mechanism, either(SASLMechanisms()))
+	}
+	return build(ctx, o)
+}
+
+func plainMechanism(_ context.Context, o SASLOptions) (sasl.Mechanism, error) {
+	return plain.Mechanism{Username: o.Username, Password: o.Password}, nil
+}
+
+func scramMechanism(_ context.Context, o SASLOptions) (sasl.Mechanism, error) {
+	algo := scram.SHA256
+	if o.Mechanism == SASLScramSHA512 {
+		algo = scram.SHA512
+	}
+	m, err := scram.Mechanism(algo, o.Username, o.Password)
+	if err != nil {
+		// SASLprep refused the username or password; say which without
+		// quoting either.
+		return nil, fmt.Errorf("kafka.sasl: the username or password is not valid for %s (SASLprep refused it)", o.Mechanism)
+	}
+	return m, nil
+}
+
+// awsMechanism takes its credentials from the AWS SDK's default chain:
+// environment, shared files, web identity (EKS IRSA), container or
+// instance role. They are fetched (and refreshed) when a connection
+// authenticates.
+func awsMechanism(ctx context.Context, o SASLOptions) (sasl.Mechanism, error) {
+	var opts []func(*awsconfig.LoadOptions) error
+	if o.AWSRegion != "" {
+		opts = append(opts, awsconfig.WithRegion(o.AWSRegion))
+	}
+	cfg, err := awsconfig.LoadDefaultConfig(ctx, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("kafka.sasl AWS_MSK_IAM: load the AWS configuration: %w", err)
+	}
+	if cfg.Region == "" {
+		return nil, errors.New("kafka.sasl AWS_MSK_IAM: no AWS region: set kafka.sasl.aws_region or AWS_REGION")
+	}
+	return aws_msk_iam_v2.NewMechanism(cfg), nil
 }
 
 // Explain names a connection failure for what it is, TLS or SASL, with the
