@@ -42,16 +42,6 @@ func (r Result) String() string {
 	return fmt.Sprintf("%s %s: %s", r.Status, r.Name, r.Detail)
 }
 
-// Passed reports whether every result passed (a warning passes).
-func Passed(results []Result) bool {
-	for _, r := range results {
-		if r.Status != Pass && r.Status != Warn {
-			return false
-		}
-	}
-	return true
-}
-
 // Run performs every check against cfg, in order: config, the database
 // checks (which need a connection), then Kafka and its topics.
 // kafka is how outboxd connects to the brokers (client id, TLS, SASL).

@@ -37,7 +37,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -64,9 +63,8 @@ type Config struct {
 
 // Job is the retention job of one slot's tables.
 type Job struct {
-	cfg     Config
-	log     hclog.Logger
-	deleted atomic.Uint64
+	cfg Config
+	log hclog.Logger
 }
 
 // New prepares the job; Run runs it.
@@ -76,9 +74,6 @@ func New(cfg Config, log hclog.Logger) *Job {
 	}
 	return &Job{cfg: cfg, log: log}
 }
-
-// Deleted is how many rows the job has deleted so far.
-func (j *Job) Deleted() uint64 { return j.deleted.Load() }
 
 // notYet is a batch that deleted nothing on purpose: its rows cannot be
 // known delivered yet. The job logs a reason once, however its detail (the
@@ -230,9 +225,7 @@ func (j *Job) batch(ctx context.Context, conn *pgconn.PgConn, t envelope.Table) 
 		return 0, err
 	}
 	committed = true
-	n := int(res.CommandTag.RowsAffected())
-	j.deleted.Add(uint64(n))
-	return n, nil
+	return int(res.CommandTag.RowsAffected()), nil
 }
 
 func hasCode(err error, code string) bool {

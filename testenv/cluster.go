@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
-	"strings"
 	"time"
 )
 
@@ -117,15 +116,6 @@ func (e *Env) BrokerAddr(id int) (string, error) {
 	return nodeAddr(d, "KAFKA_PORT")
 }
 
-// BrokerListener is the address ("127.0.0.1:port") that broker id of a
-// cluster binds for its extra listener name.
-func (e *Env) BrokerListener(id int, name string) (string, error) {
-	return ClusterDir(e.Dir).Listener(id, name)
-}
-
-// ControllerAddr is a cluster's controller listener, "127.0.0.1:port".
-func (e *Env) ControllerAddr() (string, error) { return ClusterDir(e.Dir).Controller() }
-
 // ClusterDir is a cluster's state folder (Options.Dir): the addresses its
 // nodes bind, readable as soon as each is known, while the cluster starts.
 type ClusterDir string
@@ -189,19 +179,6 @@ func (e *Env) node(cmd string, id int) error {
 		return e.control("kafka.sh", cmd, e.Dir)
 	}
 	return e.control("kafka-cluster.sh", cmd, e.Dir, strconv.Itoa(id))
-}
-
-// BrokerPID is broker id's process id.
-func (e *Env) BrokerPID(id int) (int, error) {
-	d, err := e.nodeDir(id)
-	if err != nil {
-		return 0, err
-	}
-	b, err := os.ReadFile(filepath.Join(d, "kafka", "broker.pid"))
-	if err != nil {
-		return 0, fmt.Errorf("testenv: broker %d pid: %w", id, err)
-	}
-	return strconv.Atoi(strings.TrimSpace(string(b)))
 }
 
 // Leaders reads topic's partitions: each one's leader broker id and
