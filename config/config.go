@@ -112,9 +112,12 @@ type Kafka struct {
 	DeliveryTimeout time.Duration `yaml:"delivery_timeout"`
 	// OnPartitionChange: follow | stop, when a topic's partition count
 	// changes while outboxd produces to it (sink.Config).
-	OnPartitionChange string    `yaml:"on_partition_change"`
-	TLS               KafkaTLS  `yaml:"tls"`
-	SASL              KafkaSASL `yaml:"sasl"`
+	OnPartitionChange string `yaml:"on_partition_change"`
+	// Idempotence: the idempotent producer (sink.Config): retries never
+	// duplicate; false for brokers or principals that cannot.
+	Idempotence bool      `yaml:"idempotence"`
+	TLS         KafkaTLS  `yaml:"tls"`
+	SASL        KafkaSASL `yaml:"sasl"`
 }
 
 // KafkaTLS secures every connection to the brokers.
@@ -337,6 +340,7 @@ func Default() Config {
 			ClientID:          "outboxd",
 			DeliveryTimeout:   30 * time.Second,
 			OnPartitionChange: sink.PartitionsFollow,
+			Idempotence:       true,
 		},
 		Pipeline: Pipeline{
 			MaxInFlightEvents: 1500,

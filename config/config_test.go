@@ -83,6 +83,7 @@ func TestDefault(t *testing.T) {
 			ClientID:          "outboxd",
 			DeliveryTimeout:   30 * time.Second,
 			OnPartitionChange: "follow",
+			Idempotence:       true,
 		},
 		Pipeline: config.Pipeline{
 			MaxInFlightEvents: 1500,
@@ -194,6 +195,7 @@ func TestParseExamples(t *testing.T) {
 				ClientID:          "outboxd-inventari",
 				DeliveryTimeout:   30 * time.Second,
 				OnPartitionChange: "follow",
+				Idempotence:       true,
 			}
 			if !reflect.DeepEqual(c.Kafka, wantKafka) {
 				t.Errorf("kafka =\n%+v\nwant\n%+v", c.Kafka, wantKafka)

@@ -35,6 +35,8 @@ func TestValidateErrors(t *testing.T) {
 			[]string{`line 7: kafka.partitioner: "fnv" is not one of murmur2, crc32`}},
 		{"bad partition change policy", strings.Replace(minimal, "kafka:\n", "kafka:\n  on_partition_change: rehash\n", 1),
 			[]string{`line 7: kafka.on_partition_change: "rehash" is not one of follow, stop`}},
+		{"idempotence not a boolean", strings.Replace(minimal, "kafka:\n", "kafka:\n  idempotence: maybe\n", 1),
+			[]string{`line 7: kafka.idempotence: expected true or false, got "maybe"`}},
 		{"bad compression", strings.Replace(minimal, "kafka:\n", "kafka:\n  compression: brotli\n", 1),
 			[]string{`line 7: kafka.compression: "brotli"`}},
 		{"bad log level", minimal + "log:\n  level: verbose\n",

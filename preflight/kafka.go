@@ -2,6 +2,7 @@ package preflight
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"sort"
@@ -67,6 +68,11 @@ func checkKafka(ctx context.Context, cfg target, sc sink.Config) []Result {
 		advertised = append(advertised, brokerDial{addr, err})
 	}
 	out := []Result{evalKafka(dials, advertised)}
+	var probe error
+	if cfg.Kafka.Idempotence {
+		probe = sink.ProbeIdempotence(ctx, sc)
+	}
+	out = append(out, evalIdempotence(cfg.Kafka.Idempotence, probe))
 
 	// All topics, not the routed ones by name: a metadata request naming a
 	// topic may make the broker create it.
@@ -162,6 +168,24 @@ func evalKafka(bootstrap, advertised []brokerDial) Result {
 	}
 	sort.Strings(advOK)
 	return pass("kafka", "%d of %d brokers reachable (%s); cluster advertises %s", len(ok), len(bootstrap), strings.Join(ok, ", "), strings.Join(advOK, ", "))
+}
+
+// evalIdempotence is the line of kafka.idempotence: whether the brokers
+// gave a producer id to outboxd's principal (probe: sink.ProbeIdempotence),
+// as outboxd asks at its first record.
+func evalIdempotence(enabled bool, probe error) Result {
+	const name = "kafka idempotence"
+	var ie *sink.IdempotenceError
+	switch {
+	case !enabled:
+		return pass(name, "off (kafka.idempotence: false): a retry after a lost acknowledgement may duplicate records")
+	case probe == nil:
+		return pass(name, "the brokers give outboxd a producer id: a retried batch is never appended twice")
+	case errors.As(probe, &ie):
+		return fail(name, ie.Why+" ("+oneLine(ie.Err.Error())+")", ie.Fix)
+	}
+	return warn(name, "could not ask the brokers for a producer id: "+oneLine(probe.Error()),
+		"check the brokers' logs (outboxd asks again at its first record, and stops if they refuse)")
 }
 
 // producerCreatesTopics says whether outboxd's producer asks the broker to

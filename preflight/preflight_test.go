@@ -5,8 +5,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/segmentio/kafka-go"
+
 	"github.com/outboxd/outboxd/catalog"
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/sink"
 )
 
 func route() config.Route {
@@ -207,6 +210,11 @@ func TestEvalKafka(t *testing.T) {
 	check(t, evalKafka([]brokerDial{{"a:9092", nil}, {"127.0.0.1:1", refused}}, nil), Fail, "1 of 2 brokers reachable", "connection refused")
 	check(t, evalKafka([]brokerDial{{"127.0.0.1:1", refused}}, nil), Fail, "0 of 1 brokers reachable")
 	check(t, evalKafka([]brokerDial{{"a:9092", nil}}, []brokerDial{{"kafka-0:9092", errors.New("no such host")}}), Fail, "advertised.listeners")
+	check(t, evalIdempotence(false, nil), Pass, "off (kafka.idempotence: false)", "may duplicate")
+	check(t, evalIdempotence(true, nil), Pass, "producer id")
+	check(t, evalIdempotence(true, errors.New("dial tcp: i/o timeout")), Warn, "could not ask", "i/o timeout")
+	check(t, evalIdempotence(true, &sink.IdempotenceError{Why: "the brokers refused outboxd's principal a producer id", Fix: "grant it WRITE", Err: kafka.ClusterAuthorizationFailed}),
+		Fail, "refused outboxd's principal", "Cluster Authorization Failed", "grant it WRITE")
 	check(t, evalTopic("t", 3, false), Pass, "3 partition(s)")
 	check(t, evalTopic("t", 0, true), Pass, "will be created if the broker's auto.create.topics.enable is true")
 	check(t, evalTopic("t", 0, false), Fail, "does not ask the broker to create", "kafka-topics.sh --create --topic t")

@@ -63,6 +63,29 @@ type batch struct {
 	// content (Producer.isolate): a refusal that was retried is not
 	// retried again.
 	isolating bool
+
+	// Its stamp (idempotence.go): the producer id and epoch it was sent
+	// under and the sequence of its first record; pid -1 while it has none
+	// (not idempotent, not sent yet, or to be sent again under a new id).
+	pid   int64
+	epoch int16
+	seq   int32
+
+	// Its send state (sender.go), changed by the sender goroutine only,
+	// under the producer's mu.
+	state    batchState
+	attempts int       // sends that failed with an error a retry may fix
+	retryAt  time.Time // retrying: not before then
+	err      error     // failed: the outcome its records get
+	// reseq: refused for its sequence or producer id; it and the batches
+	// after it wait for a new producer id (Producer.reset).
+	reseq bool
+	// resent: in flight again after a failure; its partition sends nothing
+	// else until it is settled.
+	resent bool
+	// shift: records refused before it while it was in flight
+	// (partition.skip); its sequence is that much lower once it is back.
+	shift int32
 }
 
 // pending is a record waiting for its outcome.
@@ -79,7 +102,7 @@ func newBatch(p *partition, now time.Time) *batch {
 	if cap(buf) < 4096 {
 		buf = make([]byte, 0, 16384)
 	}
-	return &batch{part: p, buf: append(buf, make([]byte, batchHeaderLen)...), created: now}
+	return &batch{part: p, buf: append(buf, make([]byte, batchHeaderLen)...), created: now, pid: -1, epoch: -1, seq: -1}
 }
 
 // release returns the batch's buffer for reuse; the batch is dead after.
@@ -158,6 +181,12 @@ func (b *batch) split() (*batch, *batch, error) {
 			dst = rest
 		}
 		dst.add(&recs[i], stamps[i])
+	}
+	// The halves keep the sequences of their records: the batches after
+	// them were numbered after the whole.
+	if b.pid >= 0 {
+		first.pid, first.epoch, first.seq = b.pid, b.epoch, b.seq
+		rest.pid, rest.epoch, rest.seq = b.pid, b.epoch, addSeq(b.seq, first.count)
 	}
 	b.release()
 	return first, rest, nil
@@ -243,9 +272,14 @@ func (d *decoder) bytes() []byte {
 	return v
 }
 
-// encode returns the finished batch, compressed with codec when not nil,
-// in out (reset first) or in the batch's own buffer.
+// encode returns the finished batch, with its stamp, compressed with codec
+// when not nil, in out (reset first) or in the batch's own buffer.
 func (b *batch) encode(codec compress.Codec, out *bytes.Buffer) ([]byte, error) {
+	if b.abandoned {
+		// A request given up may still be reading the buffer: the header
+		// written below, with perhaps another stamp, goes into a copy.
+		b.buf, b.abandoned = bytes.Clone(b.buf), false
+	}
 	raw := b.buf
 	attributes := int16(0)
 	if codec != nil {
@@ -273,9 +307,9 @@ func (b *batch) encode(codec compress.Codec, out *bytes.Buffer) ([]byte, error) 
 	be.PutUint32(h[23:], uint32(b.count-1))             // last offset delta
 	be.PutUint64(h[27:], uint64(b.baseTime))            // base timestamp
 	be.PutUint64(h[35:], uint64(b.maxTime))             // max timestamp
-	be.PutUint64(h[43:], 0xffffffffffffffff)            // producer id: -1, no idempotence
-	be.PutUint16(h[51:], 0xffff)                        // producer epoch: -1
-	be.PutUint32(h[53:], 0xffffffff)                    // base sequence: -1
+	be.PutUint64(h[43:], uint64(b.pid))                 // producer id: -1 without idempotence
+	be.PutUint16(h[51:], uint16(b.epoch))               // producer epoch: -1 likewise
+	be.PutUint32(h[53:], uint32(b.seq))                 // base sequence: -1 likewise
 	be.PutUint32(h[57:], uint32(b.count))               // records
 	be.PutUint32(raw[offCRC:], crc32.Checksum(raw[offAttributes:], castagnoli))
 	return raw, nil

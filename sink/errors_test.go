@@ -113,58 +113,60 @@ func TestRecordRefusalsFollowOnError(t *testing.T) {
 		{"corrupt message", kafka.InvalidMessage, "CORRUPT_MESSAGE", 5}, // the batch 3 times (max_attempts), then halved
 	} {
 		for _, refusable := range []bool{true, false} {
-			t.Run(fmt.Sprintf("%s/refusable=%v", tc.name, refusable), func(t *testing.T) {
-				b := &fakeBroker{refuse: map[string]int16{"c": int16(tc.code)}, refusal: "the broker's own words", block: make(chan struct{})}
-				// a, b, c and d fill a batch, e and f the next one, queued
-				// behind it while the broker holds the first request.
-				p := testProducer(t, b, Config{BatchSize: 4, Linger: time.Hour, MaxAttempts: 3})
-				r := newAckRecorder(6)
-				recs := []*outboxd.Record{rec(r, "P-1", "a"), rec(r, "P-1", "b"), rec(r, "P-1", "c"),
-					rec(r, "P-1", "d"), rec(r, "P-1", "e"), rec(r, "P-1", "f")}
-				for _, x := range recs {
-					x.Refusable = refusable
-				}
-				produceOne(t, p, recs...)
-				close(b.block)
-				closeWithin(t, p, 10*time.Second)
-				r.wait(t)
+			for _, idem := range []bool{false, true} {
+				t.Run(fmt.Sprintf("%s/refusable=%v/idempotence=%v", tc.name, refusable, idem), func(t *testing.T) {
+					b := &fakeBroker{refuse: map[string]int16{"c": int16(tc.code)}, refusal: "the broker's own words", block: make(chan struct{})}
+					// a, b, c and d fill a batch, e and f the next one, queued
+					// behind it while the broker holds the first request.
+					p := testProducer(t, b, Config{BatchSize: 4, Linger: time.Hour, MaxAttempts: 3, Idempotence: idem})
+					r := newAckRecorder(6)
+					recs := []*outboxd.Record{rec(r, "P-1", "a"), rec(r, "P-1", "b"), rec(r, "P-1", "c"),
+						rec(r, "P-1", "d"), rec(r, "P-1", "e"), rec(r, "P-1", "f")}
+					for _, x := range recs {
+						x.Refusable = refusable
+					}
+					produceOne(t, p, recs...)
+					close(b.block)
+					closeWithin(t, p, 10*time.Second)
+					r.wait(t)
 
-				got := b.onTopic()
-				want := "a b"
-				if refusable {
-					want = "a b d e f"
-				}
-				if got != want {
-					t.Errorf("the topic holds %q, want %q", got, want)
-				}
-				carried := 0
-				for _, vs := range b.values() {
-					if slices.Contains(vs, "c") {
-						carried++
+					got := b.onTopic()
+					want := "a b"
+					if refusable {
+						want = "a b d e f"
 					}
-				}
-				if carried != tc.requests {
-					t.Errorf("%d requests carried c, want %d", carried, tc.requests)
-				}
-				checkResentBatches(t, b)
-				err := r.get("c")
-				if !errors.Is(err, tc.code) || !strings.Contains(err.Error(), tc.way) || !strings.Contains(err.Error(), "the broker's own words") {
-					t.Fatalf("c: want the broker's code %d, its message and the way out %q; got %v", tc.code, tc.way, err)
-				}
-				var refused *outboxd.RefusedError
-				var re *RecordError
-				switch {
-				case refusable && (!errors.As(err, &refused) || errors.Is(err, ErrFenced)):
-					t.Fatalf("c: want a RefusedError, not fenced; got %v", err)
-				case !refusable && (!errors.As(err, &re) || !strings.Contains(err.Error(), "on_error: dead_letter")):
-					t.Fatalf("c: want a RecordError that names on_error: dead_letter; got %v", err)
-				}
-				for _, k := range []string{"d", "e", "f"} {
-					if err := r.get(k); refusable && err != nil || !refusable && !errors.Is(err, ErrFenced) {
-						t.Errorf("%s, after the refused record: %v", k, err)
+					if got != want {
+						t.Errorf("the topic holds %q, want %q", got, want)
 					}
-				}
-			})
+					carried := 0
+					for _, vs := range b.values() {
+						if slices.Contains(vs, "c") {
+							carried++
+						}
+					}
+					if carried != tc.requests {
+						t.Errorf("%d requests carried c, want %d", carried, tc.requests)
+					}
+					checkResentBatches(t, b)
+					err := r.get("c")
+					if !errors.Is(err, tc.code) || !strings.Contains(err.Error(), tc.way) || !strings.Contains(err.Error(), "the broker's own words") {
+						t.Fatalf("c: want the broker's code %d, its message and the way out %q; got %v", tc.code, tc.way, err)
+					}
+					var refused *outboxd.RefusedError
+					var re *RecordError
+					switch {
+					case refusable && (!errors.As(err, &refused) || errors.Is(err, ErrFenced)):
+						t.Fatalf("c: want a RefusedError, not fenced; got %v", err)
+					case !refusable && (!errors.As(err, &re) || !strings.Contains(err.Error(), "on_error: dead_letter")):
+						t.Fatalf("c: want a RecordError that names on_error: dead_letter; got %v", err)
+					}
+					for _, k := range []string{"d", "e", "f"} {
+						if err := r.get(k); refusable && err != nil || !refusable && !errors.Is(err, ErrFenced) {
+							t.Errorf("%s, after the refused record: %v", k, err)
+						}
+					}
+				})
+			}
 		}
 	}
 }

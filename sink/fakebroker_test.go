@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -19,6 +20,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/protocol"
 	"github.com/segmentio/kafka-go/protocol/describeconfigs"
+	"github.com/segmentio/kafka-go/protocol/initproducerid"
 	"github.com/segmentio/kafka-go/protocol/metadata"
 	"github.com/segmentio/kafka-go/protocol/produce"
 	"github.com/segmentio/kafka-go/protocol/rawproduce"
@@ -28,10 +30,22 @@ import (
 
 // fakeBroker answers the producer's requests in memory. It exists for the
 // faults a real broker cannot be made to produce on demand: failing exactly
-// one partition of one produce request, blocking, several leaders. It
+// one partition of one produce request, blocking, several leaders, an
+// answer lost after the append, a leader that lost its producer state. It
 // decodes every record batch with kafka-go's own decoder (which checks the
 // CRC), so the encoding is checked independently of the encoder. The
 // integration tests use a real broker for everything else.
+//
+// For a batch stamped with a producer id it does what a Kafka 4.1 leader
+// does (ProducerStateEntry, ProducerAppendInfo.checkSequence): per
+// partition and producer it keeps the epoch and the last five batches; a
+// batch equal to one of them is a duplicate, answered as a success (with
+// dupCode, DUPLICATE_SEQUENCE_NUMBER, as brokers before 1.0) and not
+// appended again; a lower epoch is INVALID_PRODUCER_EPOCH; a higher one
+// must start at sequence 0; otherwise the sequence must follow the last
+// one, or OUT_OF_ORDER_SEQUENCE_NUMBER; a producer it holds nothing of may
+// start at any sequence. What it appended is log, the truth about the
+// topic.
 type fakeBroker struct {
 	partitions int
 	leaders    func(partition int) int32 // nil: broker 1 leads all
@@ -68,16 +82,118 @@ type fakeBroker struct {
 	autoCreate string
 	describes  int
 
+	// Idempotence. InitProducerId answers ids 1000, 1001, ... (initFail,
+	// when set, answers the n-th, from 0, with that error code instead;
+	// inits counts them). dupCode: see above. forget, when set, drops the
+	// partition's producer state before the n-th produce request (from
+	// arrival, 0) is processed, as a leader that lost it would.
+	initFail func(n int) int16
+	inits    int
+	dupCode  bool
+	forget   func(n int, partition int32) bool
+	// cut, when set, fails the n-th produce request (by arrival, from 0)
+	// with a transport error: before, without it reaching the log; after,
+	// once processed, its answer lost.
+	cut func(n int) (before, after bool)
+	// gate, when set, is waited for before a produce request whose first
+	// record is the value given is processed: a test releases requests in
+	// the order it chooses. delay likewise sleeps before the n-th (by
+	// arrival): requests in flight together then reach the log in another
+	// order than they were sent. once answers the first batch that starts
+	// with a value with that error code, once.
+	gate  func(first string) <-chan struct{}
+	delay func(n int) time.Duration
+	once  map[string]int16
+
 	metaN int
 	addrs []string // the address of every request, in order
 
-	mu       sync.Mutex
-	requests []fakeRequest
+	mu        sync.Mutex
+	requests  []fakeRequest
+	log       map[int32][]string // the values appended, per partition, in order
+	producers map[int32]map[int64]*fakeProducer
+}
+
+// fakeProducer is what a leader keeps of one producer in one partition.
+type fakeProducer struct {
+	epoch   int16
+	batches [][2]int32 // first and last sequence of the last five batches, oldest first
 }
 
 type fakeRequest struct {
 	parts map[int32][]kafka.Message // records per partition, decoded
 	codes map[int32]int16           // the error code answered per partition
+	seqs  map[int32]int32           // the base sequence per partition (-1: none)
+	pids  map[int32]int64           // the producer id per partition (-1: none)
+}
+
+// topic is the values appended to partition part, in order.
+func (b *fakeBroker) topic(part int32) []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Clone(b.log[part])
+}
+
+// checkSequence is the leader's verdict on a batch of producer pid, epoch
+// and sequences [first, first+n): 0 to append it, dup when it holds it
+// already, or an error code. Called with mu held.
+func (b *fakeBroker) checkSequence(part int32, pid int64, epoch int16, first int32, n int) (code int16, dup bool) {
+	st := b.producers[part][pid]
+	last := addSeq(first, int32(n-1))
+	switch {
+	case st == nil:
+		return 0, false // any sequence from a producer it holds nothing of
+	case epoch < st.epoch:
+		return int16(kafka.InvalidProducerEpoch), false
+	case epoch > st.epoch:
+		if first != 0 {
+			return int16(kafka.OutOfOrderSequenceNumber), false
+		}
+		return 0, false
+	}
+	for _, bt := range st.batches {
+		if bt == [2]int32{first, last} {
+			return 0, true
+		}
+	}
+	if len(st.batches) > 0 && first != addSeq(st.batches[len(st.batches)-1][1], 1) {
+		return int16(kafka.OutOfOrderSequenceNumber), false
+	}
+	return 0, false
+}
+
+// appendBatch records a batch appended. Called with mu held.
+func (b *fakeBroker) appendBatch(part int32, pid int64, epoch int16, first int32, msgs []kafka.Message) {
+	if b.log == nil {
+		b.log = map[int32][]string{}
+	}
+	for _, m := range msgs {
+		b.log[part] = append(b.log[part], string(m.Value))
+	}
+	if pid < 0 {
+		return
+	}
+	if b.producers == nil {
+		b.producers = map[int32]map[int64]*fakeProducer{}
+	}
+	if b.producers[part] == nil {
+		b.producers[part] = map[int64]*fakeProducer{}
+	}
+	st := b.producers[part][pid]
+	if st == nil || st.epoch != epoch {
+		st = &fakeProducer{epoch: epoch}
+		b.producers[part][pid] = st
+	}
+	st.batches = append(st.batches, [2]int32{first, addSeq(first, int32(len(msgs)-1))})
+	if len(st.batches) > 5 {
+		st.batches = st.batches[1:]
+	}
+}
+
+// stamp reads a raw record set's producer id, epoch and base sequence.
+func stampOf(raw []byte) (pid int64, epoch int16, seq int32) {
+	h := raw[sizePrefix:]
+	return int64(binary.BigEndian.Uint64(h[43:])), int16(binary.BigEndian.Uint16(h[51:])), int32(binary.BigEndian.Uint32(h[53:]))
 }
 
 // setPartitions changes the topic's partition count, as kafka-topics.sh
@@ -222,21 +338,28 @@ func (b *fakeBroker) RoundTrip(ctx context.Context, addr net.Addr, req protocol.
 			res.Resources = append(res.Resources, out)
 		}
 		return res, nil
-	case *rawproduce.Request:
-		b.arrived.Add(1)
-		if b.block != nil {
-			select {
-			case <-b.block:
-			case <-ctx.Done():
-				return nil, ctx.Err()
+	case *initProducerIDRequest:
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		n := b.inits
+		b.inits++
+		if b.initFail != nil {
+			if code := b.initFail(n); code != 0 {
+				return &initproducerid.Response{ErrorCode: code, ProducerID: -1, ProducerEpoch: -1}, nil
 			}
 		}
-		fr := fakeRequest{parts: map[int32][]kafka.Message{}, codes: map[int32]int16{}}
-		res := &produce.Response{}
-		b.mu.Lock()
-		n := len(b.requests)
+		return &initproducerid.Response{ProducerID: 1000 + int64(n), ProducerEpoch: 0}, nil
+	case *rawproduce.Request:
+		arrival := int(b.arrived.Add(1) - 1)
+		type part struct {
+			id   int32
+			raw  []byte
+			msgs []kafka.Message
+		}
+		var topics [][]part
+		first := ""
 		for _, t := range r.Topics {
-			rt := produce.ResponseTopic{Topic: t.Topic}
+			var ps []part
 			for _, p := range t.Partitions {
 				raw, err := io.ReadAll(p.RecordSet.Reader)
 				var msgs []kafka.Message
@@ -244,13 +367,70 @@ func (b *fakeBroker) RoundTrip(ctx context.Context, addr net.Addr, req protocol.
 					msgs, err = decodeRaw(raw)
 				}
 				if err != nil {
-					b.mu.Unlock()
 					return nil, fmt.Errorf("fake broker: bad record batch: %w", err)
 				}
-				fr.parts[p.Partition] = msgs
+				if first == "" && len(msgs) > 0 {
+					first = string(msgs[0].Value)
+				}
+				ps = append(ps, part{p.Partition, raw, msgs})
+			}
+			topics = append(topics, ps)
+		}
+		if b.block != nil {
+			select {
+			case <-b.block:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		if b.gate != nil {
+			if g := b.gate(first); g != nil {
+				select {
+				case <-g:
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				}
+			}
+		}
+		if b.delay != nil {
+			time.Sleep(b.delay(arrival))
+		}
+		var lost bool
+		if b.cut != nil {
+			var before bool
+			before, lost = b.cut(arrival)
+			if before {
+				return nil, errors.New("fake broker: connection reset before the request was read")
+			}
+		}
+		fr := fakeRequest{parts: map[int32][]kafka.Message{}, codes: map[int32]int16{}, seqs: map[int32]int32{}, pids: map[int32]int64{}}
+		res := &produce.Response{}
+		b.mu.Lock()
+		n := len(b.requests)
+		for i, t := range r.Topics {
+			rt := produce.ResponseTopic{Topic: t.Topic}
+			for _, p := range topics[i] {
+				raw, msgs := p.raw, p.msgs
+				fr.parts[p.id] = msgs
+				pid, epoch, seq := stampOf(raw)
+				fr.seqs[p.id], fr.pids[p.id] = seq, pid
+				if b.forget != nil && b.forget(arrival, p.id) {
+					delete(b.producers[p.id], pid)
+				}
+				seqCode, dup := int16(0), false
+				if pid >= 0 {
+					seqCode, dup = b.checkSequence(p.id, pid, epoch, seq, len(msgs))
+				}
 				code := int16(0)
 				if b.fail != nil {
-					code = b.fail(n, p.Partition)
+					code = b.fail(n, p.id)
+				}
+				if c, ok := b.once[string(msgs[0].Value)]; ok && code == 0 {
+					code = c
+					delete(b.once, string(msgs[0].Value))
+				}
+				if dup && sequenceError(kafka.Error(code)) {
+					code = 0 // a leader holding the batch answers that it does
 				}
 				if code == 0 && b.maxBatchBytes > 0 && len(raw)-4 > b.maxBatchBytes {
 					code = int16(kafka.MessageSizeTooLarge)
@@ -261,13 +441,25 @@ func (b *fakeBroker) RoundTrip(ctx context.Context, addr net.Addr, req protocol.
 						code, message = c, b.refusal
 					}
 				}
-				fr.codes[p.Partition] = code
-				rt.Partitions = append(rt.Partitions, produce.ResponsePartition{Partition: p.Partition, ErrorCode: code, ErrorMessage: message})
+				if code == 0 {
+					code = seqCode
+				}
+				switch {
+				case code == 0 && dup && b.dupCode:
+					code = int16(kafka.DuplicateSequenceNumber)
+				case code == 0 && !dup:
+					b.appendBatch(p.id, pid, epoch, seq, msgs)
+				}
+				fr.codes[p.id] = code
+				rt.Partitions = append(rt.Partitions, produce.ResponsePartition{Partition: p.id, ErrorCode: code, ErrorMessage: message})
 			}
 			res.Topics = append(res.Topics, rt)
 		}
 		b.requests = append(b.requests, fr)
 		b.mu.Unlock()
+		if lost {
+			return nil, errors.New("fake broker: connection reset before the answer was read")
+		}
 		return res, nil
 	}
 	return nil, fmt.Errorf("fake broker: unexpected request %T", req)

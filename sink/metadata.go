@@ -37,8 +37,8 @@ const (
 const metadataTTL = 2 * time.Second
 
 // resolveTopics asks the cluster for the partitions and leaders of the
-// topics not known yet, and of the known ones every metadataTTL (served
-// from the Transport's cache). A topic being auto-created (the request asks
+// topics not known yet, and of the known ones every metadataTTL and after
+// a batch of theirs failed (served from the Transport's cache). A topic being auto-created (the request asks
 // for it, as the Java producer does) is waited for (topicFailure); an
 // unreachable cluster is retried until the stream's delivery timeout gives
 // up on the session; an answer no retry can change fails the topic's
@@ -52,8 +52,9 @@ func (p *Producer) resolveTopics(now time.Time) time.Duration {
 	}
 	var names []string
 	for name, t := range p.topics {
-		if t.fetched.IsZero() || now.Sub(t.fetched) > p.metadataTTL {
+		if t.fetched.IsZero() || t.stale || now.Sub(t.fetched) > p.metadataTTL {
 			names = append(names, name)
+			t.stale = false
 		}
 	}
 	p.mu.Unlock()
@@ -349,28 +350,12 @@ func (p *Producer) applyTopic(mt *meta.ResponseTopic, now time.Time) {
 			t.ids = append(t.ids, id)
 			p.parts = append(p.parts, pt)
 		}
-		pt.leader = pm.LeaderID
+		if pt.leader != pm.LeaderID {
+			// A new leader: one batch at a time until it acknowledges one.
+			pt.leader, pt.pipelined = pm.LeaderID, false
+		}
 	}
 	slices.Sort(t.ids)
-}
-
-// refreshLeaders rereads the leaders of the batches' topics (from the
-// Transport's metadata cache) before a retry.
-func (p *Producer) refreshLeaders(bs []*batch) {
-	seen := map[string]bool{}
-	for _, b := range bs {
-		if seen[b.part.topic] {
-			continue
-		}
-		seen[b.part.topic] = true
-		mt, _, err := p.metadata(p.ctx, b.part.topic)
-		if err != nil {
-			continue
-		}
-		p.mu.Lock()
-		p.applyTopic(mt, time.Now())
-		p.mu.Unlock()
-	}
 }
 
 // partitionsChanged: topic went from `from` partitions (0: first learnt) to

@@ -7,16 +7,23 @@
 // one produce request per partition batch, so small transactions spread
 // over many partitions cost a request each; this producer sends, in rounds,
 // one request per leader broker that carries a batch for every partition
-// with records waiting, like the Java producer. Only one round is in flight
-// at a time, so a partition's batches reach the broker strictly in order,
-// and a failed batch is retried (or, refused as too large, split and sent
-// again) before anything later is sent; once it fails for good the producer
-// is fenced and sends nothing more.
+// with records waiting, like the Java producer.
+//
+// Idempotent (Config.Idempotence, the default; idempotence.go), it stamps
+// each batch with a producer id and per-partition sequence numbers, so the
+// leader drops a retried batch it already holds and refuses one that
+// overtook an earlier one: up to five rounds, and five batches of a
+// partition, are in flight at once, and a retry never duplicates. Without
+// it, one round is in flight at a time, so a partition's batches reach the
+// broker strictly in order. Either way a failed batch is sent again (or,
+// refused as too large, split and sent again) before anything later of its
+// partition, records are acknowledged in their partition's order, and once
+// a batch fails for good the producer is fenced and sends nothing more.
 //
 // The files follow the path of a record: producer.go (Produce, batching),
-// metadata.go (topic layout), sender.go (rounds, outcomes), batch.go (the
-// v2 record batch), codec.go, errors.go (what fails for good), dial.go
-// (every connection to Kafka).
+// metadata.go (topic layout), sender.go (rounds, outcomes), idempotence.go
+// (producer id, sequences), batch.go (the v2 record batch), codec.go,
+// errors.go (what fails for good), dial.go (every connection to Kafka).
 package sink
 
 import (
@@ -47,6 +54,11 @@ type Config struct {
 	MaxAttempts  int
 	WriteTimeout time.Duration
 	ClientID     string
+	// Idempotence makes the producer idempotent (idempotence.go): retries
+	// never duplicate a record, and up to five batches of a partition are
+	// in flight at once. Brokers of 0.11 and later take it; those before
+	// 2.8 want IDEMPOTENT_WRITE on the cluster for the principal.
+	Idempotence bool
 	// TLS and SASL secure every connection to the brokers; nil: plaintext,
 	// no authentication (BuildTLS, BuildSASL).
 	TLS  *tls.Config
@@ -83,6 +95,9 @@ type Producer struct {
 	topicWait time.Duration
 	// metadataTTL is metadataTTL (metadata.go); tests shorten it.
 	metadataTTL time.Duration
+	// retryMin, retryMax: the backoff of a batch sent again, doubling from
+	// the first to the second; tests shorten them.
+	retryMin, retryMax time.Duration
 	// autoCreate is the brokers' auto.create.topics.enable, read once a
 	// topic is first called missing; nil: not read yet. Only the sender
 	// goroutine uses it.
@@ -103,11 +118,29 @@ type Producer struct {
 	// batched to go out without lingering: the next round takes every
 	// open batch.
 	due bool
-	// sending: a round is in flight (between takeRound and its end).
-	sending bool
+	// rounds: the rounds in flight (at most maxRounds); inFlight: their
+	// batches.
+	rounds, inFlight int
 	// paceUntil: a flushed round waits until then: the last round's end
 	// plus its duration (see takeRound).
 	paceUntil time.Time
+	// finished hands a round back to the sender goroutine when its
+	// requests have been answered.
+	finished chan *round
+
+	// The producer id and epoch every batch is stamped with (idempotence);
+	// pid -1: none yet, or given up after a sequence error (reset).
+	pid   int64
+	epoch int16
+	// reset: a partition's leader refused a batch for its sequence or
+	// epoch (batch.reseq); the producer takes a new id once the batches
+	// stamped with the old one before it are settled, and sends no new
+	// batch meanwhile.
+	reset bool
+	// pidAttempts, pidRetryAt: InitProducerId failures in a row, and when
+	// to ask again.
+	pidAttempts int
+	pidRetryAt  time.Time
 }
 
 type topic struct {
@@ -115,6 +148,7 @@ type topic struct {
 	ids     []int // partition ids, for the balancer
 	parts   map[int]*partition
 	fetched time.Time       // when its layout was last read; zero: not known yet
+	stale   bool            // a batch failed: read its leaders again now
 	waiting []waitingRecord // records that came before its layout was known
 	// While its layout is not known: the first answer that called it
 	// missing since the cluster last failed to answer, and how many did
@@ -128,7 +162,20 @@ type partition struct {
 	id     int32
 	leader int32 // broker id, -1 when unknown
 	open   *batch
-	queued []*batch // full batches, oldest first
+	queued []*batch // full batches, oldest first, never sent
+	// sent: the batches sent and not yet completed, oldest first: in
+	// flight, to be sent again, or settled and waiting for the ones before
+	// them (records are acknowledged in their partition's order).
+	sent     []*batch
+	inFlight int // batches of sent in a request now
+	// nextSeq is the sequence of the next record stamped (idempotence).
+	nextSeq int32
+	// pipelined: its leader acknowledged a batch under the current producer
+	// id since its last failure or leader change, so it holds this
+	// producer's sequence and more than one batch may be in flight: a
+	// leader without it would append a batch that overtook a failed one
+	// (it takes any sequence from a producer it does not know).
+	pipelined bool
 }
 
 // partitioners are the Config.Partitioner values and their balancers.
@@ -183,7 +230,9 @@ func NewWithTransport(cfg Config, log hclog.Logger, rt kafka.RoundTripper) (*Pro
 		return nil, err
 	}
 	p := &Producer{cfg: cfg, rt: rt, addr: kafka.TCP(cfg.Brokers...), bal: bal, codec: cd, log: log,
-		kick: make(chan struct{}, 1), done: make(chan struct{}), topics: map[string]*topic{}, topicWait: topicWait, metadataTTL: metadataTTL}
+		kick: make(chan struct{}, 1), done: make(chan struct{}), topics: map[string]*topic{}, topicWait: topicWait, metadataTTL: metadataTTL,
+		retryMin: 100 * time.Millisecond, retryMax: time.Second,
+		finished: make(chan *round, maxRounds), pid: -1, epoch: -1}
 	if rt == nil {
 		p.transport = newTransport(cfg)
 		p.rt = p.transport
@@ -326,14 +375,16 @@ func cloneRecord(r *outboxd.Record) outboxd.Record {
 
 // Flush sends the records produced so far at once when no request is in
 // flight, without waiting for the linger; while one is in flight it does
-// nothing, and they batch up under the linger with whatever follows. It
-// does not wait. The stream calls it at each commit: an isolated commit
-// goes out at once, a busy stream still sends full rounds. (A flush that
-// only waited for the request in flight cost the drain ~30 % more CPU,
-// outboxd's and the broker's, in smaller requests: docs/reports/PERFORMANCE.md.)
+// nothing, and they batch up under the linger with whatever follows (with
+// idempotence they then go after the linger even while earlier rounds are
+// in flight). It does not wait. The stream calls it at each commit: an
+// isolated commit goes out at once, a busy stream still sends full rounds.
+// (A flush that only waited for the request in flight cost the drain ~30 %
+// more CPU, outboxd's and the broker's, in smaller requests:
+// docs/reports/PERFORMANCE.md.)
 func (p *Producer) Flush() {
 	p.mu.Lock()
-	idle := !p.sending
+	idle := p.rounds == 0
 	p.due = p.due || idle
 	p.mu.Unlock()
 	if idle {

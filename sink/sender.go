@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -20,23 +21,67 @@ import (
 // socket.request.max.bytes defaults to 100 MiB).
 const maxRoundBytes = 32 << 20
 
-// run is the sender: it takes a round (the oldest batch of every partition
-// with records waiting, once one is full or has waited the linger), sends
-// it, retries what failed, and only then takes the next.
+// maxRounds is how many rounds may be in flight at once with idempotence;
+// without it, one. A round carries at most one batch of a partition, and a
+// partition at most maxInFlight batches in flight.
+const maxRounds = maxInFlight
+
+func (p *Producer) maxRounds() int {
+	if p.cfg.Idempotence {
+		return maxRounds
+	}
+	return 1
+}
+
+// batchState is where a batch is on its way (batch.state).
+type batchState uint8
+
+const (
+	unsent   batchState = iota // in its partition's open batch or queue
+	inFlight                   // in a produce request now
+	retrying                   // failed with an error a retry may fix; sent again at retryAt, before anything later of its partition
+	acked                      // acknowledged by the broker
+	failed                     // failed for good (or refused, or fenced): batch.err
+)
+
+// round is one pass of the sender: at most one batch per partition, one
+// produce request per leader; errs are the batches' outcomes.
+type round struct {
+	batches    []*batch
+	errs       []error
+	start, end time.Time
+}
+
+// run is the sender: the one goroutine that changes the partitions' send
+// state. It takes a round (the next batch of every partition with records
+// waiting, once one is full or has waited the linger, or has a batch to
+// send again), sends it on a goroutine of its own (send), settles the
+// outcomes when it comes back (settle), and completes the batches, in each
+// partition's order. It returns once closing and nothing is left, every
+// round it started having come back.
 func (p *Producer) run() {
 	defer close(p.done)
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	for {
-		retry := p.resolveTopics(time.Now())
+		for settled := false; !settled; {
+			select {
+			case rd := <-p.finished:
+				p.completeAll(p.settle(rd))
+			default:
+				settled = true
+			}
+		}
+		now := time.Now()
+		retry := p.resolveTopics(now)
+		if w := p.producerID(now); w > 0 && (retry == 0 || w < retry) {
+			retry = w
+		}
 		p.mu.Lock()
-		round, wait, drop, exit := p.takeRound(time.Now())
-		p.sending = len(round) > 0
+		rd, wait, drop, exit := p.takeRound(time.Now())
 		p.mu.Unlock()
 		if drop != nil {
-			for _, b := range drop.batches {
-				p.complete(b, drop.err)
-			}
+			p.completeAll(drop.batches)
 			for i := range drop.records {
 				p.failRecord(&drop.records[i].rec, drop.records[i].now, drop.err)
 			}
@@ -44,14 +89,8 @@ func (p *Producer) run() {
 		if exit {
 			return
 		}
-		if len(round) > 0 {
-			start := time.Now()
-			p.send(round)
-			end := time.Now()
-			p.mu.Lock()
-			p.sending = false
-			p.paceUntil = end.Add(min(end.Sub(start), p.cfg.Linger))
-			p.mu.Unlock()
+		if rd != nil {
+			go p.send(rd)
 			continue
 		}
 		if retry > 0 && (wait == 0 || retry < wait) {
@@ -60,16 +99,32 @@ func (p *Producer) run() {
 		if wait > 0 {
 			timer.Reset(wait)
 		}
+		ctxDone := p.ctx.Done()
+		if p.ctx.Err() != nil {
+			ctxDone = nil // seen: wait for the rounds still out
+		}
 		select {
 		case <-p.kick:
 		case <-timer.C:
-		case <-p.ctx.Done():
+		case rd := <-p.finished:
+			p.completeAll(p.settle(rd))
+		case <-ctxDone:
 		}
 		timer.Stop()
 	}
 }
 
-// dropped is what a fenced producer fails without sending.
+// send sends one round and hands it back to the sender goroutine.
+// p.finished has room for every round in flight.
+func (p *Producer) send(rd *round) {
+	rd.errs = p.sendOnce(rd.batches)
+	rd.end = time.Now()
+	p.finished <- rd
+}
+
+// dropped is what a fenced producer fails without sending: batches to
+// complete (in their partitions' order) and records that never reached
+// one.
 type dropped struct {
 	batches []*batch
 	records []waitingRecord
@@ -77,28 +132,41 @@ type dropped struct {
 }
 
 // takeRound picks the next round, or says how long to wait for one (0: until
-// kicked). After a fence it hands back every waiting batch to be failed.
-// Called with mu held.
-func (p *Producer) takeRound(now time.Time) (round []*batch, wait time.Duration, drop *dropped, exit bool) {
+// kicked or a round comes back). After a fence it fails every batch not in
+// flight. Called with mu held.
+func (p *Producer) takeRound(now time.Time) (rd *round, wait time.Duration, drop *dropped, exit bool) {
 	if p.fenced != nil {
 		drop = &dropped{err: p.fenced}
 		for _, pt := range p.parts {
-			drop.batches = append(drop.batches, pt.queued...)
-			pt.queued = nil
-			if pt.open != nil {
-				drop.batches = append(drop.batches, pt.open)
-				pt.open = nil
+			for _, b := range pt.sent {
+				if b.state == retrying {
+					b.state, b.err = failed, p.fenced
+				}
 			}
+			for _, b := range append(pt.queued, pt.open) {
+				if b != nil {
+					b.state, b.err = failed, p.fenced
+					pt.sent = append(pt.sent, b)
+				}
+			}
+			pt.queued, pt.open = nil, nil
+			drop.batches = append(drop.batches, pt.pop()...)
 		}
 		for _, t := range p.topics {
 			drop.records = append(drop.records, t.waiting...)
 			t.waiting = nil
 		}
-		return nil, 0, drop, p.closing
+		return nil, 0, drop, p.closing && p.rounds == 0
 	}
 	waiting := false
 	for _, t := range p.topics {
 		waiting = waiting || len(t.waiting) > 0
+	}
+	if p.closing && !waiting && p.rounds == 0 && !p.hasWork() {
+		return nil, 0, nil, true
+	}
+	if p.rounds >= p.maxRounds() {
+		return nil, 0, nil, false // until a round comes back
 	}
 	// A flush (asked while no round was in flight) sends at once after an
 	// idle spell; right after a round it waits as long as that round took
@@ -107,126 +175,306 @@ func (p *Producer) takeRound(now time.Time) (round []*batch, wait time.Duration,
 	// one each, and the broker is busy with our requests at most half the
 	// time (docs/reports/PERFORMANCE.md, issue 15).
 	pace := p.paceUntil.Sub(now)
-	ready, any := false, false
-	var oldest time.Time
+	ready, lingering := false, false
+	var oldest, retryAt time.Time
 	for _, pt := range p.parts {
-		if len(pt.queued) > 0 {
+		b, fresh, at := p.nextBatch(pt, now)
+		switch {
+		case b == nil:
+			if !at.IsZero() && (retryAt.IsZero() || at.Before(retryAt)) {
+				retryAt = at
+			}
+			continue
+		case !fresh || b != pt.open:
+			ready = true // a batch to send again, or a full one
+		case p.closing || p.due && pace <= 0 || now.Sub(b.created) >= p.cfg.Linger:
 			ready = true
-			break
+		default:
+			lingering = true
+			if oldest.IsZero() || b.created.Before(oldest) {
+				oldest = b.created
+			}
 		}
-		if pt.open != nil {
-			any = true
-			if p.closing || p.due && pace <= 0 || now.Sub(pt.open.created) >= p.cfg.Linger {
-				ready = true
-				break
-			}
-			if oldest.IsZero() || pt.open.created.Before(oldest) {
-				oldest = pt.open.created
-			}
+		if ready {
+			break
 		}
 	}
 	if !ready {
-		if !any && !waiting && p.closing {
-			return nil, 0, nil, true
-		}
-		if any {
+		if lingering {
 			wait = p.cfg.Linger - now.Sub(oldest)
 			if p.due && pace < wait {
 				wait = pace
 			}
 		}
+		if !retryAt.IsZero() && (wait <= 0 || retryAt.Sub(now) < wait) {
+			wait = max(retryAt.Sub(now), time.Millisecond)
+		}
 		return nil, wait, nil, false
 	}
-	// Like the Java producer, a ready round takes every partition's oldest
+	// Like the Java producer, a ready round takes every partition's next
 	// batch, lingering or not: one request instead of several.
-	size := 0
+	rd = &round{start: now}
+	size, cut := 0, false
 	n := len(p.parts)
 	for i := 0; i < n; i++ {
 		pt := p.parts[(p.next+i)%n]
-		var b *batch
-		switch {
-		case len(pt.queued) > 0:
-			b = pt.queued[0]
-		case pt.open != nil:
-			b = pt.open
-		default:
+		b, fresh, _ := p.nextBatch(pt, now)
+		if b == nil {
 			continue
 		}
 		if size > 0 && size+len(b.buf) > maxRoundBytes {
 			// The rest goes in the next round; a Flush still holds for it.
-			p.next = (p.next + i) % n
-			return round, 0, nil, false
+			p.next, cut = (p.next+i)%n, true
+			break
 		}
-		if len(pt.queued) > 0 {
-			pt.queued[0] = nil
-			pt.queued = pt.queued[1:]
-		} else {
-			pt.open = nil
+		if fresh {
+			if b == pt.open {
+				pt.open = nil
+			} else {
+				pt.queued[0] = nil
+				pt.queued = pt.queued[1:]
+			}
+			pt.sent = append(pt.sent, b)
 		}
+		p.stamp(b)
+		b.state, b.resent = inFlight, !fresh
+		pt.inFlight++
+		p.inFlight++
 		size += len(b.buf)
-		round = append(round, b)
+		rd.batches = append(rd.batches, b)
 	}
-	p.next = (p.next + 1) % n
+	if len(rd.batches) == 0 {
+		return nil, 0, nil, false
+	}
+	if !cut {
+		p.next = (p.next + 1) % n
+	}
+	p.rounds++
+	if cut {
+		return rd, 0, nil, false
+	}
 	p.due = false
 	for _, pt := range p.parts {
 		// A partition with several batches queued keeps the flush for
 		// its open one.
 		p.due = p.due || pt.open != nil && len(pt.queued) > 0
 	}
-	return round, 0, nil, false
+	return rd, 0, nil, false
 }
 
-// send delivers one round: every batch is acknowledged, or retried (alone,
-// before anything later) until MaxAttempts, or split when too large, or
-// failed, which fences the producer.
-func (p *Producer) send(round []*batch) {
-	todo := round
-	for attempt := 1; ; attempt++ {
-		var retry []*batch
-		var retryErr []error
-		var fatal error
-		for i, err := range p.sendOnce(todo) {
-			b := todo[i]
-			switch {
-			case err == nil:
-				p.complete(b, nil)
-			case p.ctx.Err() != nil:
-				fatal = errClosed
-				retry, retryErr = append(retry, b), append(retryErr, errClosed)
-			case refusedContent(err) || errors.Is(err, kafka.InvalidMessage) && (b.isolating || attempt >= p.cfg.MaxAttempts):
-				// CORRUPT_MESSAGE (kafka.InvalidMessage) may be the
-				// network's: it is retried like an outage, but once it
-				// outlived the attempts (or its batch was already split
-				// from one that did) it is the record's.
-				if err := p.isolate(b, err); err != nil {
-					fatal = err
-				}
-			case retriable(err):
-				retry, retryErr = append(retry, b), append(retryErr, err)
-			default:
-				fatal = p.fail(b, err)
-			}
+// nextBatch is the batch pt sends next, if it may send one now: its oldest
+// batch to send again, alone once nothing of the partition is in flight
+// (at its backoff's end: at), or else, while no batch sent again is in
+// flight, its next unsent one (fresh), while fewer than the partition's
+// limit are in flight. A partition recovering from a failure thus has one
+// batch in flight at a time, and a batch's sequence changes (skip) only
+// while it is not in flight. Called with mu held.
+func (p *Producer) nextBatch(pt *partition, now time.Time) (b *batch, fresh bool, at time.Time) {
+	if p.cfg.Idempotence && p.pid < 0 {
+		return nil, false, time.Time{} // waits for a producer id
+	}
+	for _, b := range pt.sent {
+		switch {
+		case b.state == inFlight && b.resent:
+			return nil, false, time.Time{} // nothing beside a batch sent again
+		case b.state != retrying:
+			continue
+		case pt.inFlight > 0 || b.reseq:
+			return nil, false, time.Time{}
+		case now.Before(b.retryAt):
+			return nil, false, b.retryAt
 		}
-		if len(retry) == 0 {
+		return b, false, time.Time{}
+	}
+	if p.reset {
+		return nil, false, time.Time{} // no new batch under the old producer id
+	}
+	limit := 1
+	if p.cfg.Idempotence && pt.pipelined {
+		limit = maxInFlight
+	}
+	if pt.inFlight >= limit || len(pt.sent) >= maxInFlight {
+		return nil, false, time.Time{}
+	}
+	if len(pt.queued) > 0 {
+		return pt.queued[0], true, time.Time{}
+	}
+	return pt.open, pt.open != nil, time.Time{}
+}
+
+// pop takes the batches at the head of pt.sent that are settled (acked or
+// failed), to be completed in that order. Called with mu held.
+func (pt *partition) pop() []*batch {
+	n := 0
+	for n < len(pt.sent) && (pt.sent[n].state == acked || pt.sent[n].state == failed) {
+		n++
+	}
+	if n == 0 {
+		return nil
+	}
+	done := slices.Clone(pt.sent[:n])
+	clear(pt.sent[:n])
+	pt.sent = pt.sent[n:]
+	return done
+}
+
+// settle records the outcomes of a round that came back and returns the
+// batches to complete.
+func (p *Producer) settle(rd *round) []*batch {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.rounds--
+	p.paceUntil = rd.end.Add(min(rd.end.Sub(rd.start), p.cfg.Linger))
+	now := time.Now()
+	for i, b := range rd.batches {
+		b.part.inFlight--
+		p.inFlight--
+		p.outcome(b, rd.errs[i], now)
+	}
+	var done []*batch
+	for _, b := range rd.batches {
+		done = append(done, b.part.pop()...)
+	}
+	return done
+}
+
+// outcome settles b after the broker's answer err (nil: acknowledged): it
+// is acknowledged, to be sent again (retried with backoff up to
+// MaxAttempts, after an earlier batch of its partition, split when refused
+// for its records, or under a new producer id), or failed, which fences the
+// producer. Called with mu held.
+func (p *Producer) outcome(b *batch, err error, now time.Time) {
+	stamped := b.pid >= 0
+	if b.shift != 0 {
+		// Sent with a sequence that a record refused before it left a
+		// gap in: refused for it (or, by a leader that did not know the
+		// producer, appended), and numbered again.
+		b.seq, b.shift = addSeq(b.seq, -b.shift), 0
+		if errors.Is(err, kafka.OutOfOrderSequenceNumber) {
+			p.retryLater(b, err, now)
 			return
 		}
-		if fatal == nil && attempt < p.cfg.MaxAttempts {
-			p.log.Debug("produce failed; retrying", "batches", len(retry), "attempt", attempt, "error", retryErr[0])
-			select {
-			case <-time.After(backoff(attempt, 100*time.Millisecond, time.Second)):
-			case <-p.ctx.Done():
-			}
-			if p.ctx.Err() == nil {
-				p.refreshLeaders(retry)
-				todo = retry
-				continue
-			}
+	}
+	switch {
+	case err == nil || stamped && errors.Is(err, kafka.DuplicateSequenceNumber):
+		// DUPLICATE_SEQUENCE_NUMBER: a batch sent again that the leader
+		// appended already (brokers since 1.0 answer a success instead).
+		b.state, b.err = acked, nil
+		if stamped && b.pid == p.pid {
+			b.part.pipelined = true
 		}
-		for i, b := range retry {
-			p.fence(b, retryErr[i])
-			p.complete(b, retryErr[i])
+	case p.ctx.Err() != nil:
+		p.fail(b, errClosed)
+	case p.fenced != nil:
+		// An earlier batch failed for good: this one's failure may be
+		// that one's consequence (a sequence gap); it gets the fence.
+		b.state, b.err = failed, p.fenced
+	case refusedContent(err) || errors.Is(err, kafka.InvalidMessage) && (b.isolating || b.attempts+1 >= p.cfg.MaxAttempts):
+		// CORRUPT_MESSAGE (kafka.InvalidMessage) may be the network's: it
+		// is retried like an outage, but once it outlived the attempts
+		// (or its batch was already split from one that did) it is the
+		// record's.
+		p.isolate(b, err, now)
+	case stamped && sequenceError(err):
+		p.resequence(b, err, now)
+	case retriable(err):
+		b.attempts++
+		if b.attempts >= p.cfg.MaxAttempts {
+			p.fail(b, err)
+			return
 		}
+		p.retryLater(b, err, now.Add(backoff(b.attempts, p.retryMin, p.retryMax)))
+		p.topics[b.part.topic].stale = true // its leaders are read again first
+		p.log.Debug("produce failed; retrying", "topic", b.part.topic, "partition", b.part.id, "attempt", b.attempts, "error", err)
+	default:
+		p.fail(b, err)
+	}
+}
+
+// retryLater makes b a batch to send again at at; its partition sends one
+// batch at a time until its leader acknowledges one again. Called with mu
+// held.
+func (p *Producer) retryLater(b *batch, err error, at time.Time) {
+	b.state, b.err, b.retryAt = retrying, err, at
+	b.part.pipelined = false
+}
+
+// resequence handles b refused for its producer id, epoch or sequence
+// (idempotence.go): behind an earlier batch of its partition still open it
+// is sent again after it; otherwise the leader does not know this producer
+// as outboxd does, and the producer resets: a new producer id once every
+// batch stamped with the old one is settled but b and those after it in
+// its partition, which the leader did not append either (it appends a
+// producer's batches in sequence); those are then sent again under the
+// new id, numbered from 0. An earlier batch of the partition whose fate is
+// open is settled under the old id first: the leader may hold it. Called
+// with mu held.
+func (p *Producer) resequence(b *batch, err error, now time.Time) {
+	pt := b.part
+	if b.pid != p.pid {
+		// Stamped with an id the producer has left: stamped again.
+		b.pid = -1
+		p.retryLater(b, err, now)
 		return
+	}
+	if (errors.Is(err, kafka.OutOfOrderSequenceNumber) || errors.Is(err, kafka.UnknownProducerId)) && pt.openBefore(b) {
+		p.retryLater(b, err, now) // not counted: the earlier batch's failure is
+		return
+	}
+	b.attempts++
+	if b.attempts >= p.cfg.MaxAttempts {
+		p.fail(b, err)
+		return
+	}
+	p.retryLater(b, err, now)
+	b.reseq = true
+	if !p.reset {
+		p.reset = true
+		p.log.Warn("a partition leader refused a batch for outboxd's producer id or sequence: it does not hold what outboxd last saw it acknowledge "+
+			"(records lost by an unclean leader election, or deleted); outboxd takes a new producer id once the batches in flight are settled and sends the refused batches again",
+			"topic", pt.topic, "partition", pt.id, "producer_id", b.pid, "sequence", b.seq, "error", codeName(err))
+	}
+}
+
+// openBefore says whether a batch before b in pt.sent is still open (in
+// flight or to be sent again). Called with mu held.
+func (pt *partition) openBefore(b *batch) bool {
+	for _, x := range pt.sent {
+		if x == b {
+			return false
+		}
+		if x.state == inFlight || x.state == retrying {
+			return true
+		}
+	}
+	return false
+}
+
+// resetProducerID drops the producer id once every batch stamped with it is
+// settled but those from a batch refused for its sequence on
+// (Producer.reset): producerID then asks for a new one, and those batches
+// are stamped with it when sent again. Called with mu held.
+func (p *Producer) resetProducerID() {
+	if !p.reset || p.inFlight > 0 {
+		return
+	}
+	for _, pt := range p.parts {
+		for _, b := range pt.sent {
+			if b.reseq {
+				break
+			}
+			if b.state == retrying {
+				return // settled under the old id first
+			}
+		}
+	}
+	p.pid, p.epoch, p.reset = -1, -1, false
+	for _, pt := range p.parts {
+		for _, b := range pt.sent {
+			if b.state == retrying {
+				b.pid, b.reseq = -1, false
+			}
+		}
 	}
 }
 
@@ -235,40 +483,66 @@ func (p *Producer) send(round []*batch) {
 // batch can exceed once compressed, as incompressible payloads do; a
 // timestamp the topic does not take; a record it calls invalid or
 // corrupt). As the Java producer does for a batch too large, it splits b
-// in two and puts both halves at the head of the partition's queue, before
-// anything later, down to a record alone in its batch: a Refusable one is
-// refused with an *outboxd.RefusedError and the records after it go on (its
-// route dead-letters it); any other fails for good with a RecordError that
-// names the way out. It returns the error that fenced the producer, if it
-// did.
-func (p *Producer) isolate(b *batch, err error) error {
+// in two, in its place before anything later of its partition, keeping
+// their sequences, down to a record alone in its batch: a Refusable one is
+// refused with an *outboxd.RefusedError and the records after it go on,
+// their sequences one lower (its route dead-letters it); any other fails
+// for good with a RecordError that names the way out. Called with mu held.
+func (p *Producer) isolate(b *batch, err error, now time.Time) {
+	pt := b.part
 	if b.count > 1 {
 		n := b.count
 		first, rest, serr := b.split()
 		if serr != nil {
-			return p.fail(b, serr)
+			p.fail(b, serr)
+			return
 		}
 		p.log.Debug("the broker refused a batch for a record's content; sending it again in two",
-			"topic", first.part.topic, "partition", first.part.id, "records", n, "error", codeName(err))
-		p.mu.Lock()
-		first.part.queued = append([]*batch{first, rest}, first.part.queued...)
-		p.mu.Unlock()
-		return nil
+			"topic", pt.topic, "partition", pt.id, "records", n, "error", codeName(err))
+		i := slices.Index(pt.sent, b)
+		pt.sent = slices.Replace(pt.sent, i, i+1, first, rest)
+		p.retryLater(first, err, now)
+		p.retryLater(rest, err, now)
+		return
 	}
 	recs, stamps, derr := b.records()
 	if derr != nil {
-		return p.fail(b, derr)
+		p.fail(b, derr)
+		return
 	}
 	r := &recs[0]
 	way := refusalFix(err, stamps[0], time.Now())
 	if r.Refusable {
-		p.complete(b, &outboxd.RefusedError{Topic: r.Topic, Key: bytes.Clone(r.Key), Headers: cloneHeaders(r.Headers),
-			Size: r.WireSize(), Err: fmt.Errorf("%s: %s: %w", codeName(err), way, err)})
-		return nil
+		b.state, b.err = failed, &outboxd.RefusedError{Topic: r.Topic, Key: bytes.Clone(r.Key), Headers: cloneHeaders(r.Headers),
+			Size: r.WireSize(), Err: fmt.Errorf("%s: %s: %w", codeName(err), way, err)}
+		pt.skip(b)
+		return
 	}
-	return p.fail(b, &RecordError{Topic: r.Topic, Key: bytes.Clone(r.Key), Err: err,
+	p.fail(b, &RecordError{Topic: r.Topic, Key: bytes.Clone(r.Key), Err: err,
 		Reason: fmt.Sprintf("the broker refused the record (%d bytes) with %s, alone in its batch: %s, or dead-letter such rows (on_error: dead_letter)",
 			r.WireSize(), codeName(err), way)})
+}
+
+// skip closes the gap a refused batch b leaves in its partition's
+// sequences: the batches after it, and the next one stamped, are numbered
+// b.count lower; one in flight (sent with b, the leader refuses it for the
+// gap) once it is back (outcome). Called with mu held.
+func (pt *partition) skip(b *batch) {
+	if b.pid < 0 {
+		return
+	}
+	after := false
+	for _, x := range pt.sent {
+		switch {
+		case !after || x.pid != b.pid:
+		case x.state == inFlight:
+			x.shift += b.count
+		default:
+			x.seq = addSeq(x.seq, -b.count)
+		}
+		after = after || x == b
+	}
+	pt.nextSeq = addSeq(pt.nextSeq, -b.count)
 }
 
 func cloneHeaders(hs []outboxd.Header) []outboxd.Header {
@@ -283,9 +557,9 @@ func cloneHeaders(hs []outboxd.Header) []outboxd.Header {
 }
 
 // fail fails b for good and fences the producer: no later batch may reach
-// the broker. An error no replay can fix becomes a RecordError. It returns
-// the error b's records got.
-func (p *Producer) fail(b *batch, err error) error {
+// the broker. An error no replay can fix becomes a RecordError. Called with
+// mu held.
+func (p *Producer) fail(b *batch, err error) {
 	var re *RecordError
 	if ae := authFailure(err); ae != nil {
 		err = ae
@@ -293,19 +567,16 @@ func (p *Producer) fail(b *batch, err error) error {
 		err = &RecordError{Topic: b.part.topic, Reason: reason, Err: err}
 	}
 	p.fence(b, err)
-	p.complete(b, err)
-	return err
+	b.state, b.err = failed, err
 }
 
-// fence stops the producer after b failed for good.
+// fence stops the producer after b failed for good. Called with mu held.
 func (p *Producer) fence(b *batch, err error) {
-	p.mu.Lock()
-	first := p.fenced == nil
-	if first {
-		p.fenced = fenceError(err)
+	if p.fenced != nil {
+		return
 	}
-	p.mu.Unlock()
-	if first && !errors.Is(err, errClosed) {
+	p.fenced = fenceError(err)
+	if !errors.Is(err, errClosed) {
 		p.log.Error("delivery failed; no further records will be sent by this producer",
 			"topic", b.part.topic, "partition", b.part.id, "records", b.count, "error", err)
 	}
@@ -429,6 +700,17 @@ func partitionResult(res *produce.Response, pt *partition) error {
 		}
 	}
 	return fmt.Errorf("the produce response has no result for %s/%d", pt.topic, pt.id)
+}
+
+// completeAll completes settled batches, in order.
+func (p *Producer) completeAll(bs []*batch) {
+	for _, b := range bs {
+		var err error
+		if b.state == failed {
+			err = b.err
+		}
+		p.complete(b, err)
+	}
 }
 
 // complete tells every record of b its outcome, after observing it.

@@ -223,18 +223,21 @@ func TestNothingAcknowledgedBeforeTheBroker(t *testing.T) {
 func TestTooLargeBatchIsSplit(t *testing.T) {
 	big := strings.Repeat("x", 2000)
 	for _, tc := range []struct {
-		name      string
-		refusable bool
-		delivered string // the values on the topic, in order
+		name        string
+		refusable   bool
+		idempotence bool
+		delivered   string // the values on the topic, in order
 	}{
-		{"refusable", true, "a c d e f"},
-		{"not refusable", false, "a"},
+		{"refusable", true, false, "a c d e f"},
+		{"not refusable", false, false, "a"},
+		{"refusable, idempotent", true, true, "a c d e f"},
+		{"not refusable, idempotent", false, true, "a"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := &fakeBroker{maxBatchBytes: 1000, block: make(chan struct{})}
 			// a, big and c fill a batch, d, e and f the next one, queued
 			// behind it while the broker holds the first request.
-			p := testProducer(t, b, Config{BatchSize: 3, Linger: time.Hour, MaxAttempts: 1})
+			p := testProducer(t, b, Config{BatchSize: 3, Linger: time.Hour, MaxAttempts: 1, Idempotence: tc.idempotence})
 			r := newAckRecorder(6)
 			recs := []*outboxd.Record{rec(r, "P-1", "a"), rec(r, "P-1", big), rec(r, "P-1", "c"),
 				rec(r, "P-1", "d"), rec(r, "P-1", "e"), rec(r, "P-1", "f")}

@@ -166,7 +166,7 @@ func kafkaConfig(ctx context.Context, cfg config.Config) (sink.Config, error) {
 	return sink.Config{
 		Brokers: k.Brokers, Partitioner: k.Partitioner, Compression: k.Compression,
 		Linger: k.Linger, BatchSize: k.BatchSize, BatchBytes: k.BatchBytes,
-		MaxAttempts: k.MaxAttempts, WriteTimeout: k.WriteTimeout, ClientID: k.ClientID,
+		MaxAttempts: k.MaxAttempts, WriteTimeout: k.WriteTimeout, ClientID: k.ClientID, Idempotence: k.Idempotence,
 		OnPartitionChange: k.OnPartitionChange, TLS: tlsc, SASL: mech,
 	}, nil
 }
