@@ -350,6 +350,14 @@ func proxyTo(t *testing.T, target string, serve func(down, up net.Conn)) string 
 	if err != nil {
 		t.Fatal(err)
 	}
+	proxyOn(t, ln, target, serve)
+	return ln.Addr().String()
+}
+
+// proxyOn is proxyTo on a listener of the caller's (whose address a broker
+// must advertise before it starts).
+func proxyOn(t *testing.T, ln net.Listener, target string, serve func(down, up net.Conn)) {
+	t.Helper()
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var conns []net.Conn
@@ -382,5 +390,4 @@ func proxyTo(t *testing.T, target string, serve func(down, up net.Conn)) string 
 			go func() { defer wg.Done(); serve(down, up) }()
 		}
 	}()
-	return ln.Addr().String()
 }

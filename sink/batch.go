@@ -83,6 +83,10 @@ type batch struct {
 	// resent: in flight again after a failure; its partition sends nothing
 	// else until it is settled.
 	resent bool
+	// behind: sent while an earlier batch of its partition was open, which
+	// it may have overtaken on the way to the leader (several requests to
+	// one broker go on connections of their own).
+	behind bool
 	// shift: records refused before it while it was in flight
 	// (partition.skip); its sequence is that much lower once it is back.
 	shift int32

@@ -237,6 +237,7 @@ func (p *Producer) takeRound(now time.Time) (rd *round, wait time.Duration, drop
 			pt.sent = append(pt.sent, b)
 		}
 		p.stamp(b)
+		b.behind = pt.openBefore(b)
 		b.state, b.resent = inFlight, !fresh
 		pt.inFlight++
 		p.inFlight++
@@ -400,8 +401,9 @@ func (p *Producer) retryLater(b *batch, err error, at time.Time) {
 }
 
 // resequence handles b refused for its producer id, epoch or sequence
-// (idempotence.go): behind an earlier batch of its partition still open it
-// is sent again after it; otherwise the leader does not know this producer
+// (idempotence.go): sent behind an earlier batch of its partition that was
+// open then (it may have overtaken it: requests to one broker travel on
+// connections of their own) or is now, it is sent again after it; otherwise the leader does not know this producer
 // as outboxd does, and the producer resets: a new producer id once every
 // batch stamped with the old one is settled but b and those after it in
 // its partition, which the leader did not append either (it appends a
@@ -417,8 +419,11 @@ func (p *Producer) resequence(b *batch, err error, now time.Time) {
 		p.retryLater(b, err, now)
 		return
 	}
-	if (errors.Is(err, kafka.OutOfOrderSequenceNumber) || errors.Is(err, kafka.UnknownProducerId)) && pt.openBefore(b) {
-		p.retryLater(b, err, now) // not counted: the earlier batch's failure is
+	if (errors.Is(err, kafka.OutOfOrderSequenceNumber) || errors.Is(err, kafka.UnknownProducerId)) && (b.behind || pt.openBefore(b)) {
+		// It overtook an earlier batch, or that one failed: not counted
+		// (the earlier one's failure is), sent again after it. If the
+		// leader refuses it again with nothing before it, that is a reset.
+		p.retryLater(b, err, now)
 		return
 	}
 	b.attempts++
