@@ -104,6 +104,9 @@ type fakeBroker struct {
 	gate  func(first string) <-chan struct{}
 	delay func(n int) time.Duration
 	once  map[string]int16
+	// answer, when set, is waited for after such a request was processed,
+	// before its answer goes back.
+	answer func(first string) <-chan struct{}
 
 	metaN int
 	addrs []string // the address of every request, in order
@@ -457,6 +460,15 @@ func (b *fakeBroker) RoundTrip(ctx context.Context, addr net.Addr, req protocol.
 		}
 		b.requests = append(b.requests, fr)
 		b.mu.Unlock()
+		if b.answer != nil {
+			if g := b.answer(first); g != nil {
+				select {
+				case <-g:
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				}
+			}
+		}
 		if lost {
 			return nil, errors.New("fake broker: connection reset before the answer was read")
 		}
@@ -521,6 +533,13 @@ func (r *ackRecorder) wait(t *testing.T) {
 		defer r.mu.Unlock()
 		t.Fatalf("only %d of %d records were acknowledged or failed", len(r.errs), r.want)
 	}
+}
+
+// told is the records told their outcome so far, in that order.
+func (r *ackRecorder) told() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.order)
 }
 
 func (r *ackRecorder) get(k string) error {
