@@ -224,21 +224,42 @@ func idempotenceRefused(err error) *IdempotenceError {
 	return ie
 }
 
+// probeBudget bounds ProbeIdempotence's retries: a KRaft broker answers
+// the first InitProducerId after its start COORDINATOR_LOAD_IN_PROGRESS
+// while it fetches a block of producer ids from the controller.
+const probeBudget = 10 * time.Second
+
 // ProbeIdempotence asks the brokers for a producer id as the producer does
-// at its first batch, with cfg's connection settings: nil when they give
-// one, an *IdempotenceError when they refuse in a way no retry can change
-// (with the way out), another error when no broker answered. The id is
+// at its first batch, with cfg's connection settings, retrying an answer
+// the producer would retry for up to probeBudget: nil when they give one,
+// an *IdempotenceError when they refuse in a way no retry can change (with
+// the way out), another error when no broker gave one in time. The id is
 // never used: asking for one changes nothing but the cluster's producer id
 // counter.
 func ProbeIdempotence(ctx context.Context, cfg Config) error {
 	t := newTransport(cfg)
 	defer t.CloseIdleConnections()
-	_, _, err := newProducerID(ctx, t, kafka.TCP(cfg.Brokers...), dialTimeout)
-	if err == nil {
-		return nil
+	return probeIdempotence(ctx, t, kafka.TCP(cfg.Brokers...), probeBudget)
+}
+
+func probeIdempotence(ctx context.Context, rt kafka.RoundTripper, addr net.Addr, budget time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, budget)
+	defer cancel()
+	for attempt := 1; ; attempt++ {
+		_, _, err := newProducerID(ctx, rt, addr, dialTimeout)
+		if err == nil {
+			return nil
+		}
+		if ie := idempotenceRefused(err); ie != nil {
+			return ie
+		}
+		if !retriable(err) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(backoff(attempt, 100*time.Millisecond, time.Second)):
+		}
 	}
-	if ie := idempotenceRefused(err); ie != nil {
-		return ie
-	}
-	return err
 }

@@ -371,6 +371,48 @@ func TestProducerIDRefused(t *testing.T) {
 	})
 }
 
+// TestProbeIdempotence: check's probe (ProbeIdempotence) retries what the
+// producer retries, as a KRaft broker's first InitProducerId after its
+// start is answered COORDINATOR_LOAD_IN_PROGRESS (a real Kafka 4.1 broker
+// did in TestIdempotenceNeedsAProducerID: check warned instead of passing),
+// and reports a refusal at once.
+func TestProbeIdempotence(t *testing.T) {
+	addr := kafka.TCP("fake:9092")
+	loading := int16(kafka.GroupLoadInProgress) // COORDINATOR_LOAD_IN_PROGRESS
+	t.Run("loading, then given", func(t *testing.T) {
+		b := &fakeBroker{initFail: func(n int) int16 {
+			if n < 2 {
+				return loading
+			}
+			return 0
+		}}
+		if err := probeIdempotence(context.Background(), b, addr, 30*time.Second); err != nil {
+			t.Fatalf("want a producer id after two retries, got %v", err)
+		}
+		if b.initCount() != 3 {
+			t.Errorf("asked %d times, want 3", b.initCount())
+		}
+	})
+	t.Run("refused", func(t *testing.T) {
+		b := &fakeBroker{initFail: func(int) int16 { return int16(kafka.ClusterAuthorizationFailed) }}
+		var ie *IdempotenceError
+		if err := probeIdempotence(context.Background(), b, addr, 30*time.Second); !errors.As(err, &ie) {
+			t.Fatalf("want an IdempotenceError, got %v", err)
+		}
+		if b.initCount() != 1 {
+			t.Errorf("a refusal asked %d times, want once", b.initCount())
+		}
+	})
+	t.Run("loading past the budget", func(t *testing.T) {
+		b := &fakeBroker{initFail: func(int) int16 { return loading }}
+		err := probeIdempotence(context.Background(), b, addr, 300*time.Millisecond)
+		var ie *IdempotenceError
+		if !errors.Is(err, kafka.GroupLoadInProgress) || errors.As(err, &ie) {
+			t.Fatalf("want the broker's last answer, not a refusal, got %v", err)
+		}
+	})
+}
+
 // TestNothingAcknowledgedThatIsNotOnTheTopic: 200 seeds of random faults on
 // three partitions: answers lost after the append or requests lost before
 // it, retriable refusals, leader changes, sequence refusals of the first
