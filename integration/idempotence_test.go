@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/segmentio/kafka-go"
+
 	"github.com/outboxd/outboxd/testenv"
 )
 
@@ -249,4 +251,91 @@ func noSessionRestart(t *testing.T, d *daemon) {
 	if log := d.Log(); strings.Contains(log, "replication interrupted") {
 		t.Fatalf("a replication session ended (the records after the slot's position were produced again):\n%s", log)
 	}
+}
+
+// TestIdempotenceNeedsAProducerID: a broker with ACLs, outboxd's SASL
+// user allowed to DESCRIBE the topic but not to WRITE it, nor
+// IDEMPOTENT_WRITE on the cluster: the brokers refuse it a producer id.
+// check fails its "kafka idempotence" line with the fix, and outboxd stops
+// before sending a record, naming the fix, its slot before the rows. Once
+// WRITE is granted on the topic (enough since Kafka 2.8, KIP-679), check
+// passes and the rows arrive. (A Kafka before 2.8, which wanted
+// IDEMPOTENT_WRITE whatever else was granted, cannot be started here.)
+func TestIdempotenceNeedsAProducerID(t *testing.T) {
+	needEnv(t)
+	acl, err := testenv.Start(testenv.Options{NoPostgres: true, KafkaACLs: true, Listeners: []testenv.Listener{{Name: "SASL", Protocol: "SASL_PLAINTEXT"}}})
+	if err != nil {
+		t.Fatalf("start a broker with ACLs: %v", err)
+	}
+	t.Cleanup(acl.Cleanup)
+	user, passwordFile, err := acl.KafkaSASL()
+	if err != nil {
+		t.Fatal(err)
+	}
+	saslAddr, err := acl.KafkaListener("SASL")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newFixtureOn(t, &testenv.Env{Dir: acl.Dir, PGDSN: env.PGDSN, KafkaBrokers: acl.KafkaBrokers}, seedSchema, map[string]int{"comandes": 2})
+	topic := f.topic("comandes")
+	grant := func(op kafka.ACLOperationType) {
+		t.Helper()
+		c := &kafka.Client{Addr: kafka.TCP(acl.KafkaBrokers), Timeout: 10 * time.Second} // PLAINTEXT: the super user
+		res, err := c.CreateACLs(context.Background(), &kafka.CreateACLsRequest{ACLs: []kafka.ACLEntry{{
+			ResourceType: kafka.ResourceTypeTopic, ResourceName: topic, ResourcePatternType: kafka.PatternTypeLiteral,
+			Principal: "User:" + user, Host: "*", Operation: op, PermissionType: kafka.ACLPermissionTypeAllow}}})
+		if err == nil && len(res.Errors) > 0 {
+			err = res.Errors[0]
+		}
+		if err != nil {
+			t.Fatalf("grant %v on %s: %v", op, topic, err)
+		}
+	}
+	grant(kafka.ACLOperationTypeDescribe)
+	cfg := f.config(seedRoute(topic))
+	cfg.Brokers = saslAddr
+	cfg.Kafka["sasl"] = fmt.Sprintf("{mechanism: SCRAM-SHA-512, username: %s, password_file: %s}", user, passwordFile)
+	path := f.configFile(cfg)
+
+	r := outboxd(t, f.dsn, "check", "-c", path)
+	l := r.line("FAIL kafka idempotence:")
+	for _, want := range []string{"refused outboxd's principal a producer id", "Cluster Authorization Failed", "IdempotentWrite", "WRITE on the routed topics", "kafka.idempotence: false"} {
+		if !strings.Contains(l, want) {
+			t.Fatalf("check's idempotence line lacks %q:\n%s", want, r)
+		}
+	}
+	if r.code == 0 {
+		t.Errorf("check exited 0 with a failed line:\n%s", r)
+	}
+
+	// Ready first: the slot then exists before the rows, so they are in
+	// what it streams (rows older than the slot would go to the cut-over
+	// snapshot, which the slot never holds).
+	d := f.start(cfg)
+	w := newWriter(f, 41, 10, "outbox")
+	ctx := context.Background()
+	for i := 0; i < 4; i++ {
+		if err := w.txn(ctx, 2); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := d.exited(90 * time.Second); err == nil {
+		t.Fatal("outboxd exited 0 without a producer id")
+	}
+	if last := lastLine(d.Log()); !strings.Contains(last, "producer id") || !strings.Contains(last, "IdempotentWrite") {
+		t.Fatalf("outboxd's last line does not name the refusal and its fix: %s", last)
+	}
+	if passed := f.slotPassed(w.committed...); len(passed) > 0 {
+		t.Fatalf("the slot passed rows %v that never reached Kafka", passed)
+	}
+
+	grant(kafka.ACLOperationTypeWrite)
+	r = outboxd(t, f.dsn, "check", "-c", path)
+	if l := r.line("PASS kafka idempotence:"); l == "" {
+		t.Fatalf("with WRITE on the topic, check's idempotence line does not pass:\n%s", r)
+	}
+	d = f.start(cfg)
+	rep := w.verify(ctx, topic, "murmur2")
+	t.Logf("after WRITE was granted: %+v", rep)
+	d.term()
 }

@@ -47,6 +47,10 @@ type Options struct {
 
 	// NoAutoCreateTopics sets the broker's auto.create.topics.enable=false.
 	NoAutoCreateTopics bool
+	// KafkaACLs turns the broker's ACLs on (kafka.sh KAFKA_ACLS=on): the
+	// PLAINTEXT listener (KafkaBrokers) is a super user, the SASL user may
+	// do only what ACLs grant it (Env.KafkaSASL).
+	KafkaACLs bool
 	// Listeners are client listeners the broker has besides its own
 	// PLAINTEXT one (which stays, for the tests' own clients).
 	Listeners []Listener
@@ -184,6 +188,7 @@ func (o Options) environ() ([]string, error) {
 		"PG_SSL="+onOff(o.PostgresTLS),
 		"PG_COMMIT_TS="+onOff(o.CommitTimestamps),
 		"KAFKA_AUTO_CREATE="+strconv.FormatBool(!o.NoAutoCreateTopics),
+		"KAFKA_ACLS="+onOff(o.KafkaACLs),
 		"KAFKA_LISTENERS="+ls,
 	), nil
 }

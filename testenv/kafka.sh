@@ -15,6 +15,11 @@
 # Settings read at the first start and kept in kafka.env, like the ports, so
 # a restarted broker keeps its addresses, topics and data:
 #   KAFKA_AUTO_CREATE  auto.create.topics.enable (default true)
+#   KAFKA_ACLS         on: ACLs (StandardAuthorizer): the PLAINTEXT
+#                      listener's principal (User:ANONYMOUS, which the
+#                      inter-broker and controller connections use too) is
+#                      a super user, the SASL user outboxd may do what ACLs
+#                      grant it and nothing else (default off)
 #   KAFKA_LISTENERS    extra client listeners, NAME[:PROTOCOL][=HOST:PORT],...:
 #                      each binds a port of its own and is advertised at
 #                      HOST:PORT (e.g. a TCP proxy in front of it), or at
@@ -41,7 +46,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 . "$HERE/common.sh"
 
 usage() {
-  sed -n '2,36p' "$0" >&2
+  sed -n '2,41p' "$0" >&2
   exit 2
 }
 
@@ -88,6 +93,7 @@ load_settings() {
   CPORT="$(read_env "$ENVF" KAFKA_CONTROLLER_PORT)"
   [[ -n "$PORT" && -n "$CPORT" ]] || return 1
   AUTO_CREATE="$(read_env "$ENVF" KAFKA_AUTO_CREATE)"
+  ACLS="$(read_env "$ENVF" KAFKA_ACLS)"
   parse_listeners "$(read_env "$ENVF" KAFKA_LISTENERS)"
   for i in "${!XNAME[@]}"; do
     XPORT[i]="$(read_env "$ENVF" "KAFKA_${XNAME[$i]}_PORT")"
@@ -100,6 +106,8 @@ load_settings() {
 first_settings() {
   AUTO_CREATE="${KAFKA_AUTO_CREATE:-true}"
   [[ "$AUTO_CREATE" == true || "$AUTO_CREATE" == false ]] || die "KAFKA_AUTO_CREATE must be true or false"
+  ACLS="${KAFKA_ACLS:-off}"
+  [[ "$ACLS" == on || "$ACLS" == off ]] || die "KAFKA_ACLS must be on or off"
   parse_listeners "${KAFKA_LISTENERS:-}"
   node_first_settings
   claim_ports
@@ -163,6 +171,7 @@ write_env() {
     echo "KAFKA_CONTROLLER_PORT=$CPORT"
     echo "OUTBOXD_KAFKA_BROKERS=127.0.0.1:$PORT"
     echo "KAFKA_AUTO_CREATE=$AUTO_CREATE"
+    echo "KAFKA_ACLS=${ACLS:-off}"
     echo "KAFKA_LISTENERS=$spec"
     for i in "${!XNAME[@]}"; do echo "KAFKA_${XNAME[$i]}_PORT=${XPORT[$i]}"; done
     if uses 'SASL_*'; then
@@ -220,6 +229,12 @@ delete.topic.enable=true
 broker.heartbeat.interval.ms=500
 broker.session.timeout.ms=3000
 EOF
+  if [[ "${ACLS:-off}" == on ]]; then
+    cat >>"$PROPS" <<EOF
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+super.users=User:ANONYMOUS
+EOF
+  fi
   write_security_props
 }
 

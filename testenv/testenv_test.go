@@ -264,7 +264,7 @@ func TestOptionsEnviron(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"PG_VERSION=17", "PG_WAL_LEVEL=logical", "PG_SSL=on", "PG_COMMIT_TS=on", "KAFKA_AUTO_CREATE=true", "KAFKA_LISTENERS=PROXIED=127.0.0.1:4000,SASL_SSL:SASL_SSL,MTLS:SSL=localhost:4001"}
+	want := []string{"PG_VERSION=17", "PG_WAL_LEVEL=logical", "PG_SSL=on", "PG_COMMIT_TS=on", "KAFKA_AUTO_CREATE=true", "KAFKA_ACLS=off", "KAFKA_LISTENERS=PROXIED=127.0.0.1:4000,SASL_SSL:SASL_SSL,MTLS:SSL=localhost:4001"}
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Errorf("got %q\nwant %q", got, want)
 	}
