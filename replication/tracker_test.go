@@ -75,135 +75,147 @@ func TestTrackerNeverConfirmsUnacknowledged(t *testing.T) {
 	router, bs, row := trackerRoutes(t)
 	for seed := uint64(0); seed < 300; seed++ {
 		rng := rand.New(rand.NewPCG(seed, seed*7919))
-		failRate := []float64{0, 0, 0.001, 0.02}[seed%4]
-		// Some seeds have Refusable records that the broker refuses: each is
-		// replaced by a dead-letter record, which must be acknowledged too.
-		refuseRate := []float64{0, 0.05, 0, 0.01}[(seed/4)%4]
-		const start = pglogrepl.LSN(1000)
-		tr := replication.NewTracker(start, nil)
-		prod := &heldProducer{}
-		pub := publish.New(publish.Config{Router: router, Producer: prod, MaxEvents: 1 << 30, MaxBytes: 1 << 40})
+		m := &ackModel{t: t, seed: seed, rng: rng, start: 1000, lsn: 1000,
+			failRate: []float64{0, 0, 0.001, 0.02}[seed%4],
+			// Some seeds have Refusable records that the broker refuses: each is
+			// replaced by a dead-letter record, which must be acknowledged too.
+			refuseRate: []float64{0, 0.05, 0, 0.01}[(seed/4)%4]}
+		m.tr = replication.NewTracker(m.start, nil)
+		m.pub = publish.New(publish.Config{Router: router, Producer: &m.prod, MaxEvents: 1 << 30, MaxBytes: 1 << 40})
 
-		nTxn := 1 + rng.IntN(60)
-		ends := make([]pglogrepl.LSN, nTxn)
-		pending := make([]int, nTxn) // records (or their replacements) not yet acknowledged OK
-		failed := make([]bool, nTxn)
-		committed := make([]bool, nTxn)
-		var refused []int // transactions of the refused records, in the order of their refusals
-		lsn := start
-
-		check := func(step string) {
-			st := tr.State()
-			for i := 0; i < nTxn; i++ {
-				if !committed[i] {
-					// An open transaction's position is unknown yet; every
-					// later one is larger, so the loop can stop.
-					break
-				}
-				if ends[i] <= st.Confirmed && ends[i] > start && (pending[i] > 0 || failed[i]) {
-					t.Fatalf("seed %d, %s: confirmed %s passes txn %d (end %s) with %d unacknowledged records, failed=%v",
-						seed, step, st.Confirmed, i, ends[i], pending[i], failed[i])
-				}
-			}
-		}
-		replace := func() {
-			// The replacements are produced in the order of the refusals.
-			prod.txnOf = func() int { x := refused[0]; refused = refused[1:]; return x }
-			if err := pub.ReplaceRefused(); err != nil {
-				t.Fatalf("seed %d: %v", seed, err)
-			}
-			check("replace")
-		}
-		ackSome := func(max int) {
-			for n := rng.IntN(max + 1); n > 0 && len(prod.inFlight) > 0; n-- {
-				j := rng.IntN(len(prod.inFlight))
-				r := prod.inFlight[j]
-				prod.inFlight[j] = prod.inFlight[len(prod.inFlight)-1]
-				prod.inFlight = prod.inFlight[:len(prod.inFlight)-1]
-				var err error
-				switch {
-				case r.refusable && rng.Float64() < refuseRate:
-					err = &outboxd.RefusedError{Topic: "comandes", Err: errors.New("injected: too large")}
-					refused = append(refused, r.txn)
-				case rng.Float64() < failRate:
-					err = errors.New("injected delivery failure")
-					failed[r.txn] = true
-				}
-				// Flip the model before the tracker: the check below runs
-				// after the tracker has seen it. A refused record stays
-				// pending: its replacement takes its place.
-				if err == nil {
-					pending[r.txn]--
-				}
-				r.acker.Ack(err)
-				check("ack")
-				if rng.IntN(3) == 0 {
-					replace()
-				}
-			}
-		}
-
-		for i := 0; i < nTxn; i++ {
-			x := tr.Begin(time.Unix(int64(i), 0), lsn+1)
-			prod.txnOf = func() int { return i }
+		for i := range 1 + rng.IntN(60) {
+			m.ends, m.pending, m.failed = append(m.ends, 0), append(m.pending, 0), append(m.failed, false)
+			x := m.tr.Begin(time.Unix(int64(i), 0), m.lsn+1)
 			// Some transactions carry no outbox row (other tables).
 			size := 0
 			if rng.IntN(5) > 0 {
 				size = 1 + rng.IntN(20)
 			}
-			for k := 0; k < size; k++ {
-				pending[i]++
-				if err := pub.Change(x, bs[rng.IntN(2)], row, envelope.Position{CommitLSN: uint64(lsn + 1), Index: uint32(k)}); err != nil {
+			for k := range size {
+				m.prod.txnOf = func() int { return i }
+				m.pending[i]++
+				if err := m.pub.Change(x, bs[rng.IntN(2)], row, envelope.Position{CommitLSN: uint64(m.lsn + 1), Index: uint32(k)}); err != nil {
 					t.Fatalf("seed %d: %v", seed, err)
 				}
-				ackSome(2)
-				prod.txnOf = func() int { return i }
+				m.ackSome(2)
 			}
-			lsn += pglogrepl.LSN(1 + rng.IntN(500))
-			ends[i] = lsn
-			committed[i] = true
-			tr.Commit(x, lsn)
-			check("commit")
-			if rng.IntN(4) == 0 && len(prod.inFlight) > 0 {
+			m.lsn += pglogrepl.LSN(1 + rng.IntN(500))
+			m.ends[i] = m.lsn
+			m.tr.Commit(x, m.lsn)
+			m.check("commit")
+			if rng.IntN(4) == 0 && len(m.prod.inFlight) > 0 {
 				// A keepalive while records are in flight must not move the position.
-				tr.Keepalive(lsn + 10_000)
-				check("keepalive")
+				m.tr.Keepalive(m.lsn + 10_000)
+				m.check("keepalive")
 			}
-			ackSome(10)
+			m.ackSome(10)
 		}
-		for len(prod.inFlight) > 0 || len(refused) > 0 {
-			ackSome(len(prod.inFlight))
-			replace()
+		for len(m.prod.inFlight) > 0 || len(m.refused) > 0 {
+			m.ackSome(len(m.prod.inFlight))
+			m.replace()
 		}
+		m.checkEnd()
+	}
+}
 
-		if fl := pub.State(); fl.Events != 0 || fl.Bytes != 0 || fl.Refused != 0 {
-			t.Fatalf("seed %d: %+v still counted in flight", seed, fl)
+// ackModel is what TestTrackerNeverConfirmsUnacknowledged expects of the
+// tracker, transaction by transaction (every one in ends is committed).
+type ackModel struct {
+	t                    *testing.T
+	seed                 uint64
+	rng                  *rand.Rand
+	failRate, refuseRate float64
+	tr                   *replication.Tracker
+	pub                  *publish.Publisher
+	prod                 heldProducer
+	start, lsn           pglogrepl.LSN
+
+	ends    []pglogrepl.LSN
+	pending []int // records (or their replacements) not yet acknowledged OK
+	failed  []bool
+	refused []int // transactions of the refused records, in the order of their refusals
+}
+
+// check: the confirmed position passes no committed transaction with a
+// record unacknowledged or failed.
+func (m *ackModel) check(step string) {
+	st := m.tr.State()
+	for i, end := range m.ends {
+		if end != 0 && end <= st.Confirmed && end > m.start && (m.pending[i] > 0 || m.failed[i]) {
+			m.t.Fatalf("seed %d, %s: confirmed %s passes txn %d (end %s) with %d unacknowledged records, failed=%v",
+				m.seed, step, st.Confirmed, i, end, m.pending[i], m.failed[i])
 		}
-		// Liveness: the position reaches the end of the last transaction
-		// before the first failed one.
-		want := start
-		firstFailed := -1
-		for i := 0; i < nTxn; i++ {
-			if failed[i] {
-				firstFailed = i
-				break
-			}
-			want = ends[i]
+	}
+}
+
+// replace has the publisher replace the refused records, in the order of
+// their refusals.
+func (m *ackModel) replace() {
+	m.prod.txnOf = func() int { x := m.refused[0]; m.refused = m.refused[1:]; return x }
+	if err := m.pub.ReplaceRefused(); err != nil {
+		m.t.Fatalf("seed %d: %v", m.seed, err)
+	}
+	m.check("replace")
+}
+
+// ackSome tells up to max records in flight, picked at random, their
+// outcome: most are acknowledged, some refused or failed.
+func (m *ackModel) ackSome(max int) {
+	for n := m.rng.IntN(max + 1); n > 0 && len(m.prod.inFlight) > 0; n-- {
+		j := m.rng.IntN(len(m.prod.inFlight))
+		r := m.prod.inFlight[j]
+		m.prod.inFlight[j] = m.prod.inFlight[len(m.prod.inFlight)-1]
+		m.prod.inFlight = m.prod.inFlight[:len(m.prod.inFlight)-1]
+		var err error
+		switch {
+		case r.refusable && m.rng.Float64() < m.refuseRate:
+			err = &outboxd.RefusedError{Topic: "comandes", Err: errors.New("injected: too large")}
+			m.refused = append(m.refused, r.txn)
+		case m.rng.Float64() < m.failRate:
+			err = errors.New("injected delivery failure")
+			m.failed[r.txn] = true
 		}
-		st := tr.State()
-		if st.Confirmed != want {
-			t.Fatalf("seed %d: confirmed %s, want %s (first failed txn %d)", seed, st.Confirmed, want, firstFailed)
+		// Flip the model before the tracker: the check below runs after
+		// the tracker has seen it. A refused record stays pending: its
+		// replacement takes its place.
+		if err == nil {
+			m.pending[r.txn]--
 		}
-		if (firstFailed >= 0) != (pub.State().Err != nil) {
-			t.Fatalf("seed %d: err %v with first failed txn %d", seed, pub.State().Err, firstFailed)
+		r.acker.Ack(err)
+		m.check("ack")
+		if m.rng.IntN(3) == 0 {
+			m.replace()
 		}
-		// Idle and healthy: a keepalive moves the position to the WAL end.
-		tr.Keepalive(lsn + 5000)
-		if st2 := tr.State(); firstFailed < 0 && st2.Confirmed != lsn+5000 {
-			t.Fatalf("seed %d: idle keepalive left confirmed at %s", seed, st2.Confirmed)
-		} else if firstFailed >= 0 && st2.Confirmed != want {
-			t.Fatalf("seed %d: keepalive after a failure moved confirmed to %s", seed, st2.Confirmed)
+	}
+}
+
+// checkEnd: once every record is answered, nothing is in flight, and the
+// position reaches the end of the last transaction before the first
+// failed one (liveness); an idle keepalive then moves it to the WAL end,
+// unless a transaction failed.
+func (m *ackModel) checkEnd() {
+	if fl := m.pub.State(); fl.Events != 0 || fl.Bytes != 0 || fl.Refused != 0 {
+		m.t.Fatalf("seed %d: %+v still counted in flight", m.seed, fl)
+	}
+	want, firstFailed := m.start, -1
+	for i, end := range m.ends {
+		if m.failed[i] {
+			firstFailed = i
+			break
 		}
+		want = end
+	}
+	if got := m.tr.State().Confirmed; got != want {
+		m.t.Fatalf("seed %d: confirmed %s, want %s (first failed txn %d)", m.seed, got, want, firstFailed)
+	}
+	if (firstFailed >= 0) != (m.pub.State().Err != nil) {
+		m.t.Fatalf("seed %d: err %v with first failed txn %d", m.seed, m.pub.State().Err, firstFailed)
+	}
+	m.tr.Keepalive(m.lsn + 5000)
+	if got := m.tr.State().Confirmed; firstFailed < 0 && got != m.lsn+5000 {
+		m.t.Fatalf("seed %d: idle keepalive left confirmed at %s", m.seed, got)
+	} else if firstFailed >= 0 && got != want {
+		m.t.Fatalf("seed %d: keepalive after a failure moved confirmed to %s", m.seed, got)
 	}
 }
 
