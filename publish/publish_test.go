@@ -257,7 +257,20 @@ func TestBadRowsAndFailures(t *testing.T) {
 		t.Fatalf("bad row on a stop route: %v, produced %d", err, prod.Len())
 	}
 
+	// On that route a record the broker refuses is not Refusable: its
+	// refusal is a failure (the sink has fenced the producer on it).
+	stopped := &unit{}
+	if err := p.Change(stopped, bs, publishtest.Row(2, "1"), envelope.Position{}); err != nil {
+		t.Fatal(err)
+	}
+	rec := prod.Record(t, 0)
+	rec.Ack.Ack(refuse(rec))
+	if held, _ := stopped.state(); rec.Refusable || held != 0 || len(stopped.failures) != 1 || p.State().Err == nil || p.State().Refused != 0 {
+		t.Fatalf("a refusal on a stop route: refusable %v, unit held %d, failures %v, %+v", rec.Refusable, held, stopped.failures, p.State())
+	}
+
 	router, bs = publishtest.Outbox(t, "comandes.dlq")
+	prod = &publishtest.Producer{}
 	p = newPublisher(router, prod, publishtest.NewClock(), 0)
 	u := &unit{}
 	if err := p.Change(u, bs, publishtest.Row(1, "dos"), envelope.Position{}); err != nil {
