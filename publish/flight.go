@@ -37,8 +37,8 @@ func (p *Publisher) hold(u Unit, size int64, b *envelope.Binding, lsn uint64) *t
 	if u != nil {
 		u.Hold()
 	}
-	p.events.Add(1)
-	p.bytes.Add(size)
+	p.out.n.Add(1)
+	p.out.bytes.Add(size)
 	if len(p.slab) == 0 {
 		p.slab = make([]ticket, 256)
 	}
@@ -57,30 +57,31 @@ func (k *ticket) Ack(err error) {
 	switch {
 	case refused != nil:
 		// Not a failure: the unit stays held until ReplaceRefused has put
-		// the record's dead-letter record in its place.
+		// the record's dead-letter record in its place. Listed before the
+		// record is counted back: the publication as a whole never looks
+		// idle in between (Drain).
 		p.mu.Lock()
 		p.refusals = append(p.refusals, refusal{u: k.u, b: k.b, lsn: k.lsn, err: refused})
+		p.refused.n, p.refused.bytes = p.refused.n+1, p.refused.bytes+k.size
+		p.back.add(k.size)
 		p.mu.Unlock()
 	case err != nil:
 		p.mu.Lock()
 		if p.err == nil {
 			p.err = err
 		}
+		p.failed.n, p.failed.bytes = p.failed.n+1, p.failed.bytes+k.size
+		p.back.add(k.size)
 		p.mu.Unlock()
 		if k.u != nil {
 			k.u.Release(err)
 		}
 	default:
-		p.counters.acked.Add(1)
-		p.counters.ackedBytes.Add(k.size)
+		p.back.add(k.size)
 		if k.u != nil {
 			k.u.Release(nil)
 		}
 	}
-	// Out of flight only now, after a refusal is listed: the publication
-	// as a whole never looks idle in between (Drain).
-	p.bytes.Add(-k.size)
-	p.events.Add(-1)
 	select {
 	case p.wake <- struct{}{}:
 	default:
@@ -103,11 +104,18 @@ func asRefused(err error) *outboxd.RefusedError {
 // record larger than the byte bound goes when nothing else is in flight, so
 // that it cannot wedge the publication.
 func (p *Publisher) Full(size int64) bool {
-	n := p.events.Load()
+	n, bytes := p.inFlight()
 	if n == 0 {
 		return false
 	}
-	return n >= p.maxEvents || p.maxBytes > 0 && p.bytes.Load()+size > p.maxBytes
+	return n >= p.maxEvents || p.maxBytes > 0 && bytes+size > p.maxBytes
+}
+
+// inFlight is what went out and has not come back, in records and bytes.
+// What came back is read first: it never passes what went out.
+func (p *Publisher) inFlight() (n, bytes int64) {
+	backN, backBytes := p.back.n.Load(), p.back.bytes.Load()
+	return int64(p.out.n.Load() - backN), p.out.bytes.Load() - backBytes
 }
 
 // Wake is signalled after every outcome.
@@ -117,15 +125,17 @@ func (p *Publisher) Wake() <-chan struct{} { return p.wake }
 // nothing for DeliveryTimeout while records wait, so that a broker gone
 // without a reset is found within it instead of the operating system's TCP
 // timeouts. Its clock starts when records begin to wait and again at every
-// acknowledgement a Check sees; call it whenever the publishing goroutine
-// wakes.
+// answer from Kafka a Check sees (an acknowledgement, or a refusal or
+// failure, which the caller handles); call it whenever the publishing
+// goroutine wakes.
 func (p *Publisher) Check(now time.Time) error {
-	acked, n := p.counters.acked.Load(), p.events.Load()
-	if n == 0 || acked != p.lastAcked || p.lastAckAt.IsZero() {
-		p.lastAcked, p.lastAckAt = acked, now
+	back := p.back.n.Load()
+	n, _ := p.inFlight()
+	if n == 0 || back != p.lastBack || p.lastBackAt.IsZero() {
+		p.lastBack, p.lastBackAt = back, now
 		return nil
 	}
-	if p.timeout > 0 && now.Sub(p.lastAckAt) >= p.timeout {
+	if p.timeout > 0 && now.Sub(p.lastBackAt) >= p.timeout {
 		return fmt.Errorf("kafka acknowledged nothing for %s with %d records in flight: broker presumed unreachable", p.timeout, n)
 	}
 	return nil
@@ -146,9 +156,9 @@ func (p *Publisher) Drain(ctx context.Context) error {
 }
 
 // idle: nothing in flight, no refusal waiting for its replacement (listed
-// before its record leaves the flight: see Ack).
+// before its record comes back: see Ack).
 func (p *Publisher) idle() bool {
-	if p.events.Load() > 0 {
+	if n, _ := p.inFlight(); n > 0 {
 		return false
 	}
 	return p.State().Refused == 0
@@ -172,7 +182,7 @@ func (p *Publisher) waitUntil(ctx context.Context, done func() bool) error {
 		}
 		wait := time.Hour
 		if p.timeout > 0 {
-			wait = p.lastAckAt.Add(p.timeout).Sub(now)
+			wait = p.lastBackAt.Add(p.timeout).Sub(now)
 		}
 		select {
 		case <-ctx.Done():
@@ -193,20 +203,32 @@ type State struct {
 
 // State returns a snapshot.
 func (p *Publisher) State() State {
+	n, bytes := p.inFlight()
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return State{Events: int(p.events.Load()), Bytes: p.bytes.Load(), Refused: len(p.refusals), Err: p.err}
+	return State{Events: int(n), Bytes: bytes, Refused: len(p.refusals), Err: p.err}
 }
 
-// Counters count what publications did; safe for concurrent use. The
-// sessions of one stream share theirs (replication.Runner), so its figures
-// span the replays after a failure.
-type Counters struct {
-	records, acked, deadLettered, dropped atomic.Uint64
-	ackedBytes                            atomic.Int64
+// tally counts records and their bytes as they go out (written by the
+// publishing goroutine only) or come back (by the acknowledgements only),
+// so that the two sides do not write the same memory for every record.
+type tally struct {
+	n     atomic.Uint64
+	bytes atomic.Int64
 }
 
-// Counts is a snapshot of Counters.
+func (t *tally) add(size int64) {
+	t.n.Add(1)
+	t.bytes.Add(size)
+}
+
+// count is a tally's figures, or a count kept under Publisher.mu.
+type count struct {
+	n     uint64
+	bytes int64
+}
+
+// Counts is what a publisher did.
 type Counts struct {
 	// Records made from changes and handed to the producer: one per route
 	// that takes a change, its dead-letter record included.
@@ -219,17 +241,28 @@ type Counts struct {
 	Dropped      uint64 // changes a route's override dropped on purpose
 }
 
-// Counts returns a snapshot.
-func (c *Counters) Counts() Counts {
-	return Counts{Records: c.records.Load(), Acked: c.acked.Load(), AckedBytes: c.ackedBytes.Load(),
-		DeadLettered: c.deadLettered.Load(), Dropped: c.dropped.Load()}
+// Plus is c and d added, for figures that span publishers (the sessions
+// of one stream).
+func (c Counts) Plus(d Counts) Counts {
+	return Counts{Records: c.Records + d.Records, Acked: c.Acked + d.Acked, AckedBytes: c.AckedBytes + d.AckedBytes,
+		DeadLettered: c.DeadLettered + d.DeadLettered, Dropped: c.Dropped + d.Dropped}
 }
 
-// Counts returns a snapshot of the publisher's counters.
-func (p *Publisher) Counts() Counts { return p.counters.Counts() }
+// Counts returns a snapshot. A record acknowledged is one that came back
+// neither failed nor refused; the three are read under the lock their
+// failures and refusals are counted under, so the figure never goes back.
+func (p *Publisher) Counts() Counts {
+	p.mu.Lock()
+	out, back := p.out.n.Load(), count{p.back.n.Load(), p.back.bytes.Load()}
+	failed, refused, replaced := p.failed, p.refused, p.replaced
+	p.mu.Unlock()
+	return Counts{Records: out - replaced, Acked: back.n - failed.n - refused.n,
+		AckedBytes: back.bytes - failed.bytes - refused.bytes, DeadLettered: p.deadLettered.Load(), Dropped: p.dropped.Load()}
+}
 
-// Acked is how many records Kafka has acknowledged, by the counters.
-func (p *Publisher) Acked() uint64 { return p.counters.acked.Load() }
+// Acked is how many records Kafka has answered (acknowledged, failed or
+// refused): its progress.
+func (p *Publisher) Acked() uint64 { return p.back.n.Load() }
 
 // Clock is the time a publication (and the replication stream) reads and
 // waits on; tests pass one they move by hand.

@@ -19,9 +19,10 @@
 //     same unit;
 //   - the in-flight bound, in records and in bytes (Full, Wake, Wait,
 //     Drain), and the delivery timeout (Check);
-//   - the Counters (records handed over, acknowledged and their bytes,
-//     dead-lettered, dropped): /status and /metrics show the stream's,
-//     which its sessions share, a snapshot's or replay's progress its own.
+//   - what it did (Counts: records handed over, acknowledged and their
+//     bytes, dead-lettered, dropped), which /status and /metrics show for
+//     the stream (its runner adds up its sessions') and a snapshot's or
+//     replay's progress for theirs.
 //
 // What a record's acknowledgement counts toward is the caller's Unit, held
 // once for every record handed to the producer and released once with its
@@ -75,9 +76,6 @@ type Unit interface {
 type Config struct {
 	Router   *envelope.Router
 	Producer Producer
-	// Counters are added to as records go and come back; nil: counters of
-	// its own (Publisher.Counts).
-	Counters *Counters
 	// Mark, when set, wraps the Acker of the record of a row of table
 	// whose id is id (postgres.mark_published: republish.Marker.Wrap): its
 	// outcome counts only once the row is marked published.
@@ -106,7 +104,6 @@ type Config struct {
 type Publisher struct {
 	router    *envelope.Router
 	prod      Producer
-	counters  *Counters
 	mark      func(table string, id []byte, next outboxd.Acker) outboxd.Acker
 	maxEvents int64
 	maxBytes  int64
@@ -120,29 +117,36 @@ type Publisher struct {
 	// handed to the producer, reused from change to change (a local would
 	// escape to the heap through the interface); tickets, one allocation
 	// per 256 records; the delivery timeout's progress (Check).
-	sc        envelope.Scratch
-	rec       outboxd.Record
-	slab      []ticket
-	lastAcked uint64
-	lastAckAt time.Time
+	sc         envelope.Scratch
+	rec        outboxd.Record
+	slab       []ticket
+	lastBack   uint64
+	lastBackAt time.Time
 
-	events atomic.Int64 // records in flight
-	bytes  atomic.Int64 // their bytes
-	wake   chan struct{}
+	wake chan struct{}
+	// In flight is what went out and did not come back (inFlight). The
+	// publishing goroutine writes out, the acknowledgements back: each on
+	// a cache line of its own.
+	out          tally // records handed to the producer, replacements included
+	deadLettered atomic.Uint64
+	dropped      atomic.Uint64
+	_            [64]byte
+	back         tally // records Kafka answered: acknowledged, failed or refused
+	_            [64]byte
 
 	mu       sync.Mutex
 	refusals []refusal // refused records not replaced yet, oldest first
 	err      error     // the first delivery failure
+	failed   count     // of back, the failed records
+	refused  count     // and the refused ones
+	replaced uint64    // of out, the replacements of refused records
 }
 
 // New returns a Publisher; it starts nothing.
 func New(cfg Config) *Publisher {
-	p := &Publisher{router: cfg.Router, prod: cfg.Producer, counters: cfg.Counters, mark: cfg.Mark,
+	p := &Publisher{router: cfg.Router, prod: cfg.Producer, mark: cfg.Mark,
 		maxEvents: int64(max(cfg.MaxEvents, 1)), maxBytes: cfg.MaxBytes, timeout: cfg.DeliveryTimeout,
 		source: cfg.Source, again: cfg.Again, clock: cfg.Clock, log: cfg.Log, wake: make(chan struct{}, 1)}
-	if p.counters == nil {
-		p.counters = &Counters{}
-	}
 	if p.clock == nil {
 		p.clock = System
 	}
@@ -184,12 +188,11 @@ func (p *Publisher) Change(u Unit, bs []*envelope.Binding, row []envelope.Column
 			}
 			continue
 		case verdict == envelope.Dropped:
-			p.counters.dropped.Add(1)
+			p.dropped.Add(1)
 			continue
 		case verdict == envelope.Filtered:
 			continue
 		}
-		p.counters.records.Add(1)
 		var refusable *envelope.Binding
 		if rec.Refusable = DeadLetters(b); rec.Refusable {
 			refusable = b
@@ -216,8 +219,7 @@ func (p *Publisher) DeadLetter(u Unit, b *envelope.Binding, row []envelope.Colum
 	rec := &p.rec
 	*rec = p.router.DeadLetter(b, row, reason, at, p.clock.Now())
 	p.log.Warn("row dead-lettered", "table", b.Name, "topic", rec.Topic, "lsn", at, "reason", reason.Error())
-	p.counters.records.Add(1)
-	p.counters.deadLettered.Add(1)
+	p.deadLettered.Add(1)
 	rec.Ack = p.hold(u, rec.Size(), nil, pos.CommitLSN)
 	return p.produce(rec)
 }
@@ -288,9 +290,10 @@ func (p *Publisher) ReplaceRefused() error {
 		rec := &p.rec
 		*rec = p.router.DeadLetterRefused(rf.b, rf.err, at, p.clock.Now())
 		p.log.Warn("record refused by the broker dead-lettered", "table", rf.b.Name, "topic", rec.Topic, "lsn", at, "reason", rf.err.Error())
-		p.counters.deadLettered.Add(1)
-		rec.Ack = p.hold(rf.u, rec.Size(), nil, rf.lsn)
+		p.deadLettered.Add(1)
 		p.mu.Lock()
+		p.replaced++ // with the hold: Counts' Records never moves back
+		rec.Ack = p.hold(rf.u, rec.Size(), nil, rf.lsn)
 		p.refusals[0] = refusal{}
 		if p.refusals = p.refusals[1:]; len(p.refusals) == 0 {
 			p.refusals = nil

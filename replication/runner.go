@@ -135,9 +135,11 @@ type Runner struct {
 	lastError   string
 	walSender   time.Duration // the server's wal_sender_timeout
 	resumedFrom pglogrepl.LSN // the slot's position when the current stream began
-	// The current stream's tracker and publisher, for Status only.
+	// The current stream's tracker and publisher, for Status only, and
+	// what the publishers of the sessions before it did.
 	tracker *Tracker
 	pub     *publish.Publisher
+	done    publish.Counts
 
 	// slotSeen: a session of this process found the slot (streaming, in
 	// use by another instance, or in a cut-over) or created it. From then
@@ -147,9 +149,7 @@ type Runner struct {
 	// (readSlot, createSlot).
 	slotSeen bool
 
-	// What the streams of every session add to as they go: their
-	// publishers' counters, the transactions received, the last status.
-	counters     publish.Counters
+	// What the streams of every session add to as they go.
 	txns         atomic.Uint64
 	statusSentAt atomic.Int64 // unix nanoseconds of the last standby status
 }
@@ -202,15 +202,15 @@ func NewRunner(cfg Config, router *envelope.Router, newProducer func() (Producer
 func (r *Runner) Status() Status {
 	r.mu.Lock()
 	st := Status{State: r.state, Since: r.since, LastError: r.lastError, WALSenderTimeout: r.walSender, Confirmed: r.resumedFrom}
-	tr, pub := r.tracker, r.pub
+	tr, pub, c := r.tracker, r.pub, r.done
 	r.mu.Unlock()
 	if tr != nil {
 		st.Tracker, st.InFlight = tr.State(), pub.State()
 		if st.Tracker.Moved {
 			st.Confirmed = st.Tracker.Confirmed
 		}
+		c = c.Plus(pub.Counts())
 	}
-	c := r.counters.Counts()
 	st.Events, st.Bytes, st.DeadLettered, st.Dropped = c.Acked, c.AckedBytes, c.DeadLettered, c.Dropped
 	st.Txns = r.txns.Load()
 	if ns := r.statusSentAt.Load(); ns != 0 {
@@ -237,6 +237,9 @@ func (r *Runner) enter(state string, err error) bool {
 // streaming: a session's stream starts from the slot's position from.
 func (r *Runner) streaming(tr *Tracker, pub *publish.Publisher, from pglogrepl.LSN) {
 	r.mu.Lock()
+	if r.pub != nil {
+		r.done = r.done.Plus(r.pub.Counts())
+	}
 	r.tracker, r.pub, r.resumedFrom = tr, pub, from
 	r.mu.Unlock()
 	r.statusSent(r.clock.Now()) // the wedge clock starts with the stream

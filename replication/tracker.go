@@ -2,6 +2,7 @@ package replication
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -35,11 +36,19 @@ type Tracker struct {
 }
 
 // Txn is one transaction as seen by the tracker: a publish.Unit.
+//
+// Its records are held and released without the tracker's lock: pending
+// is an atomic count, and only the release that brings it to zero (or
+// fails) takes the lock to advance. That is safe because a transaction
+// can be confirmed only once committed, and after its commit a record is
+// held only in the place of a refused one that still holds it
+// (publish.Publisher.ReplaceRefused): pending never passes through zero
+// in between.
 type Txn struct {
 	t          *Tracker
-	pending    int // records held, not released yet
-	carried    bool
-	committed  bool
+	pending    atomic.Int32 // records held, not released yet
+	carried    atomic.Bool  // records were held
+	committed  bool         // the fields below: with t.mu held
 	failed     bool
 	final      pglogrepl.LSN // the commit LSN Begin announced
 	end        pglogrepl.LSN
@@ -66,32 +75,30 @@ func (t *Tracker) Begin(commitTime time.Time, final pglogrepl.LSN) *Txn {
 
 // Hold counts one more record of x in flight.
 func (x *Txn) Hold() {
-	x.t.mu.Lock()
-	x.pending++
-	x.carried = true
-	x.t.mu.Unlock()
+	x.pending.Add(1)
+	if !x.carried.Load() {
+		x.carried.Store(true)
+	}
 }
 
 // Release is one record's outcome: nil, it no longer holds x; an error,
 // x failed.
 func (x *Txn) Release(err error) {
+	if err == nil && x.pending.Add(-1) > 0 {
+		return // x cannot be confirmed yet: no need to look
+	}
 	t := x.t
 	t.mu.Lock()
-	x.pending--
 	if err != nil {
+		x.pending.Add(-1)
 		x.failed, t.failed = true, true
 	}
 	t.advance()
 	t.mu.Unlock()
 }
 
-// Carried reports whether records of the transaction went out (it is
-// called by the stream's goroutine, the only one that holds them).
-func (x *Txn) Carried() bool {
-	x.t.mu.Lock()
-	defer x.t.mu.Unlock()
-	return x.carried
-}
+// Carried reports whether records of the transaction went out.
+func (x *Txn) Carried() bool { return x.carried.Load() }
 
 // CommitLSN is the transaction's commit LSN as its Begin announced it.
 func (x *Txn) CommitLSN() pglogrepl.LSN { return x.final }
@@ -120,13 +127,13 @@ func (t *Tracker) Keepalive(walEnd pglogrepl.LSN) {
 func (t *Tracker) advance() {
 	n := 0
 	for _, x := range t.queue {
-		if !x.committed || x.pending > 0 || x.failed {
+		if !x.committed || x.pending.Load() > 0 || x.failed {
 			break
 		}
 		if x.end > t.confirmed {
 			t.confirmed, t.moved = x.end, true
 		}
-		if t.confirmedTxn != nil && x.carried {
+		if t.confirmedTxn != nil && x.carried.Load() {
 			t.confirmedTxn(x.commitTime)
 		}
 		n++

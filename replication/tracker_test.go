@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sync"
 	"testing"
 	"time"
 
@@ -330,5 +331,66 @@ func TestTrackerReportsConfirmedTransactions(t *testing.T) {
 	a.Release(nil)
 	if fmt.Sprint(got) != "[1 3]" {
 		t.Fatalf("reported %v, want [1 3]", got)
+	}
+}
+
+// TestTrackerConcurrentReleases: records released from many goroutines at
+// once, in random order (a producer's completions), while the stream goes
+// on holding and committing, as the lock-free Hold and Release of a
+// transaction allow. Just before it releases a record, a worker checks that
+// the confirmed position has not passed the record's transaction; at the
+// end every transaction is confirmed.
+func TestTrackerConcurrentReleases(t *testing.T) {
+	const nTxn, perTxn, batch, workers = 400, 7, 40, 4
+	tr := replication.NewTracker(1000, nil)
+	type rec struct {
+		end pglogrepl.LSN
+		x   *replication.Txn
+	}
+	work := make(chan rec, nTxn*perTxn)
+	early := make(chan string, workers)
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for r := range work {
+				if confirmed := tr.State().Confirmed; confirmed >= r.end {
+					early <- fmt.Sprintf("confirmed %s passes a transaction ending at %s with a record not released", confirmed, r.end)
+					return
+				}
+				r.x.Release(nil)
+			}
+		}()
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	var pending []rec
+	for i := range nTxn {
+		x := tr.Begin(time.Unix(int64(i), 0), pglogrepl.LSN(2000+10*i))
+		end := pglogrepl.LSN(2005 + 10*i)
+		for range perTxn {
+			x.Hold()
+			pending = append(pending, rec{end, x})
+		}
+		tr.Commit(x, end)
+		if (i+1)%batch == 0 || i == nTxn-1 {
+			// The records of the last transactions, released in any order
+			// while the next ones are held and committed.
+			rng.Shuffle(len(pending), func(a, b int) { pending[a], pending[b] = pending[b], pending[a] })
+			for _, r := range pending {
+				work <- r
+			}
+			pending = pending[:0]
+		}
+	}
+	close(work)
+	wg.Wait()
+	select {
+	case msg := <-early:
+		t.Fatal(msg)
+	default:
+	}
+	if got, want := tr.State().Confirmed, pglogrepl.LSN(2005+10*(nTxn-1)); got != want {
+		t.Fatalf("confirmed %s once every record was released, want %s", got, want)
 	}
 }

@@ -51,10 +51,9 @@ func (e *PermanentError) Permanent() string { return e.Err.Error() }
 // toward the publication as a whole (a nil publish.Unit): it is done when
 // drain returns.
 type publication struct {
-	pub      *publish.Publisher
-	counters publish.Counters
-	source   string
-	log      hclog.Logger
+	pub    *publish.Publisher
+	source string
+	log    hclog.Logger
 
 	mu       sync.Mutex
 	table    string
@@ -76,7 +75,7 @@ type limits struct {
 // no commit LSN is known.
 func newPublication(router *envelope.Router, prod publish.Producer, l limits, mark *Marker, source string, log hclog.Logger) *publication {
 	p := &publication{source: source, log: log}
-	cfg := publish.Config{Router: router, Producer: prod, Counters: &p.counters, MaxEvents: l.maxInFlight,
+	cfg := publish.Config{Router: router, Producer: prod, MaxEvents: l.maxInFlight,
 		DeliveryTimeout: l.deliveryTimeout, Source: source, Again: "start again", Log: log}
 	if mark != nil {
 		cfg.Mark = mark.Wrap
@@ -112,7 +111,7 @@ func (p *publication) drain(ctx context.Context) error {
 }
 
 func (p *publication) state() Progress {
-	c := p.counters.Counts()
+	c := p.pub.Counts()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return Progress{Table: p.table, Total: p.total, Read: p.read, Records: int(c.Records), Acked: int(c.Acked), Dead: int(c.DeadLettered), Finished: p.finished}
