@@ -61,10 +61,8 @@ func (r *Router) build(v *view, pos Position, sc *Scratch) (outboxd.Record, Verd
 	if err != nil {
 		return outboxd.Record{}, Publish, err
 	}
-	rec := outboxd.Record{Topic: topic, Key: key, Value: val, Headers: headers,
-		// A route with a dead-letter topic takes a record the broker
-		// refuses there too.
-		Refusable: rt.DeadLetterTopic != ""}
+	// Refusable is the publisher's to set (publish.DeadLetters).
+	rec := outboxd.Record{Topic: topic, Key: key, Value: val, Headers: headers}
 	if !v.b.message {
 		rec.RowID = id
 	}

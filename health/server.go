@@ -184,8 +184,8 @@ func (s *Server) view(now time.Time) view {
 	if v.snap.Brokers > 0 && v.snap.BrokersReachable == 0 && !v.snap.At.IsZero() {
 		v.reasons = append(v.reasons, "no Kafka broker answers")
 	}
-	if v.st.Tracker.Err != nil {
-		v.reasons = append(v.reasons, "kafka delivery failed: "+v.st.Tracker.Err.Error())
+	if v.st.InFlight.Err != nil {
+		v.reasons = append(v.reasons, "kafka delivery failed: "+v.st.InFlight.Err.Error())
 	}
 	for _, k := range problemKeys {
 		if msg, ok := v.problems[k]; ok {
@@ -305,7 +305,7 @@ func (s *Server) status(w http.ResponseWriter, _ *http.Request) {
 		RetainedWALBytes: v.snap.RetainedBytes, UnconfirmedBytes: v.snap.UnconfirmedBytes,
 		LagSeconds:   v.lag.Seconds(),
 		ConfirmedLSN: v.st.Confirmed.String(),
-		InFlight:     InFlight{Events: v.st.Tracker.Events, Bytes: v.st.Tracker.Bytes, Transactions: v.st.Tracker.Open},
+		InFlight:     InFlight{Events: v.st.InFlight.Events, Bytes: v.st.InFlight.Bytes, Transactions: v.st.Tracker.Open},
 		Counters:     Counters{Events: v.st.Events, Transactions: v.st.Txns, Bytes: v.st.Bytes, DeadLettered: v.st.DeadLettered, Dropped: v.st.Dropped},
 		Topics:       s.met.Topics(),
 		Kafka:        KafkaStatus{Brokers: v.snap.Brokers, BrokersReachable: v.snap.BrokersReachable},
@@ -385,8 +385,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(descLag, prometheus.GaugeValue, v.lag.Seconds())
-	ch <- prometheus.MustNewConstMetric(descInFlightEv, prometheus.GaugeValue, float64(v.st.Tracker.Events))
-	ch <- prometheus.MustNewConstMetric(descInFlightB, prometheus.GaugeValue, float64(v.st.Tracker.Bytes))
+	ch <- prometheus.MustNewConstMetric(descInFlightEv, prometheus.GaugeValue, float64(v.st.InFlight.Events))
+	ch <- prometheus.MustNewConstMetric(descInFlightB, prometheus.GaugeValue, float64(v.st.InFlight.Bytes))
 	ch <- prometheus.MustNewConstMetric(descTxns, prometheus.CounterValue, float64(v.st.Txns))
 	ch <- prometheus.MustNewConstMetric(descDead, prometheus.CounterValue, float64(v.st.DeadLettered))
 	ch <- prometheus.MustNewConstMetric(descDropped, prometheus.CounterValue, float64(v.st.Dropped))

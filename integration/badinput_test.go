@@ -247,6 +247,7 @@ func randomText(seed uint64, n int) string {
 // and the rows around it, in the same transaction, are delivered; the slot
 // passes the transaction.
 func TestBrokerRefusedRecordIsDeadLettered(t *testing.T) {
+	kafkaOnly(t)
 	f := newFixture(t, seedSchema, map[string]int{"comandes.dlq": 1})
 	ctx := context.Background()
 	topic := f.topic("comandes")
@@ -297,6 +298,7 @@ func TestBrokerRefusedRecordIsDeadLettered(t *testing.T) {
 // they fit, on a route that stops on bad input: every row arrives, in
 // order, and outboxd keeps streaming.
 func TestRefusedBatchIsSplit(t *testing.T) {
+	kafkaOnly(t)
 	f := newFixture(t, seedSchema, nil)
 	ctx := context.Background()
 	topic := f.topic("comandes")
@@ -346,6 +348,7 @@ func TestRefusedBatchIsSplit(t *testing.T) {
 // LogAppendTime, or no routes[].timestamp). Before, both stopped, and every
 // start published the snapshot again into the same refusal.
 func TestInvalidTimestampFollowsOnError(t *testing.T) {
+	kafkaOnly(t)
 	for _, deadLetter := range []bool{true, false} {
 		t.Run(map[bool]string{true: "dead_letter", false: "stop"}[deadLetter], func(t *testing.T) {
 			f := newFixture(t, seedSchema, map[string]int{"comandes.dlq": 1})

@@ -27,6 +27,7 @@ import (
 // every product's stock went down exactly once per order, and
 // missatges_processats holds every applied order once.
 func TestConsumerExactlyOnceEffect(t *testing.T) {
+	kafkaOnly(t)
 	f := newFixture(t, seedSchema, map[string]int{"comandes": 3, "comandes.dlq": 1})
 	ctx := context.Background()
 	topic, dlq := f.topic("comandes"), f.topic("comandes.dlq")

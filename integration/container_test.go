@@ -34,6 +34,7 @@ const (
 // that outboxd runs as uid 65532, and that `podman stop` is a clean stop
 // (exit 0, the slot confirmed past every row).
 func TestContainerImage(t *testing.T) {
+	kafkaOnly(t)
 	needEnv(t)
 	podman, err := exec.LookPath("podman")
 	if err != nil {

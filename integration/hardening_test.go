@@ -152,6 +152,7 @@ func TestPostgresTLSWarning(t *testing.T) {
 // profile longer than 30 s (it would hold a connection and a CPU profile
 // that long).
 func TestHealthServerBounds(t *testing.T) {
+	kafkaOnly(t)
 	f := newFixture(t, seedSchema, map[string]int{"comandes": 1})
 	cfg := f.config(seedRoute(f.topic("comandes")))
 	cfg.Health["pprof"] = "true"

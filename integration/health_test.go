@@ -211,6 +211,7 @@ func TestReadyzNeverReportsAMissingSlotFalsely(t *testing.T) {
 // accepts TCP but is not Kafka (here PostgreSQL's port) is not counted as a
 // reachable broker by the daemon, as check does not count it either.
 func TestBrokersReachableMeansKafkaAnswers(t *testing.T) {
+	kafkaOnly(t)
 	f := newFixture(t, seedSchema, map[string]int{"comandes": 1})
 	u, err := url.Parse(f.dsn)
 	if err != nil {

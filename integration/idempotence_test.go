@@ -110,6 +110,7 @@ func readFrame(r io.Reader) ([]byte, error) {
 // in order, and no session restarted. (integrate's build, which has no
 // idempotent producer, appended each of those batches twice.)
 func TestLostAcknowledgementIsNotDuplicated(t *testing.T) {
+	kafkaOnly(t)
 	needEnv(t)
 	const listener = "ACKEATER"
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -164,6 +165,7 @@ func TestLostAcknowledgementIsNotDuplicated(t *testing.T) {
 // election). The non-idempotent producer appended such batches twice (605
 // duplicates over three kills in the chaos suite's scenario 8a).
 func TestLeaderKillNoDuplicates(t *testing.T) {
+	kafkaOnly(t)
 	needEnv(t)
 	cluster, err := testenv.Start(testenv.Options{NoPostgres: true, KafkaNodes: 3})
 	if err != nil {
@@ -262,6 +264,7 @@ func noSessionRestart(t *testing.T, d *daemon) {
 // passes and the rows arrive. (A Kafka before 2.8, which wanted
 // IDEMPOTENT_WRITE whatever else was granted, cannot be started here.)
 func TestIdempotenceNeedsAProducerID(t *testing.T) {
+	kafkaOnly(t)
 	needEnv(t)
 	acl, err := testenv.Start(testenv.Options{NoPostgres: true, KafkaACLs: true, Listeners: []testenv.Listener{{Name: "SASL", Protocol: "SASL_PLAINTEXT"}}})
 	if err != nil {

@@ -17,6 +17,9 @@ import (
 var (
 	env        *testenv.Env
 	seedSchema string // sql/001_outbox.sql
+	// secondPass: OUTBOXD_PG_VERSION names a version (make test's
+	// PostgreSQL 17 pass, make matrix): kafkaOnly tests are skipped.
+	secondPass = os.Getenv("OUTBOXD_PG_VERSION") != ""
 )
 
 func TestMain(m *testing.M) {
@@ -67,5 +70,19 @@ func needEnv(t *testing.T) {
 	t.Helper()
 	if env == nil {
 		t.Skip("SKIPPED: -short: no real PostgreSQL/Kafka started")
+	}
+}
+
+// kafkaOnly marks a test whose subject is Kafka or the process around
+// outboxd (a broker's answers, secured listeners, the container, the
+// health server, the consumer package), in which the PostgreSQL version
+// plays no part: it runs in the suite's first pass (PostgreSQL 15) and is
+// skipped, saying so, in a pass on another version (OUTBOXD_PG_VERSION:
+// make test's PostgreSQL 17 pass, make matrix), which keeps make test
+// within its time.
+func kafkaOnly(t *testing.T) {
+	t.Helper()
+	if secondPass {
+		t.Skipf("SKIPPED in the OUTBOXD_PG_VERSION=%s pass: a Kafka-side test (the PostgreSQL version plays no part in it); it runs in the default PostgreSQL pass of make test", os.Getenv("OUTBOXD_PG_VERSION"))
 	}
 }

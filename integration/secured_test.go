@@ -160,6 +160,7 @@ func lastLine(s string) string {
 // per-aggregate order), the slot confirmed past the last row, and `check`
 // passing through the same listener.
 func TestSecuredKafkaDelivers(t *testing.T) {
+	kafkaOnly(t)
 	s := newSecure(t)
 	t.Setenv("TEST_SASL_PASSWORD", s.password) // for ${TEST_SASL_PASSWORD}
 	for _, tc := range []struct {
@@ -208,6 +209,7 @@ func TestSecuredKafkaDelivers(t *testing.T) {
 // nothing is lost: the slot never passes the rows written meanwhile, which
 // arrive once the configuration is fixed.
 func TestKafkaSecurityFailuresLoseNothing(t *testing.T) {
+	kafkaOnly(t)
 	s := newSecure(t)
 	f := newFixtureOn(t, s.env, seedSchema, map[string]int{"comandes": 3})
 	ctx := context.Background()
@@ -423,6 +425,7 @@ func TestPostgresCAFileAlone(t *testing.T) {
 // failed: check kafka.sasl.username ..."), and passes once the proxy lets
 // the authentication through.
 func TestSASLClosedIsNotAWrongPassword(t *testing.T) {
+	kafkaOnly(t)
 	s := newSecure(t)
 	f := newFixtureOn(t, s.env, seedSchema, map[string]int{"comandes": 1})
 	target, err := s.env.KafkaListener(saslPlaintext)

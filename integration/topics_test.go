@@ -13,6 +13,7 @@ import (
 // broker to create a missing topic; with auto.create.topics.enable=true (the
 // test broker's setting) the events arrive.
 func TestMissingTopicAutoCreated(t *testing.T) {
+	kafkaOnly(t)
 	f := newFixture(t, seedSchema, nil)
 	ctx := context.Background()
 	topic := f.name + ".autocreada"
@@ -42,6 +43,7 @@ func TestMissingTopicAutoCreated(t *testing.T) {
 // only a few milliseconds after its restart, so this test seldom caught
 // it: TestControllerDownBeforeNewTopic makes that answer last.)
 func TestBrokerRestartBeforeNewTopic(t *testing.T) {
+	kafkaOnly(t)
 	f := newFixture(t, seedSchema, nil)
 	ctx := context.Background()
 	topic := f.name + ".nou"
@@ -92,6 +94,7 @@ func TestBrokerRestartBeforeNewTopic(t *testing.T) {
 // The same when the broker is killed before the topic's first record and
 // comes back 12 s later (issue 24): it still stops, once the broker answers.
 func TestMissingTopicWithoutAutoCreationStops(t *testing.T) {
+	kafkaOnly(t)
 	needEnv(t)
 	strict, err := testenv.Start(testenv.Options{NoPostgres: true, NoAutoCreateTopics: true})
 	if err != nil {
@@ -156,6 +159,7 @@ func TestMissingTopicWithoutAutoCreationStops(t *testing.T) {
 // (Before, ten seconds of that answer stopped outboxd with "the broker does
 // not create topics (auto.create.topics.enable=false)".)
 func TestControllerDownBeforeNewTopic(t *testing.T) {
+	kafkaOnly(t)
 	needEnv(t)
 	cluster, err := testenv.Start(testenv.Options{NoPostgres: true, KafkaNodes: 2})
 	if err != nil {

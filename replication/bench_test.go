@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/jackc/pglogrepl"
 	"github.com/segmentio/kafka-go/protocol"
 	"github.com/segmentio/kafka-go/protocol/metadata"
 	"github.com/segmentio/kafka-go/protocol/produce"
@@ -89,8 +88,7 @@ func benchStream(b *testing.B, router *envelope.Router, comp string, setup, begi
 		b.Fatal(err)
 	}
 	defer prod.Close(context.Background())
-	tracker := NewTracker(pglogrepl.LSN(1), 10000, 64<<20)
-	s := &stream{r: &Runner{router: router, log: hclog.NewNullLogger()}, prod: prod, tracker: tracker, relations: map[uint32][]*envelope.Binding{}}
+	s := newTestStream(router, prod, 1, Config{MaxInFlightEvents: 10000, MaxInFlightBytes: 64 << 20})
 	buf := make([]byte, 0, 4096)
 	feed := func(m []byte) {
 		buf = append(buf[:0], m...)
@@ -107,16 +105,16 @@ func benchStream(b *testing.B, router *envelope.Router, comp string, setup, begi
 			if i > 0 {
 				feed(commit)
 			}
-			for tracker.Full(0) {
-				<-tracker.Wake()
+			for s.pub.Full(0) {
+				<-s.pub.Wake()
 			}
 			feed(begin)
 		}
 		feed(change)
 	}
 	feed(commit)
-	for tracker.State().Open > 0 {
-		<-tracker.Wake()
+	for s.tracker.State().Open > 0 {
+		<-s.pub.Wake()
 	}
 	if records > 1 {
 		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*records), "ns/record")

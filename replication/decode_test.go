@@ -2,8 +2,6 @@ package replication
 
 import (
 	"bufio"
-	"bytes"
-	"context"
 	"encoding/hex"
 	"os"
 	"strings"
@@ -12,31 +10,21 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pglogrepl"
 
-	"github.com/outboxd/outboxd"
 	"github.com/outboxd/outboxd/envelope"
+	"github.com/outboxd/outboxd/publish"
+	"github.com/outboxd/outboxd/publish/publishtest"
 )
 
-// fakeProducer is a Producer made of what the test needs: it keeps the
-// records it is given and acknowledges them only when told to.
-type fakeProducer struct {
-	recs    []outboxd.Record
-	flushes int // Flush calls: one per committed transaction with records
-}
-
-// Produce copies, as the real one does: the records reference the
-// message buffer and the stream's scratch memory, both reused.
-func (p *fakeProducer) Produce(r *outboxd.Record) error {
-	c := outboxd.Record{Topic: r.Topic, Key: bytes.Clone(r.Key), Value: bytes.Clone(r.Value), Ack: r.Ack, Refusable: r.Refusable}
-	for _, h := range r.Headers {
-		c.Headers = append(c.Headers, outboxd.Header{Key: h.Key, Value: bytes.Clone(h.Value)})
+// newTestStream is the stream a session of a runner with cfg makes over
+// router and prod, from start, without a connection: in flight at most
+// cfg's bounds (100 records and 1 MiB when unset).
+func newTestStream(router *envelope.Router, prod Producer, start pglogrepl.LSN, cfg Config) *stream {
+	if cfg.MaxInFlightEvents == 0 {
+		cfg.MaxInFlightEvents, cfg.MaxInFlightBytes = 100, 1<<20
 	}
-	p.recs = append(p.recs, c)
-	return nil
+	r := &Runner{cfg: cfg, router: router, log: hclog.NewNullLogger(), clock: publish.System}
+	return r.newStream(nil, prod, start, nil)
 }
-
-func (p *fakeProducer) Close(context.Context) error { return nil }
-
-func (p *fakeProducer) Flush() { p.flushes++ }
 
 // readFixture returns the pgoutput messages recorded from a real server by
 // tools/pgoutput-fixture.
@@ -93,9 +81,9 @@ func TestDecodeRecordedPgoutput(t *testing.T) {
 		t.Fatal(err)
 	}
 	const start = pglogrepl.LSN(0x100)
-	tracker := NewTracker(start, 100, 1<<20)
-	prod := &fakeProducer{}
-	s := &stream{r: &Runner{router: router, log: hclog.NewNullLogger()}, prod: prod, tracker: tracker, relations: map[uint32][]*envelope.Binding{}}
+	prod := &publishtest.Producer{}
+	s := newTestStream(router, prod, start, Config{})
+	tracker := s.tracker
 	commits := feedFixture(t, s)
 	want := []struct{ key, tipus, id, value string }{
 		{"P-2026-000123", "comanda.creada", "6f1c9e2a-0a4b-4c8e-9d1f-2b3c4d5e6f70",
@@ -107,11 +95,11 @@ func TestDecodeRecordedPgoutput(t *testing.T) {
 		{"P-2026-000124", "comanda.creada", "8b3e1a4c-2c6d-4eaf-9f3b-4d5e6f708192",
 			`{"id_esdeveniment":"8b3e1a4c-2c6d-4eaf-9f3b-4d5e6f708192","tipus":"comanda.creada","versio":1,"data_ms":1796195765000,"origen":"comandes","dades":{"id": "P-2026-000124"}}`},
 	}
-	if len(prod.recs) != len(want) {
-		t.Fatalf("got %d records, want %d", len(prod.recs), len(want))
+	if prod.Len() != len(want) {
+		t.Fatalf("got %d records, want %d", prod.Len(), len(want))
 	}
 	for i, w := range want {
-		r := prod.recs[i]
+		r := prod.Record(t, i)
 		if string(r.Key) != w.key || r.Topic != "comandes.esdeveniments" || string(r.Value) != w.value ||
 			string(r.Headers[0].Value) != w.tipus || string(r.Headers[1].Value) != w.id {
 			t.Errorf("record %d:\n got key %q value %s headers %q %q\nwant key %q value %s", i, r.Key, r.Value, r.Headers[0].Value, r.Headers[1].Value, w.key, w.value)
@@ -120,8 +108,8 @@ func TestDecodeRecordedPgoutput(t *testing.T) {
 	if len(commits) != 2 {
 		t.Fatalf("the fixture has %d commits, want 2", len(commits))
 	}
-	if prod.flushes != 2 {
-		t.Errorf("%d flushes for 2 committed transactions with records", prod.flushes)
+	if prod.Flushes() != 2 {
+		t.Errorf("%d flushes for 2 committed transactions with records", prod.Flushes())
 	}
 	if s.txn != nil {
 		t.Fatal("a transaction is still open after its Commit")
@@ -130,12 +118,12 @@ func TestDecodeRecordedPgoutput(t *testing.T) {
 	if got := tracker.State().Confirmed; got != start {
 		t.Fatalf("confirmed %s before any acknowledgement", got)
 	}
-	prod.recs[0].Ack.Ack(nil)
-	prod.recs[2].Ack.Ack(nil) // the second transaction's only record
+	prod.Record(t, 0).Ack.Ack(nil)
+	prod.Record(t, 2).Ack.Ack(nil) // the second transaction's only record
 	if got := tracker.State().Confirmed; got != start {
 		t.Fatalf("confirmed %s with the first transaction half acknowledged", got)
 	}
-	prod.recs[1].Ack.Ack(nil)
+	prod.Record(t, 1).Ack.Ack(nil)
 	if got := tracker.State().Confirmed; got != commits[1] {
 		t.Fatalf("confirmed %s, want the second commit's end %s", got, commits[1])
 	}

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
+	"github.com/outboxd/outboxd/publish/publishtest"
 )
 
 // TestCheckPeers: a broker that acknowledges nothing while records wait,
@@ -13,28 +13,34 @@ import (
 // their timeouts; waiting with nothing in flight is not a failure.
 func TestCheckPeers(t *testing.T) {
 	t0 := time.Unix(1000, 0)
-	s := &stream{r: &Runner{cfg: Config{DeliveryTimeout: 30 * time.Second, ReceiveTimeout: 20 * time.Second}, log: hclog.NewNullLogger()},
-		lastRecv: t0, lastAckAt: t0, pinged: true}
+	prod := &publishtest.Producer{}
+	s := newTestStream(mustRouter(t, outboxRoute("")), prod, 0x100, Config{DeliveryTimeout: 30 * time.Second, ReceiveTimeout: 20 * time.Second})
+	s.lastRecv, s.pinged = t0, true
 	// Nothing in flight for a long time: fine.
-	if err := s.checkPeers(t0.Add(10*time.Second), State{}); err != nil {
+	if err := s.checkPeers(t0.Add(10 * time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	s.lastRecv = t0.Add(10 * time.Second)
+	for _, m := range [][]byte{relationMsg(), beginMsg(0x1000), insertMsg("P-1"), insertMsg("P-2"), insertMsg("P-3"), commitMsg(0x1000, 0x1010)} {
+		if err := s.handleMessage(m); err != nil {
+			t.Fatal(err)
+		}
+	}
 	// Records in flight, acknowledgements progressing: fine.
-	if err := s.checkPeers(t0.Add(15*time.Second), State{Events: 5, Acked: 1}); err != nil {
+	if err := s.checkPeers(t0.Add(15 * time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.checkPeers(t0.Add(25*time.Second), State{Events: 5, Acked: 2}); err != nil {
+	prod.Record(t, 0).Ack.Ack(nil)
+	if err := s.checkPeers(t0.Add(25 * time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	// No progress for longer than the delivery timeout.
-	err := s.checkPeers(t0.Add(56*time.Second), State{Events: 5, Acked: 2})
+	err := s.checkPeers(t0.Add(56 * time.Second))
 	if err == nil || !strings.Contains(err.Error(), "broker presumed unreachable") {
 		t.Fatalf("delivery timeout: got %v", err)
 	}
 	// The server silent for longer than the receive timeout.
-	s.lastAckAt = t0.Add(56 * time.Second)
-	err = s.checkPeers(t0.Add(31*time.Second), State{})
+	err = s.checkPeers(t0.Add(31 * time.Second))
 	if err == nil || !strings.Contains(err.Error(), "connection presumed dead") {
 		t.Fatalf("receive timeout: got %v", err)
 	}

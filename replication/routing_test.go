@@ -5,11 +5,11 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pglogrepl"
 
 	"github.com/outboxd/outboxd"
 	"github.com/outboxd/outboxd/envelope"
+	"github.com/outboxd/outboxd/publish/publishtest"
 )
 
 var seedColumns = envelope.Columns{ID: "id", AgregatID: "agregat_id", Tipus: "tipus", Versio: "versio", Carrega: "carrega", CreatEn: "creat_en"}
@@ -17,7 +17,7 @@ var seedColumns = envelope.Columns{ID: "id", AgregatID: "agregat_id", Tipus: "ti
 // routedStream is a stream over the recorded fixture's routes: the outbox
 // to comandes, its comanda.creada rows to analitica as well, and the
 // logical messages of prefix comandes, all with position headers.
-func routedStream(t *testing.T, messageDLQ string) (*stream, *fakeProducer, *Tracker) {
+func routedStream(t *testing.T, messageDLQ string) (*stream, *publishtest.Producer, *Tracker) {
 	t.Helper()
 	router, err := envelope.NewRouter("comandes", []envelope.Route{
 		{Schema: "public", Table: "outbox", Topic: "comandes", Columns: seedColumns, Position: true},
@@ -29,10 +29,9 @@ func routedStream(t *testing.T, messageDLQ string) (*stream, *fakeProducer, *Tra
 	if err != nil {
 		t.Fatal(err)
 	}
-	tracker := NewTracker(pglogrepl.LSN(0x100), 100, 1<<20)
-	prod := &fakeProducer{}
-	s := &stream{r: &Runner{router: router, log: hclog.NewNullLogger()}, prod: prod, tracker: tracker, relations: map[uint32][]*envelope.Binding{}}
-	return s, prod, tracker
+	prod := &publishtest.Producer{}
+	s := newTestStream(router, prod, 0x100, Config{})
+	return s, prod, s.tracker
 }
 
 // mustRouter is the router of routes for the service comandes.
@@ -73,12 +72,12 @@ func TestRoutesAndMessagesAckDiscipline(t *testing.T) {
 		{"comandes", "8b3e1a4c-2c6d-4eaf-9f3b-4d5e6f708192", "0"},
 		{"analitica", "8b3e1a4c-2c6d-4eaf-9f3b-4d5e6f708192", "0"},
 	}
-	if len(prod.recs) != len(wants) {
-		t.Fatalf("got %d records, want %d", len(prod.recs), len(wants))
+	if prod.Len() != len(wants) {
+		t.Fatalf("got %d records, want %d", prod.Len(), len(wants))
 	}
 	var lastLSN, lastIndex uint64
 	for i, w := range wants {
-		r := prod.recs[i]
+		r := prod.Record(t, i)
 		if r.Topic != w.topic || headerOf(r, envelope.HeaderID) != w.id || headerOf(r, envelope.HeaderTxnIndex) != w.index {
 			t.Errorf("record %d: topic %s id %s index %s, want %+v", i, r.Topic, headerOf(r, envelope.HeaderID), headerOf(r, envelope.HeaderTxnIndex), w)
 		}
@@ -97,7 +96,7 @@ func TestRoutesAndMessagesAckDiscipline(t *testing.T) {
 		}
 		lastLSN, lastIndex = lsn, index
 	}
-	if msg := prod.recs[3]; string(msg.Key) != "P-2026-000123" || !strings.Contains(string(msg.Value), `"dades":{"canal": "sms"}`) {
+	if msg := prod.Record(t, 3); string(msg.Key) != "P-2026-000123" || !strings.Contains(string(msg.Value), `"dades":{"canal": "sms"}`) {
 		t.Errorf("message record: key %s value %s", msg.Key, msg.Value)
 	}
 
@@ -105,28 +104,28 @@ func TestRoutesAndMessagesAckDiscipline(t *testing.T) {
 	if confirmed() != 0x100 {
 		t.Fatalf("confirmed %s before any acknowledgement", confirmed())
 	}
-	prod.recs[0].Ack.Ack(nil) // the dead-lettered non-transactional message
+	prod.Record(t, 0).Ack.Ack(nil) // the dead-lettered non-transactional message
 	nonTx := confirmed()
 	if nonTx <= 0x100 || nonTx >= commits[0] {
 		t.Fatalf("after the dead letter: confirmed %s, want between the start and %s", nonTx, commits[0])
 	}
 	// Every record of the first transaction but the message's.
 	for _, i := range []int{1, 2, 4} {
-		prod.recs[i].Ack.Ack(nil)
+		prod.Record(t, i).Ack.Ack(nil)
 	}
 	if confirmed() != nonTx {
 		t.Fatalf("confirmed %s with the transaction's message unacknowledged", confirmed())
 	}
-	prod.recs[3].Ack.Ack(nil)
+	prod.Record(t, 3).Ack.Ack(nil)
 	if confirmed() != commits[0] {
 		t.Fatalf("confirmed %s, want the first commit %s", confirmed(), commits[0])
 	}
 	// One route of a row acknowledged, not the other.
-	prod.recs[5].Ack.Ack(nil)
+	prod.Record(t, 5).Ack.Ack(nil)
 	if confirmed() != commits[0] {
 		t.Fatalf("confirmed %s with the row's second route unacknowledged", confirmed())
 	}
-	prod.recs[6].Ack.Ack(nil)
+	prod.Record(t, 6).Ack.Ack(nil)
 	if confirmed() != commits[1] {
 		t.Fatalf("confirmed %s, want the second commit %s", confirmed(), commits[1])
 	}
@@ -143,8 +142,8 @@ func TestNonTransactionalMessageStops(t *testing.T) {
 		!strings.Contains(err.Error(), "pg_logical_emit_message(true, ...)") || !strings.Contains(err.Error(), "on_error: dead_letter") {
 		t.Fatalf("got %v", err)
 	}
-	if len(prod.recs) != 0 || s.txn != nil {
-		t.Fatalf("%d records, open transaction %v", len(prod.recs), s.txn)
+	if prod.Len() != 0 || s.txn != nil {
+		t.Fatalf("%d records, open transaction %v", prod.Len(), s.txn)
 	}
 }
 

@@ -5,8 +5,9 @@
 // A Runner owns the sessions of one slot and its state machine (runner.go);
 // a session connects, prepares the slot and the publication and starts
 // streaming (session.go, setup.go); its stream turns messages into records
-// and confirms what the Tracker says is acknowledged (stream.go,
-// tracker.go); standby status and the end of a stream are in status.go.
+// hands each change to its publisher (changes.go, package publish) and
+// confirms what its Tracker says is acknowledged (tracker.go); standby
+// status and the end of a stream are in status.go.
 package replication
 
 import (
@@ -26,6 +27,7 @@ import (
 	"github.com/outboxd/outboxd/backoff"
 	"github.com/outboxd/outboxd/catalog"
 	"github.com/outboxd/outboxd/envelope"
+	"github.com/outboxd/outboxd/publish"
 )
 
 // Config is what the stream needs; durations are positive.
@@ -125,6 +127,7 @@ type Runner struct {
 	router      *envelope.Router
 	newProducer func() (Producer, error)
 	log         hclog.Logger
+	clock       publish.Clock
 
 	mu          sync.Mutex
 	state       string
@@ -132,10 +135,11 @@ type Runner struct {
 	lastError   string
 	walSender   time.Duration // the server's wal_sender_timeout
 	resumedFrom pglogrepl.LSN // the slot's position when the current stream began
-	tracker     *Tracker      // the current stream's, for live figures
-	// baseEvents and baseBytes count what earlier streams acknowledged.
-	baseEvents uint64
-	baseBytes  int64
+	// The current stream's tracker and publisher, for Status only, and
+	// what the publishers of the sessions before it did.
+	tracker *Tracker
+	pub     *publish.Publisher
+	done    publish.Counts
 
 	// slotSeen: a session of this process found the slot (streaming, in
 	// use by another instance, or in a cut-over) or created it. From then
@@ -145,10 +149,8 @@ type Runner struct {
 	// (readSlot, createSlot).
 	slotSeen bool
 
-	// Counters a stream adds to as it goes.
+	// What the streams of every session add to as they go.
 	txns         atomic.Uint64
-	deadLettered atomic.Uint64
-	dropped      atomic.Uint64
 	statusSentAt atomic.Int64 // unix nanoseconds of the last standby status
 }
 
@@ -157,7 +159,10 @@ type Status struct {
 	State     string    // one of States
 	Since     time.Time // when State was entered
 	LastError string
-	Tracker   State
+	// Tracker is the current stream's position; InFlight what its
+	// publisher has in flight, and its first delivery failure.
+	Tracker  State
+	InFlight publish.State
 	// Confirmed is the position outboxd last confirmed, or the slot's
 	// position when the stream began until it moves.
 	Confirmed pglogrepl.LSN
@@ -190,25 +195,24 @@ func NewRunner(cfg Config, router *envelope.Router, newProducer func() (Producer
 		pc.RuntimeParams[k] = v
 	}
 	useLargeReadBuffer(pc)
-	return &Runner{cfg: cfg, conn: pc, router: router, newProducer: newProducer, log: log, state: StateStarting, since: time.Now()}
+	return &Runner{cfg: cfg, conn: pc, router: router, newProducer: newProducer, log: log, clock: publish.System, state: StateStarting, since: time.Now()}
 }
 
 // Status returns a snapshot for health reporting.
 func (r *Runner) Status() Status {
 	r.mu.Lock()
-	st := Status{State: r.state, Since: r.since, LastError: r.lastError, WALSenderTimeout: r.walSender,
-		Confirmed: r.resumedFrom, Events: r.baseEvents, Bytes: r.baseBytes}
-	tr := r.tracker
+	st := Status{State: r.state, Since: r.since, LastError: r.lastError, WALSenderTimeout: r.walSender, Confirmed: r.resumedFrom}
+	tr, pub, c := r.tracker, r.pub, r.done
 	r.mu.Unlock()
 	if tr != nil {
-		st.Tracker = tr.State()
-		st.Events += st.Tracker.Acked
-		st.Bytes += st.Tracker.AckedBytes
+		st.Tracker, st.InFlight = tr.State(), pub.State()
 		if st.Tracker.Moved {
 			st.Confirmed = st.Tracker.Confirmed
 		}
+		c = c.Plus(pub.Counts())
 	}
-	st.Txns, st.DeadLettered, st.Dropped = r.txns.Load(), r.deadLettered.Load(), r.dropped.Load()
+	st.Events, st.Bytes, st.DeadLettered, st.Dropped = c.Acked, c.AckedBytes, c.DeadLettered, c.Dropped
+	st.Txns = r.txns.Load()
 	if ns := r.statusSentAt.Load(); ns != 0 {
 		st.LastStatusSent = time.Unix(0, ns)
 	}
@@ -230,29 +234,26 @@ func (r *Runner) enter(state string, err error) bool {
 	return true
 }
 
-// The events a stream reports to its runner.
-
-// streaming: the stream has started from the slot's position from.
-func (r *Runner) streaming(tr *Tracker, from pglogrepl.LSN) {
+// streaming: a session's stream starts from the slot's position from.
+func (r *Runner) streaming(tr *Tracker, pub *publish.Publisher, from pglogrepl.LSN) {
 	r.mu.Lock()
-	if r.tracker != nil {
-		st := r.tracker.State()
-		r.baseEvents += st.Acked
-		r.baseBytes += st.AckedBytes
+	if r.pub != nil {
+		r.done = r.done.Plus(r.pub.Counts())
 	}
-	r.tracker, r.resumedFrom = tr, from
+	r.tracker, r.pub, r.resumedFrom = tr, pub, from
 	r.mu.Unlock()
-	r.statusSent(time.Now()) // the wedge clock starts with the stream
+	r.statusSent(r.clock.Now()) // the wedge clock starts with the stream
 	r.enter(StateStreaming, nil)
 	if r.cfg.OnStreaming != nil {
 		r.cfg.OnStreaming()
 	}
 }
 
-// stopping: a stop was requested; the stream finishes and drains.
-func (r *Runner) stopping() { r.enter(StateStopping, nil) }
+// The events a stream reports to its runner (events).
 
+func (r *Runner) stopping()               { r.enter(StateStopping, nil) }
 func (r *Runner) statusSent(at time.Time) { r.statusSentAt.Store(at.UnixNano()) }
+func (r *Runner) committed()              { r.txns.Add(1) }
 
 func (r *Runner) serverSettings(s catalog.Server) {
 	r.mu.Lock()

@@ -13,6 +13,7 @@ import (
 
 	"github.com/outboxd/outboxd/catalog"
 	"github.com/outboxd/outboxd/envelope"
+	"github.com/outboxd/outboxd/publish"
 )
 
 // readBufferSize is the replication connection's read buffer.
@@ -100,15 +101,25 @@ func (r *Runner) session(ctx context.Context) (err error) {
 		return fmt.Errorf("start replication: %w", err)
 	}
 	r.log.Info("streaming", "slot", r.cfg.Slot, "from", start.String())
-	tracker := NewTracker(start, r.cfg.MaxInFlightEvents, r.cfg.MaxInFlightBytes)
-	if r.cfg.OnConfirm != nil {
-		tracker.OnConfirm(r.cfg.OnConfirm)
-	}
-	r.streaming(tracker, start)
+	s := r.newStream(conn, prod, start, partitions)
 
 	// Wake a blocked read at once when a stop is requested.
 	stopWake := context.AfterFunc(ctx, func() { _ = conn.Conn().SetReadDeadline(time.Now()) })
 	defer stopWake()
-	s := &stream{r: r, conn: conn, prod: prod, tracker: tracker, relations: map[uint32][]*envelope.Binding{}, partitions: partitions, sentFlush: start}
 	return s.run(ctx)
+}
+
+// newStream makes a session's stream from the slot's position start, with
+// what it needs: its own tracker, a publisher over prod, and the runner as
+// the one told of its events.
+func (r *Runner) newStream(conn *pgconn.PgConn, prod Producer, start pglogrepl.LSN, partitions map[catalog.Table]catalog.Table) *stream {
+	tracker := NewTracker(start, r.cfg.OnConfirm)
+	pub := publish.New(publish.Config{Router: r.router, Producer: prod, Mark: r.cfg.Mark,
+		MaxEvents: r.cfg.MaxInFlightEvents, MaxBytes: r.cfg.MaxInFlightBytes, DeliveryTimeout: r.cfg.DeliveryTimeout,
+		Again: "start outboxd again; nothing after it is lost, the slot stays before it", Clock: r.clock, Log: r.log})
+	r.streaming(tracker, pub, start)
+	return &stream{cfg: streamConfig{statusInterval: r.cfg.StatusInterval, idleStatusInterval: r.cfg.IdleStatusInterval,
+		shutdownTimeout: r.cfg.ShutdownTimeout, receiveTimeout: r.cfg.ReceiveTimeout},
+		log: r.log, clock: r.clock, events: r, router: r.router, pub: pub, tracker: tracker, conn: conn, prod: prod,
+		relations: map[uint32][]*envelope.Binding{}, partitions: partitions, sentFlush: start}
 }

@@ -22,11 +22,11 @@ const settlePoll = 50 * time.Millisecond
 // at least every idle interval, and whenever the server asks. ask requests
 // an immediate reply (a keepalive), to prove the connection alive.
 func (s *stream) sendStatus(now time.Time, ask bool) error {
-	st := s.tracker.State()
-	if !ask && !s.reply && st.Confirmed == s.sentFlush && now.Sub(s.sentAt) < s.r.cfg.IdleStatusInterval {
+	st, acked := s.tracker.State(), s.pub.Acked()
+	if !ask && !s.reply && st.Confirmed == s.sentFlush && now.Sub(s.sentAt) < s.cfg.idleStatusInterval {
 		// Nothing new to confirm (acknowledgements inside a transaction
 		// still open): not due again until as many more.
-		s.ackedAtStatus = st.Acked
+		s.ackedAtStatus = acked
 		return nil
 	}
 	write, flush := standbyPositions(s.received, st)
@@ -43,8 +43,8 @@ func (s *stream) sendStatus(now time.Time, ask bool) error {
 	if st.Moved {
 		s.sentFlush = flush
 	}
-	s.sentAt, s.reply, s.ackedAtStatus = now, false, st.Acked
-	s.r.statusSent(now)
+	s.sentAt, s.reply, s.ackedAtStatus = now, false, acked
+	s.events.statusSent(now)
 	return nil
 }
 
@@ -67,7 +67,7 @@ func standbyPositions(received pglogrepl.LSN, st State) (write, flush pglogrepl.
 func (s *stream) stop(deadline time.Time) error {
 	if s.txn != nil {
 		// The deadline passed inside a transaction: it cannot be confirmed.
-		s.r.log.Warn("shutdown timeout inside a transaction; it will be produced again on restart", "transaction", s.txn.CommitLSN().String())
+		s.log.Warn("shutdown timeout inside a transaction; it will be produced again on restart", "transaction", s.txn.CommitLSN().String())
 	}
 	s.end(deadline, true)
 	return nil
@@ -79,10 +79,10 @@ func (s *stream) stop(deadline time.Time) error {
 func (s *stream) failed(err error) error {
 	if !IsFatal(err) {
 		// A replay from the slot follows: tell the server where it stands.
-		_ = s.sendStatus(time.Now(), false)
+		_ = s.sendStatus(s.clock.Now(), false)
 		return err
 	}
-	s.end(time.Now().Add(min(s.r.cfg.ShutdownTimeout, fatalSettleTimeout)), false)
+	s.end(s.clock.Now().Add(min(s.cfg.shutdownTimeout, fatalSettleTimeout)), false)
 	return err
 }
 
@@ -93,8 +93,8 @@ func (s *stream) failed(err error) error {
 // applied it. The log says what the server was told.
 func (s *stream) end(deadline time.Time, requested bool) {
 	settled, err := s.settle(deadline)
-	st := s.tracker.State()
-	if st.Events > 0 {
+	inFlight := s.pub.State().Events
+	if inFlight > 0 {
 		// Past the deadline, or in an open or failed transaction: these
 		// records cannot be confirmed now, and flushing them would only
 		// make duplicates.
@@ -104,7 +104,7 @@ func (s *stream) end(deadline time.Time, requested bool) {
 	}
 	if err == nil {
 		s.reply = true // force the final status out
-		err = s.sendStatus(time.Now(), false)
+		err = s.sendStatus(s.clock.Now(), false)
 	}
 	if err == nil {
 		err = s.endCopy()
@@ -112,15 +112,15 @@ func (s *stream) end(deadline time.Time, requested bool) {
 	confirmed := s.sentFlush.String()
 	switch {
 	case err != nil:
-		s.r.log.Warn("stopped, but the final position may not have reached PostgreSQL: events after it will be produced again on restart",
+		s.log.Warn("stopped, but the final position may not have reached PostgreSQL: events after it will be produced again on restart",
 			"confirmed", confirmed, "error", err)
 	case !settled:
-		s.r.log.Warn("stopped before every acknowledgement arrived (pipeline.shutdown_timeout): unacknowledged events will be produced again on restart",
-			"confirmed", confirmed, "in_flight", st.Events)
+		s.log.Warn("stopped before every acknowledgement arrived (pipeline.shutdown_timeout): unacknowledged events will be produced again on restart",
+			"confirmed", confirmed, "in_flight", inFlight)
 	case requested && s.txn == nil:
-		s.r.log.Info("stopped cleanly", "confirmed", confirmed)
+		s.log.Info("stopped cleanly", "confirmed", confirmed)
 	default:
-		s.r.log.Info("stopped after confirming the acknowledged transactions", "confirmed", confirmed)
+		s.log.Info("stopped after confirming the acknowledged transactions", "confirmed", confirmed)
 	}
 }
 
@@ -131,15 +131,14 @@ func (s *stream) end(deadline time.Time, requested bool) {
 // that still arrives is not processed (the next stream gets it again), and
 // so keepalives do not move the position either.
 func (s *stream) settle(deadline time.Time) (bool, error) {
-	next := time.Now()
+	next := s.clock.Now()
 	for {
 		// A failed produce fails its record, which settles its transaction.
-		_ = s.replaceRefused()
-		st := s.tracker.State()
-		if st.Settled && st.Refused == 0 {
+		_ = s.pub.ReplaceRefused()
+		if s.tracker.State().Settled && s.pub.State().Refused == 0 {
 			return true, nil
 		}
-		now := time.Now()
+		now := s.clock.Now()
 		if !now.Before(deadline) {
 			return false, nil
 		}
@@ -147,7 +146,7 @@ func (s *stream) settle(deadline time.Time) (bool, error) {
 			if err := s.sendStatus(now, false); err != nil {
 				return false, err
 			}
-			next = now.Add(s.r.cfg.StatusInterval)
+			next = now.Add(s.cfg.statusInterval)
 		}
 		_ = s.conn.Conn().SetReadDeadline(earliest(deadline, next, now.Add(settlePoll)))
 		msg, err := s.conn.ReceiveMessage(context.Background())

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pglogrepl"
 
 	"github.com/outboxd/outboxd"
+	"github.com/outboxd/outboxd/publish/publishtest"
 )
 
 func lsnOf(v uint64) pglogrepl.LSN { return pglogrepl.LSN(v) }
@@ -42,25 +43,27 @@ func TestStandbyPositions(t *testing.T) {
 // position. Once the earlier transaction is acknowledged its end is the
 // final position, and the COPY is ended.
 func TestFatalStopConfirmsOnlyWhatKafkaAcknowledged(t *testing.T) {
-	s, w, prod := newWalsenderStream(t, Config{}, outboxRoute(""), 0x100)
+	// A status goes out only when the server asks for one (and once as the
+	// stream begins to settle, and at its end).
+	s, w, prod := newWalsenderStream(t, Config{StatusInterval: time.Hour}, outboxRoute(""), 0x100)
 	done := runStream(context.Background(), s)
 	w.xlog(0x1000, relationMsg())
 	w.txn(0x1000, 0x1010, "P-1")
-	first := prod.record(t, 0)
+	first := prod.Record(t, 0)
 	w.xlog(0x2000, beginMsg(0x2000))
 	w.xlog(0x2000, insertMsg("bad"))
-	time.Sleep(100 * time.Millisecond)
 	w.keepalive(0x9000, true)
 	w.txn(0x3000, 0x3010, "P-3")
-	w.keepalive(0x9100, false)
-	time.Sleep(200 * time.Millisecond)
-	settling := w.flushes()
+	w.keepalive(0x9100, true)
+	// The stream has read everything: it answered both keepalives.
+	for _, f := range w.waitFlushes(3) {
+		if f > 0x100 {
+			t.Fatalf("while settling a status confirmed %s, before anything was acknowledged", f)
+		}
+	}
 	first.Ack.Ack(nil)
 	if err := waitErr(t, done, 15*time.Second); !IsFatal(err) {
 		t.Fatalf("want the bad row's fatal error, got %v", err)
-	}
-	if len(settling) == 0 {
-		t.Error("no status answered the keepalive that asked for one while the stream settled")
 	}
 	fl := w.flushes()
 	for _, f := range fl {
@@ -71,7 +74,7 @@ func TestFatalStopConfirmsOnlyWhatKafkaAcknowledged(t *testing.T) {
 	if fl[len(fl)-1] != 0x1010 || !w.ended() {
 		t.Fatalf("final position %s (want 0/1010), CopyDone %v", fl[len(fl)-1], w.ended())
 	}
-	if n := prod.produced(); n != 1 {
+	if n := prod.Len(); n != 1 {
 		t.Fatalf("%d records produced, want only the one before the bad row", n)
 	}
 }
@@ -81,24 +84,29 @@ func TestFatalStopConfirmsOnlyWhatKafkaAcknowledged(t *testing.T) {
 // transaction (and every later one) is confirmed only once the dead letter
 // is acknowledged.
 func TestCleanStopReplacesARefusal(t *testing.T) {
-	s, w, prod := newWalsenderStream(t, Config{}, outboxRoute("dlq"), 0x100)
+	s, w, prod := newWalsenderStream(t, Config{StatusInterval: time.Hour}, outboxRoute("dlq"), 0x100)
+	stop := &stopSignal{events: s.events, stopped: make(chan struct{})}
+	s.events = stop
 	ctx, cancel := context.WithCancel(context.Background())
 	done := runStream(ctx, s)
 	w.xlog(0x1000, relationMsg())
 	w.txn(0x1000, 0x1010, "P-1", "P-2")
 	w.txn(0x2000, 0x2010, "P-3")
-	a, big, c := prod.record(t, 0), prod.record(t, 1), prod.record(t, 2)
+	a, big, c := prod.Record(t, 0), prod.Record(t, 1), prod.Record(t, 2)
 	a.Ack.Ack(nil)
 	c.Ack.Ack(nil)
 	cancel()
-	time.Sleep(100 * time.Millisecond)
+	w.keepalive(0x2010, false) // wakes the read
+	<-stop.stopped
 	big.Ack.Ack(&outboxd.RefusedError{Topic: big.Topic, Key: big.Key, Headers: big.Headers, Size: 2 << 20, Err: errInjected})
-	dl := prod.record(t, 3)
+	dl := prod.Record(t, 3)
 	if dl.Topic != "dlq" || string(dl.Key) != "P-2" {
 		t.Fatalf("dead letter to %q with key %q", dl.Topic, dl.Key)
 	}
-	time.Sleep(100 * time.Millisecond)
-	for _, f := range w.flushes() {
+	// A status the server asks for now: the dead letter is in flight.
+	sent := len(w.flushes())
+	w.keepalive(0x2010, true)
+	for _, f := range w.waitFlushes(sent + 1) {
 		if f >= 0x1010 {
 			t.Fatalf("confirmed %s before the dead letter was acknowledged", f)
 		}
@@ -115,20 +123,24 @@ func TestCleanStopReplacesARefusal(t *testing.T) {
 // TestStatusDueAfterManyAcknowledgements: at a fast drain a status is due
 // every statusEvery acknowledgements, not only every status_interval.
 func TestStatusDueAfterManyAcknowledgements(t *testing.T) {
-	tr := NewTracker(100, 1<<20, 1<<30)
-	s := &stream{tracker: tr}
-	x := tr.Begin(time.Now(), 200)
-	acks := make([]outboxd.Acker, statusEvery)
-	for i := range acks {
-		acks[i] = tr.Track(x, 1, nil)
+	prod := &publishtest.Producer{}
+	s := newTestStream(mustRouter(t, outboxRoute("")), prod, 100, Config{MaxInFlightEvents: 1 << 20, MaxInFlightBytes: 1 << 30})
+	msgs := [][]byte{relationMsg(), beginMsg(200)}
+	for range statusEvery {
+		msgs = append(msgs, insertMsg("P-1"))
 	}
-	for _, a := range acks[:statusEvery-1] {
-		a.Ack(nil)
+	for _, m := range msgs {
+		if err := s.handleMessage(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range statusEvery - 1 {
+		prod.Record(t, i).Ack.Ack(nil)
 	}
 	if s.farAhead() {
 		t.Fatalf("due after %d acknowledgements", statusEvery-1)
 	}
-	acks[statusEvery-1].Ack(nil)
+	prod.Record(t, statusEvery-1).Ack.Ack(nil)
 	if !s.farAhead() {
 		t.Fatalf("not due after %d acknowledgements", statusEvery)
 	}

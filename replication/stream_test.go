@@ -1,71 +1,16 @@
 package replication
 
 import (
-	"context"
 	"encoding/binary"
 	"errors"
-	"sync"
 	"testing"
-	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pglogrepl"
 
 	"github.com/outboxd/outboxd"
 	"github.com/outboxd/outboxd/envelope"
+	"github.com/outboxd/outboxd/publish/publishtest"
 )
-
-// syncProducer is a Producer the stream and the test share: it keeps the
-// records (copies), acknowledges nothing by itself, and fails every record
-// with fail when set, as a fenced producer does.
-type syncProducer struct {
-	mu   sync.Mutex
-	recs []outboxd.Record
-	fail error
-}
-
-func (p *syncProducer) Produce(r *outboxd.Record) error {
-	p.mu.Lock()
-	fail := p.fail
-	if fail == nil {
-		c := *r
-		c.Key = append([]byte(nil), r.Key...)
-		c.Value = append([]byte(nil), r.Value...)
-		c.Headers = nil
-		for _, h := range r.Headers {
-			c.Headers = append(c.Headers, outboxd.Header{Key: h.Key, Value: append([]byte(nil), h.Value...)})
-		}
-		p.recs = append(p.recs, c)
-	}
-	p.mu.Unlock()
-	if fail != nil {
-		r.Ack.Ack(fail)
-		return fail
-	}
-	return nil
-}
-
-func (p *syncProducer) Close(context.Context) error { return nil }
-
-func (p *syncProducer) Flush() {}
-
-// record waits for the n-th record (from 0) the stream produced.
-func (p *syncProducer) record(t testing.TB, n int) outboxd.Record {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
-		p.mu.Lock()
-		if len(p.recs) > n {
-			r := p.recs[n]
-			p.mu.Unlock()
-			return r
-		}
-		p.mu.Unlock()
-		time.Sleep(5 * time.Millisecond)
-	}
-	t.Fatalf("the stream produced no record %d", n)
-	return outboxd.Record{}
-}
 
 const outboxRelID = 16385
 
@@ -138,10 +83,8 @@ var errInjected = errors.New("injected")
 // that transaction waits for ever: a stop then waits out its whole timeout
 // for an acknowledgement that cannot come.
 func TestReplaceRefusedFailsEveryRefusalWhenTheProducerStops(t *testing.T) {
-	tr := NewTracker(0x100, 100, 1<<20)
-	prod := &syncProducer{}
-	s := &stream{r: &Runner{router: mustRouter(t, outboxRoute("dlq")), log: hclog.NewNullLogger()},
-		prod: prod, tracker: tr, relations: map[uint32][]*envelope.Binding{}}
+	prod := &publishtest.Producer{}
+	s := newTestStream(mustRouter(t, outboxRoute("dlq")), prod, 0x100, Config{})
 	if err := s.handleMessage(relationMsg()); err != nil {
 		t.Fatal(err)
 	}
@@ -155,17 +98,15 @@ func TestReplaceRefusedFailsEveryRefusalWhenTheProducerStops(t *testing.T) {
 			}
 		}
 	}
-	first, second := prod.record(t, 0), prod.record(t, 1)
+	first, second := prod.Record(t, 0), prod.Record(t, 1)
 	// The later transaction's refusal is heard first.
 	second.Ack.Ack(&outboxd.RefusedError{Topic: second.Topic, Key: second.Key, Err: errInjected})
 	first.Ack.Ack(&outboxd.RefusedError{Topic: first.Topic, Key: first.Key, Err: errInjected})
-	prod.mu.Lock()
-	prod.fail = errInjected // fenced: every record is failed through its Acker
-	prod.mu.Unlock()
-	if err := s.replaceRefused(); !errors.Is(err, errInjected) {
-		t.Fatalf("replaceRefused: %v", err)
+	prod.Fail(errInjected) // fenced: every record is failed through its Acker
+	if err := s.pub.ReplaceRefused(); !errors.Is(err, errInjected) {
+		t.Fatalf("ReplaceRefused: %v", err)
 	}
-	if st := tr.State(); !st.Settled || st.Refused != 0 || st.Confirmed != 0x100 {
-		t.Fatalf("after the producer refused the dead letters: %+v (a transaction still waits for a record nobody will send)", st)
+	if st, fl := s.tracker.State(), s.pub.State(); !st.Settled || fl.Refused != 0 || st.Confirmed != 0x100 {
+		t.Fatalf("after the producer refused the dead letters: %+v %+v (a transaction still waits for a record nobody will send)", st, fl)
 	}
 }

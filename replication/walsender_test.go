@@ -14,6 +14,8 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/outboxd/outboxd/envelope"
+	"github.com/outboxd/outboxd/publish"
+	"github.com/outboxd/outboxd/publish/publishtest"
 )
 
 // fakeWalsender is the server side of a replication connection in COPY
@@ -26,13 +28,14 @@ type fakeWalsender struct {
 	wmu     sync.Mutex
 
 	mu       sync.Mutex
-	flush    []pglogrepl.LSN // the flush position of every standby status
+	flush    []pglogrepl.LSN     // the flush position of every standby status
+	changes  publishtest.Changes // at every status
 	copyDone bool
 }
 
 // newWalsenderStream connects a stream to a fake walsender over loopback
 // TCP (so that neither side blocks on the other's reading).
-func newWalsenderStream(t *testing.T, cfg Config, routes []envelope.Route, start pglogrepl.LSN) (*stream, *fakeWalsender, *syncProducer) {
+func newWalsenderStream(t *testing.T, cfg Config, routes []envelope.Route, start pglogrepl.LSN) (*stream, *fakeWalsender, *publishtest.Producer) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -77,12 +80,9 @@ func newWalsenderStream(t *testing.T, cfg Config, routes []envelope.Route, start
 	if cfg.MaxInFlightEvents == 0 {
 		cfg.MaxInFlightEvents, cfg.MaxInFlightBytes = 1000, 1<<20
 	}
-	r := &Runner{cfg: cfg, router: mustRouter(t, routes), log: hclog.NewNullLogger(), state: StateStreaming}
-	tr := NewTracker(start, cfg.MaxInFlightEvents, cfg.MaxInFlightBytes)
-	r.tracker = tr
-	prod := &syncProducer{}
-	s := &stream{r: r, conn: conn, prod: prod, tracker: tr, relations: map[uint32][]*envelope.Binding{}, sentFlush: start}
-	return s, w, prod
+	r := &Runner{cfg: cfg, router: mustRouter(t, routes), log: hclog.NewNullLogger(), clock: publish.System}
+	prod := &publishtest.Producer{}
+	return r.newStream(conn, prod, start, nil), w, prod
 }
 
 func (w *fakeWalsender) serve() {
@@ -97,6 +97,7 @@ func (w *fakeWalsender) serve() {
 				w.mu.Lock()
 				w.flush = append(w.flush, pglogrepl.LSN(binary.BigEndian.Uint64(m.Data[9:])))
 				w.mu.Unlock()
+				w.changes.Changed()
 			}
 		case *pgproto3.CopyDone:
 			w.mu.Lock()
@@ -158,6 +159,28 @@ func (w *fakeWalsender) flushes() []pglogrepl.LSN {
 	return append([]pglogrepl.LSN(nil), w.flush...)
 }
 
+// waitFlushes waits, at most 10 s, until the stream has sent n standby
+// statuses, and returns their flush positions.
+func (w *fakeWalsender) waitFlushes(n int) []pglogrepl.LSN {
+	w.t.Helper()
+	if !w.changes.Wait(func() bool { return len(w.flushes()) >= n }) {
+		w.t.Fatalf("the stream sent %d standby statuses, want %d", len(w.flushes()), n)
+	}
+	return w.flushes()
+}
+
+// stopSignal passes a stream's events on to its runner, and closes stopped
+// when the stream starts to stop.
+type stopSignal struct {
+	events
+	stopped chan struct{}
+}
+
+func (e *stopSignal) stopping() {
+	e.events.stopping()
+	close(e.stopped)
+}
+
 func (w *fakeWalsender) ended() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -180,11 +203,4 @@ func waitErr(t *testing.T, done <-chan error, d time.Duration) error {
 		t.Fatal("the stream did not return")
 		return nil
 	}
-}
-
-// produced is how many records the stream has handed over.
-func (p *syncProducer) produced() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.recs)
 }

@@ -8,7 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxd/outboxd"
@@ -44,7 +43,6 @@ const (
 type Marker struct {
 	conn   *pgconn.Config
 	tables map[string]markTable // by schema.table
-	log    hclog.Logger
 
 	mu    sync.Mutex
 	queue []mark
@@ -61,8 +59,8 @@ type mark struct {
 
 // NewMarker marks rows of the tables that have a publicat_en column,
 // through its own connection to conn.
-func NewMarker(conn *pgconn.Config, tables []envelope.Table, log hclog.Logger) *Marker {
-	m := &Marker{conn: conn, tables: map[string]markTable{}, log: log, wake: make(chan struct{}, 1)}
+func NewMarker(conn *pgconn.Config, tables []envelope.Table) *Marker {
+	m := &Marker{conn: conn, tables: map[string]markTable{}, wake: make(chan struct{}, 1)}
 	for _, t := range tables {
 		if t.Route.Columns.PublicatEn == "" {
 			continue
@@ -142,8 +140,9 @@ func (m *Marker) Run(ctx context.Context) {
 					_ = conn.Close(context.Background())
 					conn = nil
 				}
+				// Returned, not logged: each record's acknowledgement
+				// carries it to the stream or the snapshot, which end on it.
 				err = markError(err, timedOut)
-				m.log.Debug("mark published failed", "rows", len(batch), "error", err)
 			}
 			for _, mk := range batch {
 				mk.next.Ack(err)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/outboxd/outboxd/catalog"
 	"github.com/outboxd/outboxd/envelope"
+	"github.com/outboxd/outboxd/publish"
 )
 
 // ReplayRequest says which rows a replay republishes: those of Tables
@@ -63,7 +64,7 @@ type Replayer struct {
 // each aggregate's events go in their order), and returns once Kafka
 // acknowledged every one. progress, when set, is told how far it has got
 // every Every and at the end.
-func (r *Replayer) Replay(ctx context.Context, req ReplayRequest, prod Producer, progress func(Progress)) ([]TableCount, error) {
+func (r *Replayer) Replay(ctx context.Context, req ReplayRequest, prod publish.Producer, progress func(Progress)) ([]TableCount, error) {
 	if (len(req.IDs) > 0) == (req.From != "" || req.To != "") {
 		return nil, errors.New("replay: give a creat_en range or ids, not both and not neither")
 	}
@@ -92,8 +93,8 @@ func (r *Replayer) Replay(ctx context.Context, req ReplayRequest, prod Producer,
 		return nil, fmt.Errorf("replay: %w", err)
 	}
 
-	p := newPublisher(r.Router, prod, limits{r.MaxInFlight, r.DeliveryTimeout}, nil, "replay", r.Log)
-	p.progress.Total = total
+	p := newPublication(r.Router, prod, limits{r.MaxInFlight, r.DeliveryTimeout}, nil, "replay", r.Log)
+	p.total = total
 	stop := func() {}
 	if progress != nil {
 		stop = every(r.Every, time.Second, func() { progress(p.state()) })

@@ -2,10 +2,10 @@
 // than from the WAL: the rows a new slot's exported snapshot sees as
 // pending when outboxd takes over from the polling relay (snapshot.go), and
 // the rows `outboxd replay` republishes by creat_en or by id (replay.go).
-// Each row becomes its record through envelope.Router.Build, exactly as a
-// streamed row does, and goes to Kafka through the same producer; a row
-// that cannot become a record follows its route's on_error. mark.go sets
-// publicat_en once Kafka acknowledged a row, for the stream and the
+// Each row goes to Kafka through a publish.Publisher, exactly as a streamed
+// row does (its records, on_error, refusals, the in-flight bound and the
+// delivery timeout are that package's), over the same producer. mark.go
+// sets publicat_en once Kafka acknowledged a row, for the stream and the
 // snapshot alike.
 package republish
 
@@ -20,18 +20,10 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/outboxd/outboxd"
 	"github.com/outboxd/outboxd/catalog"
 	"github.com/outboxd/outboxd/envelope"
+	"github.com/outboxd/outboxd/publish"
 )
-
-// Producer publishes records asynchronously: every accepted record's Acker
-// is told its outcome later (sink.Producer).
-type Producer interface {
-	// Produce copies the record; an error means the producer takes
-	// nothing more (the record's Acker has been told).
-	Produce(r *outboxd.Record) error
-}
 
 // Progress is how far a publication has got.
 type Progress struct {
@@ -44,48 +36,30 @@ type Progress struct {
 	Finished bool
 }
 
-// PermanentError is a failure no retry can fix: a row that cannot become a
-// record on a route that stops on it, a column the configuration names and
-// the table lacks, a missing privilege. The replication stream stops on it
-// rather than retrying.
+// PermanentError is a failure no retry can fix: a missing privilege. (A
+// row that cannot become a record on a route that stops on it is a
+// publish.BadRowError; a column the configuration names and the table lacks
+// a ColumnError.) The replication stream stops on it rather than retrying.
 type PermanentError struct{ Err error }
 
 func (e *PermanentError) Error() string     { return e.Err.Error() }
 func (e *PermanentError) Unwrap() error     { return e.Err }
 func (e *PermanentError) Permanent() string { return e.Err.Error() }
 
-// publisher hands rows to a producer as records, keeps at most max in
-// flight, and tells when Kafka acknowledged them all.
-type publisher struct {
-	router *envelope.Router
-	prod   Producer
-	max    int
-	mark   *Marker // nil: publicat_en is not set
-	// source goes into a dead-letter record's outboxd.lsn header: where
-	// the row came from, since no commit LSN is known.
+// publication is one snapshot's or replay's rows on their way to Kafka:
+// each goes through a publish.Publisher, as a streamed row does, and counts
+// toward the publication as a whole (a nil publish.Unit): it is done when
+// drain returns.
+type publication struct {
+	pub    *publish.Publisher
 	source string
 	log    hclog.Logger
-	// deliveryTimeout: no acknowledgement for this long while records
-	// wait means an unreachable broker (kafka.delivery_timeout); 0: none.
-	deliveryTimeout time.Duration
-
-	sc  envelope.Scratch
-	rec outboxd.Record
 
 	mu       sync.Mutex
-	progress Progress
-	ackedAt  time.Time // last acknowledgement, or when records began to wait
-	inFlight int
-	err      error
-	refused  []refusal
-	wake     chan struct{}
-}
-
-// refusal is a record the broker refused for its own content, on a route
-// with a dead-letter topic: a dead-letter record takes its place.
-type refusal struct {
-	b   *envelope.Binding
-	err *outboxd.RefusedError
+	table    string
+	total    int
+	read     int
+	finished bool
 }
 
 // limits bound a publication: records in flight, and how long Kafka may
@@ -95,180 +69,52 @@ type limits struct {
 	deliveryTimeout time.Duration
 }
 
-func newPublisher(router *envelope.Router, prod Producer, l limits, mark *Marker, source string, log hclog.Logger) *publisher {
-	return &publisher{router: router, prod: prod, max: max(l.maxInFlight, 1), deliveryTimeout: l.deliveryTimeout,
-		mark: mark, source: source, log: log, wake: make(chan struct{}, 1)}
-}
-
-// ticket is the Acker of one record.
-type ticket struct {
-	p *publisher
-	b *envelope.Binding // set for a Refusable record
-}
-
-func (k *ticket) Ack(err error) {
-	p := k.p
-	p.mu.Lock()
-	p.inFlight--
-	var refused *outboxd.RefusedError
-	p.ackedAt = time.Now()
-	switch {
-	case err == nil:
-		p.progress.Acked++
-	case k.b != nil && errors.As(err, &refused):
-		p.refused = append(p.refused, refusal{k.b, refused})
-	case p.err == nil:
-		p.err = err
+// newPublication publishes through prod; mark, when not nil, marks each
+// row published before its acknowledgement counts. source goes into a
+// dead-letter record's outboxd.lsn header: where the row came from, since
+// no commit LSN is known.
+func newPublication(router *envelope.Router, prod publish.Producer, l limits, mark *Marker, source string, log hclog.Logger) *publication {
+	p := &publication{source: source, log: log}
+	cfg := publish.Config{Router: router, Producer: prod, MaxEvents: l.maxInFlight,
+		DeliveryTimeout: l.deliveryTimeout, Source: source, Again: "start again", Log: log}
+	if mark != nil {
+		cfg.Mark = mark.Wrap
 	}
-	p.mu.Unlock()
-	select {
-	case p.wake <- struct{}{}:
-	default:
-	}
+	p.pub = publish.New(cfg)
+	return p
 }
 
 // row publishes one row read from a table, once per route that takes it
 // (bs: the table's bindings, in the configuration's order), as the stream
-// does. The records reference the row's memory only until the producer has
-// copied them. A row read from the table has no WAL position: position
-// headers are left out (a consumer deduplicates such a copy by its event
-// id).
-func (p *publisher) row(ctx context.Context, bs []*envelope.Binding, row []envelope.Column) error {
+// does, once fewer than the bound are in flight. A row read from the table
+// has no WAL position: position headers are left out (a consumer
+// deduplicates such a copy by its event id).
+func (p *publication) row(ctx context.Context, bs []*envelope.Binding, row []envelope.Column) error {
 	p.mu.Lock()
-	p.progress.Read++
+	p.read++
 	p.mu.Unlock()
-	for _, b := range bs {
-		if err := p.room(ctx, p.max); err != nil {
-			return err
-		}
-		rec := &p.rec
-		var verdict envelope.Verdict
-		var err error
-		*rec, verdict, err = p.router.Build(b, row, envelope.Position{}, &p.sc)
-		if err == nil && verdict != envelope.Publish {
-			continue // filtered out of this route, or dropped on purpose
-		}
-		dead := false
-		if err != nil {
-			if b.Route == nil || b.Route.DeadLetterTopic == "" {
-				return &PermanentError{fmt.Errorf("%w. A committed row cannot be changed: to move past it, set on_error: dead_letter and a dead_letter_topic on the route of %s (the row then goes to that topic with the reason) and start again", err, b.Name)}
-			}
-			*rec = p.router.DeadLetter(b, row, err, p.source, time.Now())
-			p.log.Warn("row dead-lettered", "table", b.Name, "topic", rec.Topic, "reason", err.Error())
-			dead = true
-		}
-		k := &ticket{p: p}
-		if rec.Refusable {
-			k.b = b
-		}
-		rec.Ack = k
-		if p.mark != nil && !dead {
-			rec.Ack = p.mark.Wrap(b.Name, rec.RowID, k)
-		}
-		p.mu.Lock()
-		if p.inFlight == 0 {
-			p.ackedAt = time.Now()
-		}
-		p.inFlight++
-		p.progress.Records++
-		if dead {
-			p.progress.Dead++
-		}
-		p.mu.Unlock()
-		if err := p.produce(rec); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// produce hands rec over and clears it, so nothing keeps the row's memory.
-func (p *publisher) produce(rec *outboxd.Record) error {
-	err := p.prod.Produce(rec)
-	*rec = outboxd.Record{}
-	if err != nil {
-		p.mu.Lock()
-		if p.err != nil {
-			err = p.err // the delivery failure that fenced the producer
-		}
-		p.mu.Unlock()
+	if err := p.pub.Wait(ctx); err != nil {
 		return err
 	}
-	return nil
-}
-
-// room waits until fewer than limit records are in flight, putting a
-// dead-letter record in the place of each refused one meanwhile.
-func (p *publisher) room(ctx context.Context, limit int) error {
-	for {
-		p.mu.Lock()
-		err, n, refused := p.err, p.inFlight, p.refused
-		p.refused = nil
-		p.mu.Unlock()
-		if err != nil {
-			return err
-		}
-		if len(refused) > 0 {
-			for _, rf := range refused {
-				if err := p.replace(rf); err != nil {
-					return err
-				}
-			}
-			continue
-		}
-		if n < limit {
-			return nil
-		}
-		wait := time.Hour
-		if p.deliveryTimeout > 0 {
-			p.mu.Lock()
-			silent := time.Since(p.ackedAt)
-			p.mu.Unlock()
-			if silent > p.deliveryTimeout {
-				return fmt.Errorf("kafka acknowledged nothing for %s with %d records in flight: broker presumed unreachable", p.deliveryTimeout, n)
-			}
-			wait = p.deliveryTimeout - silent
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-p.wake:
-		case <-t.C:
-		}
-		t.Stop()
-	}
-}
-
-// replace produces the dead-letter record of a refused one.
-func (p *publisher) replace(rf refusal) error {
-	rec := &p.rec
-	*rec = p.router.DeadLetterRefused(rf.b, rf.err, p.source, time.Now())
-	p.log.Warn("record refused by the broker dead-lettered", "table", rf.b.Name, "topic", rec.Topic, "reason", rf.err.Error())
-	rec.Ack = &ticket{p: p}
-	p.mu.Lock()
-	p.inFlight++
-	p.progress.Dead++
-	p.mu.Unlock()
-	return p.produce(rec)
+	return p.pub.Change(nil, bs, row, envelope.Position{})
 }
 
 // drain waits until Kafka acknowledged every record handed over.
-func (p *publisher) drain(ctx context.Context) error {
-	if err := p.room(ctx, 1); err != nil {
+func (p *publication) drain(ctx context.Context) error {
+	if err := p.pub.Drain(ctx); err != nil {
 		return err
 	}
 	p.mu.Lock()
-	p.progress.Finished = true
+	p.finished = true
 	p.mu.Unlock()
 	return nil
 }
 
-func (p *publisher) state() Progress {
+func (p *publication) state() Progress {
+	c := p.pub.Counts()
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.progress
+	return Progress{Table: p.table, Total: p.total, Read: p.read, Records: int(c.Records), Acked: int(c.Acked), Dead: int(c.DeadLettered), Finished: p.finished}
 }
 
 // selection is the rows of one table to publish: " FROM ... WHERE ..."
@@ -286,7 +132,7 @@ type selection struct {
 // (holding back vacuum) while Kafka answers, and waits until Kafka
 // acknowledged every record. It returns how many rows of each table it
 // handed over.
-func publishAll(ctx context.Context, conn *pgconn.PgConn, router *envelope.Router, sels []selection, p *publisher) ([]TableCount, error) {
+func publishAll(ctx context.Context, conn *pgconn.PgConn, router *envelope.Router, sels []selection, p *publication) ([]TableCount, error) {
 	byCommit, err := commitTimestamps(ctx, conn)
 	if err != nil {
 		return nil, err
@@ -299,8 +145,8 @@ func publishAll(ctx context.Context, conn *pgconn.PgConn, router *envelope.Route
 	counts := make([]TableCount, 0, len(sels))
 	for _, s := range sels {
 		p.mu.Lock()
-		p.progress.Table = s.t.String()
-		before := p.progress.Read
+		p.table = s.t.String()
+		before := p.read
 		p.mu.Unlock()
 		err := scan(ctx, conn, router, s.t, "SELECT *"+s.where+" ORDER BY "+rowOrder(s.t, byCommit), s.params,
 			func(bs []*envelope.Binding, row []envelope.Column) error { return p.row(ctx, bs, row) })

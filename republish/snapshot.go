@@ -10,6 +10,7 @@ import (
 
 	"github.com/outboxd/outboxd/catalog"
 	"github.com/outboxd/outboxd/envelope"
+	"github.com/outboxd/outboxd/publish"
 )
 
 // Snapshotter publishes, when outboxd creates its slot, the rows the slot's
@@ -46,7 +47,7 @@ type Snapshotter struct {
 // and still pending are all there, and those committed after it too,
 // which its stream delivers again after them. consistentPoint only labels
 // the log and the dead-letter records.
-func (s *Snapshotter) Publish(ctx context.Context, snapshot, consistentPoint string, prod Producer) error {
+func (s *Snapshotter) Publish(ctx context.Context, snapshot, consistentPoint string, prod publish.Producer) error {
 	started := time.Now()
 	conn, err := connect(ctx, s.Conn, "outboxd-snapshot")
 	if err != nil {
@@ -81,8 +82,8 @@ func (s *Snapshotter) Publish(ctx context.Context, snapshot, consistentPoint str
 		sels = append(sels, sel)
 	}
 
-	p := newPublisher(s.Router, prod, limits{s.MaxInFlight, s.DeliveryTimeout}, s.Marker, "snapshot "+consistentPoint, s.Log)
-	p.progress.Total = total
+	p := newPublication(s.Router, prod, limits{s.MaxInFlight, s.DeliveryTimeout}, s.Marker, "snapshot "+consistentPoint, s.Log)
+	p.total = total
 	stopReport := every(s.ProgressEvery, 5*time.Second, func() {
 		st := p.state()
 		s.Log.Info("snapshot: publishing", "table", st.Table, "read", st.Read, "of", st.Total, "records", st.Records, "acknowledged", st.Acked)

@@ -116,7 +116,7 @@ func onTables(cfg config.Config, tables []envelope.Table, conn *pgconn.Config, r
 	var parts []part
 	var marker *republish.Marker
 	if cfg.Postgres.MarkPublished {
-		marker = republish.NewMarker(conn, tables, log.Named("mark"))
+		marker = republish.NewMarker(conn, tables)
 		rc.Mark = marker.Wrap
 		// A mark that fails fails its record's acknowledgement: the
 		// runner stops on a permanent one (a missing privilege).
