@@ -136,8 +136,9 @@ func (p *Producer) producerID(now time.Time) time.Duration {
 	}
 	if ie := idempotenceRefused(err); ie != nil {
 		if p.fenced == nil {
+			// Not logged: every waiting record fails with it, and the
+			// caller ends its session with it (log or return).
 			p.fenced = fenceError(ie)
-			p.log.Error("no producer id; no record will be sent by this producer", "error", ie)
 		}
 		return 0
 	}
