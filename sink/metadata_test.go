@@ -220,8 +220,13 @@ func TestMetadataRefusalStops(t *testing.T) {
 		{"request timed out", int16(kafka.RequestTimedOut), ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			// The first answer waits until both records were handed over:
+			// given earlier, it fences the producer before b's Produce,
+			// which then returns the fence instead of b waiting with a.
+			handed := make(chan struct{})
 			b := &fakeBroker{meta: func(n int) (int16, error) {
 				if n == 0 {
+					<-handed
 					return tc.code, nil
 				}
 				return 0, nil
@@ -232,6 +237,7 @@ func TestMetadataRefusalStops(t *testing.T) {
 			p.topicWait = time.Hour
 			r := newAckRecorder(2)
 			produceOne(t, p, rec(r, "P-1", "a"), rec(r, "P-2", "b"))
+			close(handed)
 			r.wait(t)
 			b.mu.Lock()
 			metaRequests := b.metaN
