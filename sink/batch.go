@@ -87,9 +87,6 @@ type batch struct {
 	// it may have overtaken on the way to the leader (several requests to
 	// one broker go on connections of their own).
 	behind bool
-	// shift: records refused before it while it was in flight
-	// (partition.skip); its sequence is that much lower once it is back.
-	shift int32
 }
 
 // pending is a record waiting for its outcome.

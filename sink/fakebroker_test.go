@@ -107,6 +107,15 @@ type fakeBroker struct {
 	// answer, when set, is waited for after such a request was processed,
 	// before its answer goes back.
 	answer func(first string) <-chan struct{}
+	// refuseRetry, when set, is asked about each batch of one record that
+	// a request whose answer is lost (cut) appended: a code other than 0
+	// refuses that record's next send with it (once, in once), as a
+	// broker does that checks a batch's content before it looks for a
+	// duplicate (a timestamp out of range by the time of the retry, a
+	// record corrupted on the way): the record is on the topic and its
+	// retry refused. retryRefused lists those records.
+	refuseRetry  func() int16
+	retryRefused []string
 
 	metaN int
 	addrs []string // the address of every request, in order
@@ -428,7 +437,7 @@ func (b *fakeBroker) RoundTrip(ctx context.Context, addr net.Addr, req protocol.
 				if b.fail != nil {
 					code = b.fail(n, p.id)
 				}
-				if c, ok := b.once[string(msgs[0].Value)]; ok && code == 0 {
+				if c, ok := b.once[string(msgs[0].Value)]; ok && (code == 0 || dup && sequenceError(kafka.Error(code))) {
 					code = c
 					delete(b.once, string(msgs[0].Value))
 				}
@@ -452,6 +461,16 @@ func (b *fakeBroker) RoundTrip(ctx context.Context, addr net.Addr, req protocol.
 					code = int16(kafka.DuplicateSequenceNumber)
 				case code == 0 && !dup:
 					b.appendBatch(p.id, pid, epoch, seq, msgs)
+					if lost && b.refuseRetry != nil && len(msgs) == 1 {
+						if c := b.refuseRetry(); c != 0 {
+							if b.once == nil {
+								b.once = map[string]int16{}
+							}
+							v := string(msgs[0].Value)
+							b.once[v] = c
+							b.retryRefused = append(b.retryRefused, v)
+						}
+					}
 				}
 				fr.codes[p.id] = code
 				rt.Partitions = append(rt.Partitions, produce.ResponsePartition{Partition: p.id, ErrorCode: code, ErrorMessage: message})

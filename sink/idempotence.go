@@ -41,6 +41,10 @@ import (
 //     other open batch is settled under the old one, and numbers the
 //     partitions from 0 again; the refused batches, which the broker did
 //     not append, are sent again under it.
+//   - A record refused for its content (dead-lettered; isolate) leaves a
+//     gap in its partition's sequences that no batch fills: a new producer
+//     id likewise, the batches after it numbered from 0 under it
+//     (resetAfterRefusal), never numbered down into the gap.
 //   - PRODUCER_FENCED: another producer took this id over; no retry can
 //     fix that, the producer fails as for any error the broker does not
 //     call retriable.

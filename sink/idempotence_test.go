@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/outboxd/outboxd"
 )
 
 // The idempotent producer against the fake broker, which keeps a leader's
@@ -296,22 +298,133 @@ func TestSequenceRefusalResetsTheProducerID(t *testing.T) {
 			r := newAckRecorder(2)
 			produceOne(t, p, rec(r, "P-1", "a"), rec(r, "P-1", "b"))
 			wantTopic(t, b, r, "warm a b")
-			if n := b.initCount(); n != 2 {
-				t.Fatalf("%d producer ids asked for, want 2 (a reset)", n)
-			}
-			b.mu.Lock()
-			defer b.mu.Unlock()
-			for _, req := range b.requests {
-				if req.pids[0] == 1001 {
-					if v := string(req.parts[0][0].Value); v != "a" || req.seqs[0] != 0 {
-						t.Errorf("the first batch under the new producer id is %s at sequence %d, want a at 0", v, req.seqs[0])
-					}
-					return
-				}
-			}
-			t.Error("no batch under the new producer id")
+			wantNewProducerID(t, b, "a")
 		})
 	}
+}
+
+// TestContentRefusalTakesANewProducerID: a record refused for its content
+// (dead-lettered) leaves a gap in its partition's sequences; the producer
+// takes a new producer id and the records after it go under it from
+// sequence 0, instead of being numbered down into the gap under the old
+// one, which the leader may hold already:
+//
+//   - r was appended, its answer lost, and its retry refused for content
+//     (a broker checks content before it looks for a duplicate): numbered
+//     into r's place, s was answered as r's duplicate and never appended;
+//   - the leader had lost the producer's state (it takes any sequence) and
+//     appended v2, in flight beside v1, which it refused: numbered into
+//     v2's place, d was answered as v2's duplicate and never appended;
+//   - v2, in flight beside v1, refused for the gap v1 left: sent again
+//     under the new id.
+//
+// The fake broker refuses the chosen records; a real one refuses a
+// timestamp out of range or an invalid record the same way.
+func TestContentRefusalTakesANewProducerID(t *testing.T) {
+	t.Run("appended, its retry refused", func(t *testing.T) {
+		b := &fakeBroker{cut: func(n int) (bool, bool) { return false, n == 1 },
+			refuseRetry: func() int16 { return int16(kafka.InvalidTimestamp) }}
+		p := idemProducer(t, b, Config{BatchSize: 1, Linger: time.Millisecond})
+		warm(t, p)
+		r := newAckRecorder(2)
+		x := rec(r, "P-1", "r")
+		x.Refusable = true
+		produceOne(t, p, x)
+		waitTold(t, r, "r")
+		produceOne(t, p, rec(r, "P-1", "s"))
+		r.wait(t)
+		wantRefused(t, r, "r")
+		if got := strings.Join(b.topic(0), " "); got != "warm r s" || r.get("s") != nil {
+			t.Errorf("the partition holds %q and s was told %v, want \"warm r s\" and s acknowledged", got, r.get("s"))
+		}
+		wantNewProducerID(t, b, "s")
+	})
+	for _, tc := range []struct {
+		name   string
+		forget bool   // the leader lost the producer's state before v2
+		order  [2]int // the order the leader takes v1 and v2 in
+		want   string // the partition
+		first  string // the first record under the new producer id
+	}{
+		{"a later batch appended by a leader without the producer", true, [2]int{2, 1}, "warm v2 d", "d"},
+		{"a later batch refused for the gap", false, [2]int{1, 2}, "warm v2 d", "v2"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := newGates()
+			b := &fakeBroker{gate: g.gate, refuse: map[string]int16{"v1": int16(kafka.InvalidRecord)}}
+			if tc.forget {
+				processed := 0
+				b.forget = func(int, int32) bool { processed++; return processed == 2 } // warm's, then v2's
+			}
+			p := idemProducer(t, b, Config{BatchSize: 1, Linger: time.Millisecond})
+			warm(t, p)
+			r := newAckRecorder(3)
+			x := rec(r, "P-1", "v1")
+			x.Refusable = true
+			produceOne(t, p, x, rec(r, "P-1", "v2"))
+			b.waitArrived(t, 3)
+			g.open(t, b, tc.order[0])
+			g.open(t, b, tc.order[1])
+			waitTold(t, r, "v1", "v2")
+			produceOne(t, p, rec(r, "P-1", "d"))
+			r.wait(t)
+			wantRefused(t, r, "v1")
+			wantTopic(t, b, r, tc.want)
+			wantNewProducerID(t, b, tc.first)
+		})
+	}
+}
+
+// waitTold waits until each of vs was told its outcome.
+func waitTold(t *testing.T, r *ackRecorder, vs ...string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		told := r.told()
+		n := 0
+		for _, v := range vs {
+			if slices.Contains(told, v) {
+				n++
+			}
+		}
+		if n == len(vs) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("told %v, want %v among them", told, vs)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// wantRefused requires v refused for its content, for its route to
+// dead-letter.
+func wantRefused(t *testing.T, r *ackRecorder, v string) {
+	t.Helper()
+	var re *outboxd.RefusedError
+	if err := r.get(v); !errors.As(err, &re) {
+		t.Errorf("%s: want a RefusedError, got %v", v, err)
+	}
+}
+
+// wantNewProducerID requires a second producer id, and v the first record
+// sent under it, at sequence 0.
+func wantNewProducerID(t *testing.T, b *fakeBroker, v string) {
+	t.Helper()
+	if n := b.initCount(); n != 2 {
+		t.Errorf("%d producer ids asked for, want 2 (a reset)", n)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, req := range b.requests {
+		if req.pids[0] == 1001 {
+			if got := string(req.parts[0][0].Value); got != v || req.seqs[0] != 0 {
+				t.Errorf("the first batch under the new producer id is %s at sequence %d, want %s at 0", got, req.seqs[0], v)
+			}
+			return
+		}
+	}
+	t.Errorf("no batch under a new producer id")
 }
 
 // TestProducerFencedStops: PRODUCER_FENCED (another producer took the id
@@ -417,11 +530,14 @@ func TestProbeIdempotence(t *testing.T) {
 // three partitions: answers lost after the append or requests lost before
 // it, retriable refusals, leader changes, sequence refusals of the first
 // open batch (resets), requests delayed so that later ones overtake earlier
-// ones, and records refused for their content (dead-lettered). Whatever
-// happens: no record is acknowledged that is not on its partition, none is
-// on it twice, every partition holds its records in the order they were
-// produced, a refused record is never on it, and every record not refused
-// is acknowledged unless the producer stopped.
+// ones, and records refused for their content (dead-lettered), some only
+// when sent again after an answer lost after the append (the broker checks
+// content before it looks for a duplicate: the record is on the topic, its
+// retry refused). Whatever happens: no record is acknowledged that is not
+// on its partition, none is on it twice, every partition holds its records
+// in the order they were produced, a record refused for its content is
+// never on it unless its refusal came on a retry, and every record not
+// refused is acknowledged unless the producer stopped.
 func TestNothingAcknowledgedThatIsNotOnTheTopic(t *testing.T) {
 	seeds := 200
 	if testing.Short() {
@@ -442,6 +558,9 @@ func randomFaults(t *testing.T, seed uint64) {
 	var leaderShift atomic.Int32
 	const records, parts = 200, 3
 	refused := map[string]bool{}
+	// Refused on a retry of what the leader appended: on the topic, and
+	// refused, or acknowledged when the refusal's answer was lost too.
+	onAndRefused := map[string]bool{}
 	b := &fakeBroker{partitions: parts, refuse: map[string]int16{}, dupCode: seed%2 == 1,
 		leaders: func(p int) int32 { return 1 + (int32(p)+leaderShift.Load())%3 },
 		delay:   func(int) time.Duration { return time.Duration(roll() * float64(3*time.Millisecond)) },
@@ -463,6 +582,12 @@ func randomFaults(t *testing.T, seed uint64) {
 				return int16(kafka.UnknownProducerId)
 			case x < 0.09:
 				return int16(kafka.InvalidProducerEpoch)
+			}
+			return 0
+		},
+		refuseRetry: func() int16 {
+			if roll() < 0.3 {
+				return int16(kafka.InvalidTimestamp)
 			}
 			return 0
 		}}
@@ -516,6 +641,11 @@ func randomFaults(t *testing.T, seed uint64) {
 	p.mu.Lock()
 	stopped := p.fenced
 	p.mu.Unlock()
+	b.mu.Lock()
+	for _, v := range b.retryRefused {
+		onAndRefused[v] = true
+	}
+	b.mu.Unlock()
 	for part, vs := range produced {
 		for _, v := range vs {
 			err := r.get(v)
@@ -527,7 +657,7 @@ func randomFaults(t *testing.T, seed uint64) {
 				t.Errorf("%s was refused, and is on the topic", v)
 			case refused[v] && err == nil:
 				t.Errorf("%s was refused, and acknowledged", v)
-			case !refused[v] && err != nil && stopped == nil:
+			case !refused[v] && !onAndRefused[v] && err != nil && stopped == nil:
 				t.Errorf("%s failed while the producer kept going: %v", v, err)
 			}
 		}

@@ -133,9 +133,10 @@ type Producer struct {
 	pid   int64
 	epoch int16
 	// reset: a partition's leader refused a batch for its sequence or
-	// epoch (batch.reseq); the producer takes a new id once the batches
-	// stamped with the old one before it are settled, and sends no new
-	// batch meanwhile.
+	// epoch (batch.reseq), or a record for its content (a gap in its
+	// sequences: resetAfterRefusal); the producer takes a new id once the
+	// batches stamped with the old one before it are settled, and sends no
+	// new batch meanwhile.
 	reset bool
 	// pidAttempts, pidRetryAt: InitProducerId failures in a row, and when
 	// to ask again.

@@ -268,8 +268,7 @@ func (p *Producer) takeRound(now time.Time) (rd *round, wait time.Duration, drop
 // (at its backoff's end: at), or else, while no batch sent again is in
 // flight, its next unsent one (fresh), while fewer than the partition's
 // limit are in flight. A partition recovering from a failure thus has one
-// batch in flight at a time, and a batch's sequence changes (skip) only
-// while it is not in flight. Called with mu held.
+// batch in flight at a time. Called with mu held.
 func (p *Producer) nextBatch(pt *partition, now time.Time) (b *batch, fresh bool, at time.Time) {
 	if p.cfg.Idempotence && p.pid < 0 {
 		return nil, false, time.Time{} // waits for a producer id
@@ -346,16 +345,6 @@ func (p *Producer) settle(rd *round) []*batch {
 // producer. Called with mu held.
 func (p *Producer) outcome(b *batch, err error, now time.Time) {
 	stamped := b.pid >= 0
-	if b.shift != 0 {
-		// Sent with a sequence that a record refused before it left a
-		// gap in: refused for it (or, by a leader that did not know the
-		// producer, appended), and numbered again.
-		b.seq, b.shift = addSeq(b.seq, -b.shift), 0
-		if errors.Is(err, kafka.OutOfOrderSequenceNumber) {
-			p.retryLater(b, err, now)
-			return
-		}
-	}
 	switch {
 	case err == nil || stamped && errors.Is(err, kafka.DuplicateSequenceNumber):
 		// DUPLICATE_SEQUENCE_NUMBER: a batch sent again that the leader
@@ -417,6 +406,14 @@ func (p *Producer) resequence(b *batch, err error, now time.Time) {
 		// Stamped with an id the producer has left: stamped again.
 		b.pid = -1
 		p.retryLater(b, err, now)
+		return
+	}
+	if p.reset {
+		// The producer takes a new id already (a record refused for its
+		// content, or another partition's refusal): the leader did not
+		// append b, which waits for it.
+		p.retryLater(b, err, now)
+		b.reseq = true
 		return
 	}
 	if (errors.Is(err, kafka.OutOfOrderSequenceNumber) || errors.Is(err, kafka.UnknownProducerId)) && (b.behind || pt.openBefore(b)) {
@@ -490,9 +487,10 @@ func (p *Producer) resetProducerID() {
 // corrupt). As the Java producer does for a batch too large, it splits b
 // in two, in its place before anything later of its partition, keeping
 // their sequences, down to a record alone in its batch: a Refusable one is
-// refused with an *outboxd.RefusedError and the records after it go on,
-// their sequences one lower (its route dead-letters it); any other fails
-// for good with a RecordError that names the way out. Called with mu held.
+// refused with an *outboxd.RefusedError (its route dead-letters it) and the
+// records after it go on, under a new producer id (resetAfterRefusal); any
+// other fails for good with a RecordError that names the way out. Called
+// with mu held.
 func (p *Producer) isolate(b *batch, err error, now time.Time) {
 	pt := b.part
 	if b.count > 1 {
@@ -520,7 +518,7 @@ func (p *Producer) isolate(b *batch, err error, now time.Time) {
 	if r.Refusable {
 		b.state, b.err = failed, &outboxd.RefusedError{Topic: r.Topic, Key: bytes.Clone(r.Key), Headers: cloneHeaders(r.Headers),
 			Size: r.WireSize(), Err: fmt.Errorf("%s: %s: %w", codeName(err), way, err)}
-		pt.skip(b)
+		p.resetAfterRefusal(b)
 		return
 	}
 	p.fail(b, &RecordError{Topic: r.Topic, Key: bytes.Clone(r.Key), Err: err,
@@ -528,26 +526,31 @@ func (p *Producer) isolate(b *batch, err error, now time.Time) {
 			r.WireSize(), codeName(err), way)})
 }
 
-// skip closes the gap a refused batch b leaves in its partition's
-// sequences: the batches after it, and the next one stamped, are numbered
-// b.count lower; one in flight (sent with b, the leader refuses it for the
-// gap) once it is back (outcome). Called with mu held.
-func (pt *partition) skip(b *batch) {
+// resetAfterRefusal makes the producer take a new id after b, stamped
+// with the current one, was refused for its records' content: its
+// sequences are a gap the leader will never see filled. Numbering the
+// batches after it down under the same id (what the Java client does only
+// for a transactional producer) would lose records: the leader may hold b
+// after all (appended on an earlier send whose answer was lost: a broker
+// checks a batch's content before it looks for a duplicate, so the retry
+// of an appended batch can be refused), or a batch after b (appended by a
+// leader that held nothing of this producer and takes any sequence), and
+// would answer the next batch numbered into that place as its duplicate:
+// acknowledged, never appended. As the Java client does for an idempotent
+// producer without a transactional id, the producer resets instead (a new
+// id once every batch before b is settled; resetProducerID): the batches
+// after b are sent under it from sequence 0 (resequence marks those the
+// leader refuses for the gap meanwhile). One InitProducerId per refused
+// record, which is rare. Called with mu held.
+func (p *Producer) resetAfterRefusal(b *batch) {
 	if b.pid < 0 {
-		return
+		return // not idempotent: no sequence, no gap
 	}
-	after := false
-	for _, x := range pt.sent {
-		switch {
-		case !after || x.pid != b.pid:
-		case x.state == inFlight:
-			x.shift += b.count
-		default:
-			x.seq = addSeq(x.seq, -b.count)
-		}
-		after = after || x == b
+	if !p.reset {
+		p.reset = true
+		p.log.Debug("a record refused for its content leaves a gap in its partition's sequences; outboxd takes a new producer id",
+			"topic", b.part.topic, "partition", b.part.id, "producer_id", b.pid, "sequence", b.seq)
 	}
-	pt.nextSeq = addSeq(pt.nextSeq, -b.count)
 }
 
 func cloneHeaders(hs []outboxd.Header) []outboxd.Header {
