@@ -91,6 +91,12 @@ type fakeBroker struct {
 	inits    int
 	dupCode  bool
 	forget   func(n int, partition int32) bool
+	// expiry, when set, drops a producer's state in a partition when a
+	// batch comes expiry or more after its last append there, on clock
+	// (time.Now when unset), as a leader does after
+	// producer.id.expiration.ms.
+	expiry time.Duration
+	clock  func() time.Time
 	// cut, when set, fails the n-th produce request (by arrival, from 0)
 	// with a transport error: before, without it reaching the log; after,
 	// once processed, its answer lost.
@@ -130,6 +136,7 @@ type fakeBroker struct {
 type fakeProducer struct {
 	epoch   int16
 	batches [][2]int32 // first and last sequence of the last five batches, oldest first
+	last    time.Time  // its last append, on clock
 }
 
 type fakeRequest struct {
@@ -197,9 +204,18 @@ func (b *fakeBroker) appendBatch(part int32, pid int64, epoch int16, first int32
 		b.producers[part][pid] = st
 	}
 	st.batches = append(st.batches, [2]int32{first, addSeq(first, int32(len(msgs)-1))})
+	st.last = b.now()
 	if len(st.batches) > 5 {
 		st.batches = st.batches[1:]
 	}
+}
+
+// now is the time on clock.
+func (b *fakeBroker) now() time.Time {
+	if b.clock != nil {
+		return b.clock()
+	}
+	return time.Now()
 }
 
 // stamp reads a raw record set's producer id, epoch and base sequence.
@@ -427,6 +443,9 @@ func (b *fakeBroker) RoundTrip(ctx context.Context, addr net.Addr, req protocol.
 				pid, epoch, seq := stampOf(raw)
 				fr.seqs[p.id], fr.pids[p.id] = seq, pid
 				if b.forget != nil && b.forget(arrival, p.id) {
+					delete(b.producers[p.id], pid)
+				}
+				if st := b.producers[p.id][pid]; st != nil && b.expiry > 0 && b.now().Sub(st.last) >= b.expiry {
 					delete(b.producers[p.id], pid)
 				}
 				seqCode, dup := int16(0), false

@@ -59,6 +59,16 @@ import (
 // batches of a producer only (ProducerStateEntry.NUM_BATCHES_TO_RETAIN).
 const maxInFlight = 5
 
+// pipelineIdle is how long a partition may go without an acknowledgement
+// before its next batch goes alone again (partition.pipelined). A leader
+// forgets a producer that appended nothing for producer.id.expiration.ms
+// (1 day by default) and then appends a batch at any sequence: one sent
+// behind a batch refused before its append (NOT_ENOUGH_REPLICAS) would be
+// appended before it, which is sent again under a new producer id after
+// it, two events of one key out of commit order. Well under the broker's
+// default, which a cluster may lower.
+const pipelineIdle = 10 * time.Minute
+
 // initProducerIDRequest is InitProducerId without a transactional id, sent
 // to any broker. kafka-go's own request type says it is transactional, so
 // its Transport sends it to the coordinator of the transactional id "" it

@@ -427,6 +427,35 @@ func wantNewProducerID(t *testing.T, b *fakeBroker, v string) {
 	t.Errorf("no batch under a new producer id")
 }
 
+// TestFirstBatchAfterIdleGoesAlone: a leader forgets a producer that
+// appended nothing for producer.id.expiration.ms (a day by default) and
+// then appends a batch at any sequence. After a day without records, v1
+// is refused before its append (NOT_ENOUGH_REPLICAS, retriable); had v2
+// been sent beside it, the leader would have appended v2, then refused v1
+// for its sequence, sent again under a new producer id after v2: two
+// events of one key out of commit order. After pipelineIdle without an
+// acknowledgement the first batch goes alone. The fake broker expires the
+// producer on a clock the test moves a day on.
+func TestFirstBatchAfterIdleGoesAlone(t *testing.T) {
+	var skew atomic.Int64
+	clock := func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }
+	g := newGates()
+	b := &fakeBroker{gate: g.gate, once: map[string]int16{"v1": int16(kafka.NotEnoughReplicas)}, expiry: 24 * time.Hour, clock: clock}
+	p := idemProducer(t, b, Config{BatchSize: 1, Linger: time.Millisecond})
+	p.clock = clock
+	warm(t, p)
+	skew.Store(int64(25 * time.Hour))
+	r := newAckRecorder(2)
+	produceOne(t, p, rec(r, "P-1", "v1"), rec(r, "P-1", "v2"))
+	b.waitArrived(t, 2)
+	g.open(t, b, 1)
+	g.open(t, b, 2)
+	wantTopic(t, b, r, "warm v1 v2")
+	if told := strings.Join(r.told(), " "); told != "v1 v2" {
+		t.Errorf("acknowledged in the order %q", told)
+	}
+}
+
 // TestProducerFencedStops: PRODUCER_FENCED (another producer took the id
 // over) is not retried: the record fails for good and the producer is
 // fenced.
@@ -533,7 +562,8 @@ func TestProbeIdempotence(t *testing.T) {
 // ones, and records refused for their content (dead-lettered), some only
 // when sent again after an answer lost after the append (the broker checks
 // content before it looks for a duplicate: the record is on the topic, its
-// retry refused). Whatever happens: no record is acknowledged that is not
+// retry refused), and idle days after which the leaders forget the
+// producer (producer.id.expiration.ms). Whatever happens: no record is acknowledged that is not
 // on its partition, none is on it twice, every partition holds its records
 // in the order they were produced, a record refused for its content is
 // never on it unless its refusal came on a retry, and every record not
@@ -556,12 +586,14 @@ func randomFaults(t *testing.T, seed uint64) {
 	rnd := rand.New(rand.NewPCG(seed, 7))
 	roll := func() float64 { mu.Lock(); defer mu.Unlock(); return rnd.Float64() }
 	var leaderShift atomic.Int32
+	var skew atomic.Int64 // the idle days so far
+	clock := func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }
 	const records, parts = 200, 3
 	refused := map[string]bool{}
 	// Refused on a retry of what the leader appended: on the topic, and
 	// refused, or acknowledged when the refusal's answer was lost too.
 	onAndRefused := map[string]bool{}
-	b := &fakeBroker{partitions: parts, refuse: map[string]int16{}, dupCode: seed%2 == 1,
+	b := &fakeBroker{partitions: parts, refuse: map[string]int16{}, dupCode: seed%2 == 1, expiry: 24 * time.Hour, clock: clock,
 		leaders: func(p int) int32 { return 1 + (int32(p)+leaderShift.Load())%3 },
 		delay:   func(int) time.Duration { return time.Duration(roll() * float64(3*time.Millisecond)) },
 		cut: func(int) (bool, bool) {
@@ -600,9 +632,11 @@ func randomFaults(t *testing.T, seed uint64) {
 	p := idemProducer(t, b, Config{BatchSize: 1 + int(seed%7), Linger: time.Millisecond, MaxAttempts: 30})
 	p.metadataTTL = 5 * time.Millisecond
 	p.retryMin, p.retryMax = time.Millisecond, 10*time.Millisecond
+	p.clock = clock
 	r := newAckRecorder(records)
 	bal := &kafka.Murmur2Balancer{Consistent: true}
 	produced := map[int32][]string{}
+	var handed []string
 	for i := range records {
 		key, v := fmt.Sprintf("K-%d", int(roll()*20)), fmt.Sprintf("v%03d", i)
 		x := rec(r, key, v)
@@ -612,7 +646,13 @@ func randomFaults(t *testing.T, seed uint64) {
 		}
 		part := int32(bal.Balance(kafka.Message{Key: []byte(key)}, 0, 1, 2))
 		produced[part] = append(produced[part], v)
-		if roll() < 0.1 {
+		handed = append(handed, v)
+		switch x := roll(); {
+		case x < 0.02:
+			// A day without records: every leader forgets the producer.
+			waitTold(t, r, handed...)
+			skew.Add(int64(25 * time.Hour))
+		case x < 0.1:
 			time.Sleep(time.Millisecond)
 		}
 	}

@@ -142,6 +142,9 @@ type Producer struct {
 	// to ask again.
 	pidAttempts int
 	pidRetryAt  time.Time
+	// clock is what pipelineIdle is measured on: time.Now, or a test's
+	// clock moved a day on.
+	clock func() time.Time
 }
 
 type topic struct {
@@ -172,11 +175,13 @@ type partition struct {
 	// nextSeq is the sequence of the next record stamped (idempotence).
 	nextSeq int32
 	// pipelined: its leader acknowledged a batch under the current producer
-	// id since its last failure or leader change, so it holds this
-	// producer's sequence and more than one batch may be in flight: a
-	// leader without it would append a batch that overtook a failed one
-	// (it takes any sequence from a producer it does not know).
+	// id since its last failure or leader change, less than pipelineIdle
+	// ago (acked), so it holds this producer's sequence and more than one
+	// batch may be in flight: a leader without it would append a batch
+	// that overtook a failed one (it takes any sequence from a producer it
+	// does not know).
 	pipelined bool
+	acked     time.Time // its last acknowledgement, on Producer.clock
 }
 
 // partitioners are the Config.Partitioner values and their balancers.
@@ -233,7 +238,7 @@ func NewWithTransport(cfg Config, log hclog.Logger, rt kafka.RoundTripper) (*Pro
 	p := &Producer{cfg: cfg, rt: rt, addr: kafka.TCP(cfg.Brokers...), bal: bal, codec: cd, log: log,
 		kick: make(chan struct{}, 1), done: make(chan struct{}), topics: map[string]*topic{}, topicWait: topicWait, metadataTTL: metadataTTL,
 		retryMin: 100 * time.Millisecond, retryMax: time.Second,
-		finished: make(chan *round, maxRounds), pid: -1, epoch: -1}
+		finished: make(chan *round, maxRounds), pid: -1, epoch: -1, clock: time.Now}
 	if rt == nil {
 		p.transport = newTransport(cfg)
 		p.rt = p.transport

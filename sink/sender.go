@@ -289,6 +289,11 @@ func (p *Producer) nextBatch(pt *partition, now time.Time) (b *batch, fresh bool
 	if p.reset {
 		return nil, false, time.Time{} // no new batch under the old producer id
 	}
+	if pt.pipelined && p.clock().Sub(pt.acked) >= pipelineIdle {
+		// The leader may have forgotten this producer meanwhile: the next
+		// batch goes alone, until it is acknowledged.
+		pt.pipelined = false
+	}
 	limit := 1
 	if p.cfg.Idempotence && pt.pipelined {
 		limit = maxInFlight
@@ -351,7 +356,7 @@ func (p *Producer) outcome(b *batch, err error, now time.Time) {
 		// appended already (brokers since 1.0 answer a success instead).
 		b.state, b.err = acked, nil
 		if stamped && b.pid == p.pid {
-			b.part.pipelined = true
+			b.part.pipelined, b.part.acked = true, p.clock()
 		}
 	case p.ctx.Err() != nil:
 		p.fail(b, errClosed)
