@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxd/outboxd/catalog"
+	"github.com/outboxd/outboxd/clock"
 )
 
 // SlotInfo is the slot's row in pg_replication_slots, as /status shows it.
@@ -53,6 +54,9 @@ type MonitorConfig struct {
 	// Probe asks addr whether it is a Kafka broker that answers.
 	Probe    func(ctx context.Context, addr string) error
 	Interval time.Duration
+	// Clock is what the polls are dated and paced by, and what the health
+	// server reads the time from (nil: the system's).
+	Clock clock.Clock
 }
 
 // Monitor polls the slot, the publication and the brokers on an interval,
@@ -75,6 +79,7 @@ func NewMonitor(cfg MonitorConfig, log hclog.Logger) *Monitor {
 	}
 	conn.RuntimeParams["application_name"] = "outboxd-monitor"
 	cfg.Conn = conn
+	cfg.Clock = clock.Or(cfg.Clock)
 	return &Monitor{cfg: cfg, log: log, kick: make(chan struct{}, 1)}
 }
 
@@ -98,10 +103,8 @@ func (m *Monitor) PollNow() {
 func (m *Monitor) Run(ctx context.Context, after func(Snapshot)) {
 	var p poller
 	defer p.close()
-	t := time.NewTicker(m.cfg.Interval)
-	defer t.Stop()
 	for {
-		snap := Snapshot{At: time.Now(), Brokers: len(m.cfg.Brokers)}
+		snap := Snapshot{At: m.cfg.Clock.Now(), Brokers: len(m.cfg.Brokers)}
 		// A short poll_interval is how often to look, not how long a look
 		// may take on a busy server.
 		pctx, cancel := context.WithTimeout(ctx, max(m.cfg.Interval, pollTimeout))
@@ -120,10 +123,12 @@ func (m *Monitor) Run(ctx context.Context, after func(Snapshot)) {
 		if after != nil {
 			after(snap)
 		}
+		// Polls start every Interval, however long one took (at once
+		// after one that took longer).
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-m.cfg.Clock.After(snap.At.Add(m.cfg.Interval).Sub(m.cfg.Clock.Now())):
 		case <-m.kick:
 		}
 	}

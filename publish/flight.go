@@ -263,18 +263,3 @@ func (p *Publisher) Counts() Counts {
 // Acked is how many records Kafka has answered (acknowledged, failed or
 // refused): its progress.
 func (p *Publisher) Acked() uint64 { return p.back.n.Load() }
-
-// Clock is the time a publication (and the replication stream) reads and
-// waits on; tests pass one they move by hand.
-type Clock interface {
-	Now() time.Time
-	After(d time.Duration) <-chan time.Time
-}
-
-// System is the operating system's clock.
-var System Clock = systemClock{}
-
-type systemClock struct{}
-
-func (systemClock) Now() time.Time                         { return time.Now() }
-func (systemClock) After(d time.Duration) <-chan time.Time { return time.After(d) }

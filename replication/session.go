@@ -104,7 +104,7 @@ func (r *Runner) session(ctx context.Context) (err error) {
 	s := r.newStream(conn, prod, start, partitions)
 
 	// Wake a blocked read at once when a stop is requested.
-	stopWake := context.AfterFunc(ctx, func() { _ = conn.Conn().SetReadDeadline(time.Now()) })
+	stopWake := context.AfterFunc(ctx, func() { _ = conn.Conn().SetReadDeadline(r.clock.Now()) })
 	defer stopWake()
 	return s.run(ctx)
 }
