@@ -12,6 +12,7 @@ import (
 
 	"github.com/outboxd/outboxd/catalog"
 	"github.com/outboxd/outboxd/clock"
+	"github.com/outboxd/outboxd/postgres"
 )
 
 // SlotInfo is the slot's row in pg_replication_slots, as /status shows it.
@@ -73,12 +74,6 @@ type Monitor struct {
 
 // NewMonitor prepares a monitor; Run starts polling.
 func NewMonitor(cfg MonitorConfig, log hclog.Logger) *Monitor {
-	conn := cfg.Conn.Copy()
-	if conn.RuntimeParams == nil {
-		conn.RuntimeParams = map[string]string{}
-	}
-	conn.RuntimeParams["application_name"] = "outboxd-monitor"
-	cfg.Conn = conn
 	cfg.Clock = clock.Or(cfg.Clock)
 	return &Monitor{cfg: cfg, log: log, kick: make(chan struct{}, 1)}
 }
@@ -162,7 +157,7 @@ func (p *poller) close() {
 // read fills snap from the server, (re)connecting when needed.
 func (p *poller) read(ctx context.Context, cfg MonitorConfig, snap *Snapshot) error {
 	if p.conn == nil || p.conn.IsClosed() {
-		conn, err := pgconn.ConnectConfig(ctx, cfg.Conn)
+		conn, err := postgres.Connect(ctx, cfg.Conn, postgres.Session{App: "outboxd-monitor"})
 		if err != nil {
 			return fmt.Errorf("connect: %w", err)
 		}

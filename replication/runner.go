@@ -28,13 +28,14 @@ import (
 	"github.com/outboxd/outboxd/catalog"
 	"github.com/outboxd/outboxd/clock"
 	"github.com/outboxd/outboxd/envelope"
+	"github.com/outboxd/outboxd/postgres"
 	"github.com/outboxd/outboxd/publish"
 )
 
 // Config is what the stream needs; durations are positive.
 type Config struct {
-	// Conn is the parsed connection (postgres.dsn and password); the
-	// runner copies it and makes it a replication connection.
+	// Conn is the parsed connection (postgres.dsn and password); each
+	// session opens a replication connection with it (replicationSession).
 	Conn              *pgconn.Config
 	Slot              string
 	Publication       string
@@ -127,7 +128,6 @@ var States = []string{StateStarting, StateStreaming, StateBackoff, StateStandby,
 // places the state changes.
 type Runner struct {
 	cfg         Config
-	conn        *pgconn.Config
 	router      *envelope.Router
 	newProducer func() (Producer, error)
 	log         hclog.Logger
@@ -186,20 +186,7 @@ type Status struct {
 
 // NewRunner prepares a runner; it does not connect.
 func NewRunner(cfg Config, router *envelope.Router, newProducer func() (Producer, error), log hclog.Logger) *Runner {
-	pc := cfg.Conn.Copy()
-	if pc.RuntimeParams == nil {
-		pc.RuntimeParams = map[string]string{}
-	}
-	pc.RuntimeParams["replication"] = "database"
-	if _, set := pc.RuntimeParams["application_name"]; !set {
-		pc.RuntimeParams["application_name"] = "outboxd"
-	}
-	// Text output of timestamptz in a fixed, parseable form.
-	for k, v := range envelope.SessionParams {
-		pc.RuntimeParams[k] = v
-	}
-	useLargeReadBuffer(pc)
-	r := &Runner{cfg: cfg, conn: pc, router: router, newProducer: newProducer, log: log, clock: clock.Or(cfg.Clock), state: StateStarting}
+	r := &Runner{cfg: cfg, router: router, newProducer: newProducer, log: log, clock: clock.Or(cfg.Clock), state: StateStarting}
 	r.since = r.clock.Now()
 	return r
 }
@@ -336,7 +323,7 @@ func (r *Runner) Run(ctx context.Context) error {
 
 // classify marks connection errors that no retry can fix as fatal.
 func classify(err error) error {
-	if why := ExplainConnect(err); why != "" {
+	if why := postgres.Explain(err); why != "" {
 		return Fatal(fmt.Errorf("connect to PostgreSQL: %w: %s", err, why))
 	}
 	var pgErr *pgconn.PgError

@@ -2,6 +2,7 @@ package replication
 
 import (
 	"context"
+	"errors"
 	"net"
 	"strings"
 	"sync/atomic"
@@ -65,5 +66,30 @@ func TestRunnerBacksOffOnItsClock(t *testing.T) {
 	}
 	if st := r.Status(); st.State != StateStopped {
 		t.Fatalf("state %s after a stop; want stopped", st.State)
+	}
+}
+
+// TestClassify: a connection failure no retry can fix (a TLS setting, a
+// refused login, a missing database or privilege) stops the runner; one
+// that may pass (the server is not up yet) is retried.
+func TestClassify(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		err   error
+		fatal bool
+	}{
+		{"hostssl only", &pgconn.PgError{Code: "28000", Message: `no pg_hba.conf entry for host "127.0.0.1", user "u", database "d", no encryption`}, true},
+		{"wrong password", &pgconn.PgError{Code: "28P01"}, true},
+		{"no database", &pgconn.PgError{Code: "3D000"}, true},
+		{"no REPLICATION", &pgconn.PgError{Code: "42501"}, true},
+		{"too many connections", &pgconn.PgError{Code: "53300"}, false},
+		{"refused", &net.OpError{Op: "dial", Err: errors.New("connect: connection refused")}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := classify(tc.err)
+			if IsFatal(err) != tc.fatal || !errors.Is(err, tc.err) {
+				t.Fatalf("classify(%v) = %v; want fatal %v, wrapping it", tc.err, err, tc.fatal)
+			}
+		})
 	}
 }

@@ -72,7 +72,7 @@ func (r *Replayer) Replay(ctx context.Context, req ReplayRequest, prod publish.P
 	if (len(req.IDs) > 0) == (req.From != "" || req.To != "") {
 		return nil, errors.New("replay: give a creat_en range or ids, not both and not neither")
 	}
-	conn, err := connect(ctx, r.Conn, "outboxd-replay")
+	conn, err := connect(ctx, r.Conn, "outboxd-replay", nil)
 	if err != nil {
 		return nil, err
 	}

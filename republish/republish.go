@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"sync"
 	"time"
 
@@ -23,6 +24,7 @@ import (
 	"github.com/outboxd/outboxd/catalog"
 	"github.com/outboxd/outboxd/clock"
 	"github.com/outboxd/outboxd/envelope"
+	"github.com/outboxd/outboxd/postgres"
 	"github.com/outboxd/outboxd/publish"
 )
 
@@ -179,18 +181,12 @@ func every(c clock.Clock, d, def time.Duration, fn func()) (stop func()) {
 	}
 }
 
-// connect opens a connection whose text output is what envelope.Build
-// parses (envelope.SessionParams).
-func connect(ctx context.Context, cfg *pgconn.Config, app string) (*pgconn.PgConn, error) {
-	pc := cfg.Copy()
-	if pc.RuntimeParams == nil {
-		pc.RuntimeParams = map[string]string{}
-	}
-	for k, v := range envelope.SessionParams {
-		pc.RuntimeParams[k] = v
-	}
-	pc.RuntimeParams["application_name"] = app
-	conn, err := pgconn.ConnectConfig(ctx, pc)
+// connect opens a connection named app whose text output is what
+// envelope.Build parses (envelope.SessionParams), with further settings.
+func connect(ctx context.Context, cfg *pgconn.Config, app string, settings map[string]string) (*pgconn.PgConn, error) {
+	params := maps.Clone(envelope.SessionParams)
+	maps.Copy(params, settings)
+	conn, err := postgres.Connect(ctx, cfg, postgres.Session{App: app, Params: params})
 	if err != nil {
 		return nil, fmt.Errorf("connect to PostgreSQL: %w", err)
 	}

@@ -54,7 +54,7 @@ type Snapshotter struct {
 func (s *Snapshotter) Publish(ctx context.Context, snapshot, consistentPoint string, prod publish.Producer) error {
 	c := clock.Or(s.Clock)
 	started := c.Now()
-	conn, err := connect(ctx, s.Conn, "outboxd-snapshot")
+	conn, err := connect(ctx, s.Conn, "outboxd-snapshot", nil)
 	if err != nil {
 		return err
 	}

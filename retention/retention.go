@@ -46,6 +46,7 @@ import (
 	"github.com/outboxd/outboxd/catalog"
 	"github.com/outboxd/outboxd/clock"
 	"github.com/outboxd/outboxd/envelope"
+	"github.com/outboxd/outboxd/postgres"
 )
 
 // Config is the job's configuration; durations and BatchSize are positive.
@@ -145,12 +146,7 @@ func (j *Job) Run(ctx context.Context) {
 }
 
 func (j *Job) connect(ctx context.Context) (*pgconn.PgConn, error) {
-	pc := j.cfg.Conn.Copy()
-	if pc.RuntimeParams == nil {
-		pc.RuntimeParams = map[string]string{}
-	}
-	pc.RuntimeParams["application_name"] = "outboxd-retention"
-	conn, err := pgconn.ConnectConfig(ctx, pc)
+	conn, err := postgres.Connect(ctx, j.cfg.Conn, postgres.Session{App: "outboxd-retention"})
 	if err != nil {
 		return nil, fmt.Errorf("connect to PostgreSQL: %w", err)
 	}
