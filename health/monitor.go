@@ -2,12 +2,14 @@ package health
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxd/outboxd/catalog"
@@ -29,12 +31,12 @@ type SlotInfo struct {
 
 // Snapshot is what one poll of PostgreSQL and the brokers found.
 type Snapshot struct {
-	At               time.Time // when the poll began
-	Err              string    // why the slot could not be read, if it could not
-	Slot             *SlotInfo // nil when the slot does not exist (or Err)
-	ServerWALLSN     string
-	RetainedBytes    int64 // current WAL LSN - restart_lsn
-	UnconfirmedBytes int64 // current WAL LSN - confirmed_flush_lsn
+	At               time.Time     // when the poll began
+	Err              string        // why the slot could not be read, if it could not
+	Slot             *SlotInfo     // nil when the slot does not exist (or Err)
+	ServerWAL        pglogrepl.LSN // the server's WAL position (0: not read)
+	RetainedBytes    int64         // current WAL LSN - restart_lsn
+	UnconfirmedBytes int64         // current WAL LSN - confirmed_flush_lsn
 	Brokers          int
 	BrokersReachable int
 	// Publication says what keeps routed events from reaching outboxd
@@ -193,14 +195,9 @@ func (p *poller) read(ctx context.Context, cfg MonitorConfig, snap *Snapshot) er
 		pid := s.ActivePID
 		info.ActivePID = &pid
 	}
-	if s.ConfirmedFlush != 0 {
-		info.ConfirmedFlushLSN = s.ConfirmedFlush.String()
-	}
-	if s.Restart != 0 {
-		info.RestartLSN = s.Restart.String()
-	}
+	info.ConfirmedFlushLSN, info.RestartLSN = lsnText(s.ConfirmedFlush), lsnText(s.Restart)
 	snap.Slot = info
-	snap.ServerWALLSN = s.CurrentWAL.String()
+	snap.ServerWAL = s.CurrentWAL
 	snap.RetainedBytes, snap.UnconfirmedBytes = s.RetainedBytes(), s.UnconfirmedBytes()
 	return nil
 }
@@ -209,10 +206,23 @@ func (p *poller) read(ctx context.Context, cfg MonitorConfig, snap *Snapshot) er
 // carry it.
 func (p *poller) currentLSN(ctx context.Context, snap *Snapshot) error {
 	results, err := p.conn.Exec(ctx, "SELECT pg_catalog.pg_current_wal_lsn()").ReadAll()
-	if err == nil && len(results) == 1 && len(results[0].Rows) == 1 {
-		snap.ServerWALLSN = string(results[0].Rows[0][0])
-		return nil
+	if err == nil && (len(results) != 1 || len(results[0].Rows) != 1) {
+		err = errors.New("no row")
 	}
-	p.close()
-	return fmt.Errorf("read pg_current_wal_lsn(): %v", err)
+	if err == nil {
+		snap.ServerWAL, err = pglogrepl.ParseLSN(string(results[0].Rows[0][0]))
+	}
+	if err != nil {
+		p.close()
+		return fmt.Errorf("read pg_current_wal_lsn(): %w", err)
+	}
+	return nil
+}
+
+// lsnText is an LSN as /status shows it: "" for none.
+func lsnText(l pglogrepl.LSN) string {
+	if l == 0 {
+		return ""
+	}
+	return l.String()
 }

@@ -303,7 +303,7 @@ func (s *Server) status(w http.ResponseWriter, _ *http.Request) {
 	v := s.view(s.clock.Now())
 	out := Status{
 		State: v.st.State, Since: v.st.Since, LastError: v.st.LastError, Ready: v.ready, NotReady: v.reasons,
-		Slot: v.snap.Slot, SlotError: v.snap.Err, SlotReadAt: v.snap.At, ServerWALLSN: v.snap.ServerWALLSN,
+		Slot: v.snap.Slot, SlotError: v.snap.Err, SlotReadAt: v.snap.At, ServerWALLSN: lsnText(v.snap.ServerWAL),
 		RetainedWALBytes: v.snap.RetainedBytes, UnconfirmedBytes: v.snap.UnconfirmedBytes,
 		LagSeconds:   v.lag.Seconds(),
 		ConfirmedLSN: v.st.Confirmed.String(),

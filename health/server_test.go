@@ -116,11 +116,15 @@ func TestEndpoints(t *testing.T) {
 	}
 }
 
+// TestStatusLagAndNoSecrets: /status shows the lag, the counters, the slot
+// and the positions (as PostgreSQL writes an LSN), and no credential.
 func TestStatusLagAndNoSecrets(t *testing.T) {
 	c := clocktest.New()
-	st := replication.Status{State: "streaming", LastError: "connect: failed", Events: 7}
+	st := replication.Status{State: "streaming", LastError: "connect: failed", Events: 7, Confirmed: 0x16B3700}
 	st.Tracker.OldestOpen = c.Now().Add(-10 * time.Second)
-	s := serverOn(t, c, st, healthySnap(), Limits{})
+	snap := healthySnap()
+	snap.ServerWAL = 0x16B3748
+	s := serverOn(t, c, st, snap, Limits{})
 	code, body := get(t, s, "/status")
 	if code != 200 {
 		t.Fatal(code)
@@ -129,7 +133,7 @@ func TestStatusLagAndNoSecrets(t *testing.T) {
 	if err := json.Unmarshal([]byte(body), &doc); err != nil {
 		t.Fatal(err)
 	}
-	if doc.LagSeconds != 10 || doc.Counters.Events != 7 || doc.Slot.Name != "s" {
+	if doc.LagSeconds != 10 || doc.Counters.Events != 7 || doc.Slot.Name != "s" || doc.ServerWALLSN != "0/16B3748" || doc.ConfirmedLSN != "0/16B3700" {
 		t.Fatalf("status %+v", doc)
 	}
 	if strings.Contains(strings.ToLower(body), "password") || strings.Contains(body, "dsn") {

@@ -243,11 +243,11 @@ func (p *Publisher) badRow(b *envelope.Binding, pos envelope.Position, err error
 
 // label is where a change comes from, for a dead-letter record's
 // outboxd.lsn header and the log: its commit LSN, or the Source.
-func (p *Publisher) label(commitLSN uint64) string {
+func (p *Publisher) label(commitLSN pglogrepl.LSN) string {
 	if commitLSN == 0 {
 		return p.source
 	}
-	return pglogrepl.LSN(commitLSN).String()
+	return commitLSN.String()
 }
 
 // produce hands rec to the producer, which copies it; rec is cleared, so
