@@ -1,6 +1,7 @@
 // Package backoff paces retries: exponential delays with jitter, waited on
 // a clock (clock.Sleep). The replication runner retries its sessions with
-// it, the consumer package its transient errors.
+// it, the sink a produce request, the consumer package its transient
+// errors.
 package backoff
 
 import (

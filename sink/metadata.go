@@ -32,7 +32,7 @@ const (
 // metadataTTL is how often a topic's partitions and leaders are read again
 // (from the Transport's cache, which refreshes on the same period). Nothing
 // refreshes that cache after a produce error, so it must be well under the
-// retry budget (kafka.max_attempts with backoff up to 1 s: about 6.5 s by
+// retry budget (kafka.max_attempts with backoff up to 1 s: at most about 6.5 s by
 // default), or a leader change would exhaust the retries and cost a replay.
 const metadataTTL = 2 * time.Second
 
@@ -69,7 +69,7 @@ func (p *Producer) resolveTopics(now time.Time) time.Duration {
 		t := p.topics[name]
 		switch {
 		case err == nil:
-			p.applyTopic(mt, time.Now())
+			p.applyTopic(mt, p.clock.Now())
 			for i := range t.waiting {
 				w := &t.waiting[i]
 				p.encode(t, &w.rec, w.now, w.ts)
@@ -78,7 +78,7 @@ func (p *Producer) resolveTopics(now time.Time) time.Duration {
 		case !t.fetched.IsZero():
 			// A refresh failed: keep the known layout, try again later.
 			p.log.Debug("metadata refresh failed; keeping the known partitions", "topic", name, "error", err)
-			t.fetched = time.Now()
+			t.fetched = p.clock.Now()
 		default:
 			if failure = p.topicFailure(t, err, brokers != nil, now); failure == nil {
 				retry = topicWaitStep
@@ -368,7 +368,7 @@ func (p *Producer) refreshLeaders(bs []*batch) {
 			continue
 		}
 		p.mu.Lock()
-		p.applyTopic(mt, time.Now())
+		p.applyTopic(mt, p.clock.Now())
 		p.mu.Unlock()
 	}
 }

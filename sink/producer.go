@@ -34,6 +34,7 @@ import (
 	"github.com/segmentio/kafka-go/sasl"
 
 	"github.com/outboxd/outboxd"
+	"github.com/outboxd/outboxd/clock"
 )
 
 // Config is the producer's configuration.
@@ -67,6 +68,9 @@ type Config struct {
 	// key and value bytes, the time since its first record was handed over,
 	// and the error. Every record is observed once, before its Ack.
 	Observe func(topic string, records int, bytes int64, latency time.Duration, err error)
+	// Clock is what the producer reads and waits on (the linger, the
+	// backoff between attempts); nil: clock.System.
+	Clock clock.Clock
 }
 
 // Producer sends records asynchronously; each record's Acker learns its
@@ -80,6 +84,7 @@ type Producer struct {
 	bal       kafka.Balancer
 	codec     compress.Codec // nil: no compression
 	log       hclog.Logger
+	clock     clock.Clock
 	topicWait time.Duration
 	// metadataTTL is metadataTTL (metadata.go); tests shorten it.
 	metadataTTL time.Duration
@@ -182,7 +187,7 @@ func NewWithTransport(cfg Config, log hclog.Logger, rt kafka.RoundTripper) (*Pro
 	if err != nil {
 		return nil, err
 	}
-	p := &Producer{cfg: cfg, rt: rt, addr: kafka.TCP(cfg.Brokers...), bal: bal, codec: cd, log: log,
+	p := &Producer{cfg: cfg, rt: rt, addr: kafka.TCP(cfg.Brokers...), bal: bal, codec: cd, log: log, clock: clock.Or(cfg.Clock),
 		kick: make(chan struct{}, 1), done: make(chan struct{}), topics: map[string]*topic{}, topicWait: topicWait, metadataTTL: metadataTTL}
 	if rt == nil {
 		p.transport = newTransport(cfg)
@@ -199,7 +204,7 @@ func NewWithTransport(cfg Config, log hclog.Logger, rt kafka.RoundTripper) (*Pro
 // r is failed through its Acker too, and the caller must stop and replace
 // the producer.
 func (p *Producer) Produce(r *outboxd.Record) error {
-	now := time.Now()
+	now := p.clock.Now()
 	// The record's CreateTime, as the Java client sets it, unless the
 	// record carries its own.
 	ts := r.Time
@@ -223,7 +228,7 @@ func (p *Producer) failRecord(r *outboxd.Record, since time.Time, err error) {
 
 func (p *Producer) observe(topic string, records int, kvBytes int64, since time.Time, err error) {
 	if p.cfg.Observe != nil {
-		p.cfg.Observe(topic, records, kvBytes, time.Since(since), err)
+		p.cfg.Observe(topic, records, kvBytes, clock.Since(p.clock, since), err)
 	}
 }
 
@@ -363,7 +368,7 @@ func (p *Producer) Close(ctx context.Context) error {
 		p.cancel()
 		select {
 		case <-p.done:
-		case <-time.After(time.Second):
+		case <-p.clock.After(time.Second):
 		}
 		err = fmt.Errorf("close producer: %w", ctx.Err())
 	}

@@ -14,6 +14,8 @@ import (
 	"github.com/segmentio/kafka-go/protocol/rawproduce"
 
 	"github.com/outboxd/outboxd"
+	"github.com/outboxd/outboxd/backoff"
+	"github.com/outboxd/outboxd/clock"
 )
 
 // maxRoundBytes bounds one round's batches (the broker's
@@ -25,12 +27,10 @@ const maxRoundBytes = 32 << 20
 // it, retries what failed, and only then takes the next.
 func (p *Producer) run() {
 	defer close(p.done)
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
 	for {
-		retry := p.resolveTopics(time.Now())
+		retry := p.resolveTopics(p.clock.Now())
 		p.mu.Lock()
-		round, wait, drop, exit := p.takeRound(time.Now())
+		round, wait, drop, exit := p.takeRound(p.clock.Now())
 		p.sending = len(round) > 0
 		p.mu.Unlock()
 		if drop != nil {
@@ -45,9 +45,9 @@ func (p *Producer) run() {
 			return
 		}
 		if len(round) > 0 {
-			start := time.Now()
+			start := p.clock.Now()
 			p.send(round)
-			end := time.Now()
+			end := p.clock.Now()
 			p.mu.Lock()
 			p.sending = false
 			p.paceUntil = end.Add(min(end.Sub(start), p.cfg.Linger))
@@ -57,15 +57,15 @@ func (p *Producer) run() {
 		if retry > 0 && (wait == 0 || retry < wait) {
 			wait = retry
 		}
+		var timer <-chan time.Time // nil: until kicked
 		if wait > 0 {
-			timer.Reset(wait)
+			timer = p.clock.After(wait)
 		}
 		select {
 		case <-p.kick:
-		case <-timer.C:
+		case <-timer:
 		case <-p.ctx.Done():
 		}
-		timer.Stop()
 	}
 }
 
@@ -212,11 +212,7 @@ func (p *Producer) send(round []*batch) {
 		}
 		if fatal == nil && attempt < p.cfg.MaxAttempts {
 			p.log.Debug("produce failed; retrying", "batches", len(retry), "attempt", attempt, "error", retryErr[0])
-			select {
-			case <-time.After(backoff(attempt, 100*time.Millisecond, time.Second)):
-			case <-p.ctx.Done():
-			}
-			if p.ctx.Err() == nil {
+			if clock.Sleep(p.ctx, p.clock, backoff.Delay(attempt-1, 100*time.Millisecond, time.Second)) && p.ctx.Err() == nil {
 				p.refreshLeaders(retry)
 				todo = retry
 				continue
@@ -260,7 +256,7 @@ func (p *Producer) isolate(b *batch, err error) error {
 		return p.fail(b, derr)
 	}
 	r := &recs[0]
-	way := refusalFix(err, stamps[0], time.Now())
+	way := refusalFix(err, stamps[0], p.clock.Now())
 	if r.Refusable {
 		p.complete(b, &outboxd.RefusedError{Topic: r.Topic, Key: bytes.Clone(r.Key), Headers: cloneHeaders(r.Headers),
 			Size: r.WireSize(), Err: fmt.Errorf("%s: %s: %w", codeName(err), way, err)})
@@ -438,16 +434,4 @@ func (p *Producer) complete(b *batch, err error) {
 		a.ack.Ack(err)
 	}
 	b.release()
-}
-
-// backoff is min·2^(attempt-1), capped at max.
-func backoff(attempt int, min, max time.Duration) time.Duration {
-	d := min
-	for i := 1; i < attempt && d < max; i++ {
-		d *= 2
-	}
-	if d > max {
-		d = max
-	}
-	return d
 }

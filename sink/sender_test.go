@@ -13,6 +13,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/outboxd/outboxd"
+	"github.com/outboxd/outboxd/clock/clocktest"
 )
 
 // TestFailedBatchFencesLaterBatches: once a batch failed for good, no later
@@ -475,5 +476,34 @@ func TestFlushPacesRoundsByTheirDuration(t *testing.T) {
 	r.wait(t)
 	if got := b.values(); len(got) != 3 {
 		t.Fatalf("requests %v, want [a] [b] [c]", got)
+	}
+}
+
+// TestRetryBacksOffOnItsClock: a batch the broker failed with a retriable
+// error is sent again after the backoff (backoff.Delay: 50-100 ms, then
+// 100-200 ms), waited on the producer's clock: nothing is retried until
+// the test moves it. Nothing sleeps.
+func TestRetryBacksOffOnItsClock(t *testing.T) {
+	b := &fakeBroker{fail: func(n int, _ int32) int16 {
+		if n < 2 {
+			return int16(kafka.NotEnoughReplicas)
+		}
+		return 0
+	}}
+	c := clocktest.New()
+	p := testProducer(t, b, Config{MaxAttempts: 5, Clock: c})
+	r := newAckRecorder(1)
+	produceOne(t, p, rec(r, "P-1", "a"))
+	for n, delay := range []time.Duration{100 * time.Millisecond, 200 * time.Millisecond} {
+		b.waitArrived(t, int32(n+1))
+		c.AwaitWaiter(t) // the sender waits out the backoff on c
+		if got := b.arrived.Load(); got != int32(n+1) {
+			t.Fatalf("%d requests before the clock moved, want %d", got, n+1)
+		}
+		c.Advance(delay)
+	}
+	r.wait(t)
+	if err := r.get("a"); err != nil || b.arrived.Load() != 3 {
+		t.Fatalf("a: %v after %d requests; want delivered at the third", err, b.arrived.Load())
 	}
 }
