@@ -90,9 +90,8 @@ func (p *Producer) resolveTopics(now time.Time) time.Duration {
 			}
 		}
 		p.mu.Unlock()
-		if failure != nil && len(failed) > 0 {
-			p.log.Error("records refused before delivery; no further records will be sent by this producer", "topic", name, "records", len(failed), "error", failure)
-		}
+		// Returned, not logged: each record's Acker gets the failure,
+		// which ends the stream (the runner logs it once).
 		for i := range failed {
 			// The first record carries the refusal, the later ones are
 			// fenced behind it.
@@ -393,7 +392,8 @@ func (p *Producer) partitionsChanged(topic string, from, to int) {
 				"the topic went from %d to %d partitions while outboxd produced to it: keys are hashed over the partition count, so some aggregates would move to another partition mid-stream (kafka.on_partition_change: stop). Everything acknowledged before is confirmed; start outboxd again to go on with %d partitions (letting consumers drain the old layout first if they need an aggregate's events in order across the change), or set kafka.on_partition_change: follow",
 				from, to, to)})
 		}
-		p.log.Error("topic partition count changed; stopping before any record takes the new layout", "topic", topic, "from", from, "to", to)
+		// Returned, not logged: the records waiting and every later one
+		// fail with it, which ends the stream (the runner logs it once).
 		return
 	}
 	p.log.Warn("topic partition count changed: keys are hashed over the new count from the next record on, so some aggregates move to another partition mid-stream (their earlier events stay in the old one; kafka.on_partition_change: stop stops instead)",

@@ -219,7 +219,7 @@ func (p *Producer) send(round []*batch) {
 			}
 		}
 		for i, b := range retry {
-			p.fence(b, retryErr[i])
+			p.fence(retryErr[i])
 			p.complete(b, retryErr[i])
 		}
 		return
@@ -288,23 +288,20 @@ func (p *Producer) fail(b *batch, err error) error {
 	} else if reason := permanent(err); reason != "" && !errors.As(err, &re) {
 		err = &RecordError{Topic: b.part.topic, Reason: reason, Err: err}
 	}
-	p.fence(b, err)
+	p.fence(err)
 	p.complete(b, err)
 	return err
 }
 
-// fence stops the producer after b failed for good.
-func (p *Producer) fence(b *batch, err error) {
+// fence stops the producer after a batch failed for good. The failure is
+// returned, not logged: the batch's Ackers get it, which ends the stream
+// (the runner logs it once).
+func (p *Producer) fence(err error) {
 	p.mu.Lock()
-	first := p.fenced == nil
-	if first {
+	if p.fenced == nil {
 		p.fenced = fenceError(err)
 	}
 	p.mu.Unlock()
-	if first && !errors.Is(err, errClosed) {
-		p.log.Error("delivery failed; no further records will be sent by this producer",
-			"topic", b.part.topic, "partition", b.part.id, "records", b.count, "error", err)
-	}
 }
 
 // sendOnce sends one produce request per leader broker and returns each
