@@ -39,6 +39,11 @@ type fakeBroker struct {
 	// a partition; block, when set, makes requests wait for it.
 	fail  func(n int, partition int32) int16
 	block chan struct{}
+	// slowCancel, when set, is a transport slow to give up a request
+	// blocked (block) once its context ends, as one still writing it may
+	// be: cancelled is closed when the context ends, and the request
+	// returns once slowCancel is closed.
+	slowCancel, cancelled chan struct{}
 	// arrived counts produce requests that reached the broker (answered or
 	// still held by block).
 	arrived atomic.Int32
@@ -228,6 +233,10 @@ func (b *fakeBroker) RoundTrip(ctx context.Context, addr net.Addr, req protocol.
 			select {
 			case <-b.block:
 			case <-ctx.Done():
+				if b.slowCancel != nil {
+					close(b.cancelled)
+					<-b.slowCancel
+				}
 				return nil, ctx.Err()
 			}
 		}

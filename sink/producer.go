@@ -348,6 +348,9 @@ func (p *Producer) Flush() {
 
 // Close sends what is batched and waits for the acknowledgements, at most
 // until ctx ends; then it abandons the rest (their Ackers get an error).
+// Either way it returns only once the sender goroutine has: after ctx ends
+// that is as soon as the request in flight gives up (every request is
+// made under the producer's context, which Close cancels).
 func (p *Producer) Close(ctx context.Context) error {
 	p.mu.Lock()
 	p.closing = true
@@ -366,10 +369,7 @@ func (p *Producer) Close(ctx context.Context) error {
 		}
 		p.mu.Unlock()
 		p.cancel()
-		select {
-		case <-p.done:
-		case <-p.clock.After(time.Second):
-		}
+		<-p.done
 		err = fmt.Errorf("close producer: %w", ctx.Err())
 	}
 	p.cancel()
