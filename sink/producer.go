@@ -14,9 +14,10 @@
 // is fenced and sends nothing more.
 //
 // The files follow the path of a record: producer.go (Produce, batching),
-// metadata.go (topic layout), sender.go (rounds, outcomes), batch.go (the
-// v2 record batch), codec.go, errors.go (what fails for good), dial.go
-// (every connection to Kafka).
+// metadata.go (topic layout), round.go (what the next round takes),
+// sender.go (sending rounds, outcomes), batch.go (the v2 record batch),
+// codec.go, errors.go (what fails for good), dial.go (every connection to
+// Kafka).
 package sink
 
 import (

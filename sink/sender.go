@@ -18,10 +18,6 @@ import (
 	"github.com/outboxd/outboxd/clock"
 )
 
-// maxRoundBytes bounds one round's batches (the broker's
-// socket.request.max.bytes defaults to 100 MiB).
-const maxRoundBytes = 32 << 20
-
 // run is the sender: it takes a round (the oldest batch of every partition
 // with records waiting, once one is full or has waited the linger), sends
 // it, retries what failed, and only then takes the next.
@@ -67,113 +63,6 @@ func (p *Producer) run() {
 		case <-p.ctx.Done():
 		}
 	}
-}
-
-// dropped is what a fenced producer fails without sending.
-type dropped struct {
-	batches []*batch
-	records []waitingRecord
-	err     error
-}
-
-// takeRound picks the next round, or says how long to wait for one (0: until
-// kicked). After a fence it hands back every waiting batch to be failed.
-// Called with mu held.
-func (p *Producer) takeRound(now time.Time) (round []*batch, wait time.Duration, drop *dropped, exit bool) {
-	if p.fenced != nil {
-		drop = &dropped{err: p.fenced}
-		for _, pt := range p.parts {
-			drop.batches = append(drop.batches, pt.queued...)
-			pt.queued = nil
-			if pt.open != nil {
-				drop.batches = append(drop.batches, pt.open)
-				pt.open = nil
-			}
-		}
-		for _, t := range p.topics {
-			drop.records = append(drop.records, t.waiting...)
-			t.waiting = nil
-		}
-		return nil, 0, drop, p.closing
-	}
-	waiting := false
-	for _, t := range p.topics {
-		waiting = waiting || len(t.waiting) > 0
-	}
-	// A flush (asked while no round was in flight) sends at once after an
-	// idle spell; right after a round it waits as long as that round took
-	// (at most the linger): commits arriving back to back then share a
-	// request instead of costing the broker (and the consumers it wakes)
-	// one each, and the broker is busy with our requests at most half the
-	// time (docs/reports/PERFORMANCE.md, issue 15).
-	pace := p.paceUntil.Sub(now)
-	ready, any := false, false
-	var oldest time.Time
-	for _, pt := range p.parts {
-		if len(pt.queued) > 0 {
-			ready = true
-			break
-		}
-		if pt.open != nil {
-			any = true
-			if p.closing || p.due && pace <= 0 || now.Sub(pt.open.created) >= p.cfg.Linger {
-				ready = true
-				break
-			}
-			if oldest.IsZero() || pt.open.created.Before(oldest) {
-				oldest = pt.open.created
-			}
-		}
-	}
-	if !ready {
-		if !any && !waiting && p.closing {
-			return nil, 0, nil, true
-		}
-		if any {
-			wait = p.cfg.Linger - now.Sub(oldest)
-			if p.due && pace < wait {
-				wait = pace
-			}
-		}
-		return nil, wait, nil, false
-	}
-	// Like the Java producer, a ready round takes every partition's oldest
-	// batch, lingering or not: one request instead of several.
-	size := 0
-	n := len(p.parts)
-	for i := 0; i < n; i++ {
-		pt := p.parts[(p.next+i)%n]
-		var b *batch
-		switch {
-		case len(pt.queued) > 0:
-			b = pt.queued[0]
-		case pt.open != nil:
-			b = pt.open
-		default:
-			continue
-		}
-		if size > 0 && size+len(b.buf) > maxRoundBytes {
-			// The rest goes in the next round; a Flush still holds for it.
-			p.next = (p.next + i) % n
-			return round, 0, nil, false
-		}
-		if len(pt.queued) > 0 {
-			pt.queued[0] = nil
-			pt.queued = pt.queued[1:]
-		} else {
-			pt.open = nil
-		}
-		size += len(b.buf)
-		round = append(round, b)
-	}
-	p.next = (p.next + 1) % n
-	p.due = false
-	for _, pt := range p.parts {
-		// A partition with several batches queued keeps the flush for
-		// its open one.
-		p.due = p.due || pt.open != nil && len(pt.queued) > 0
-	}
-	return round, 0, nil, false
 }
 
 // send delivers one round: every batch is acknowledged, or retried (alone,
