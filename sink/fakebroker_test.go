@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -24,6 +25,7 @@ import (
 	"github.com/segmentio/kafka-go/protocol/rawproduce"
 
 	"github.com/outboxd/outboxd"
+	"github.com/outboxd/outboxd/clock/clocktest"
 )
 
 // fakeBroker answers the producer's requests in memory. It exists for the
@@ -45,8 +47,10 @@ type fakeBroker struct {
 	// returns once slowCancel is closed.
 	slowCancel, cancelled chan struct{}
 	// arrived counts produce requests that reached the broker (answered or
-	// still held by block).
-	arrived atomic.Int32
+	// still held by block); arrival is signalled at each (waitArrived).
+	arrived     atomic.Int32
+	arrival     chan struct{}
+	arrivalOnce sync.Once
 	// meta, when set, answers the n-th metadata request (from 0) with a
 	// topic error code or a transport error instead of the layout.
 	meta func(n int) (int16, error)
@@ -118,15 +122,68 @@ func (b *fakeBroker) sent() int {
 	return len(b.requests)
 }
 
-// waitArrived waits until n produce requests reached the broker.
+func (b *fakeBroker) arrivals() chan struct{} {
+	b.arrivalOnce.Do(func() { b.arrival = make(chan struct{}, 1) })
+	return b.arrival
+}
+
+// waitArrived waits until n produce requests reached the broker, and fails
+// t if they do not within a minute (a generous bound: a loaded machine may
+// be slow to get there).
 func (b *fakeBroker) waitArrived(t *testing.T, n int32) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.After(time.Minute)
 	for b.arrived.Load() < n {
-		if time.Now().After(deadline) {
+		select {
+		case <-b.arrivals():
+		case <-deadline:
 			t.Fatalf("%d produce requests arrived, want %d", b.arrived.Load(), n)
 		}
-		time.Sleep(time.Millisecond)
+	}
+}
+
+// advanceFor moves c on by topicWaitStep each time someone waits on it,
+// until it has moved d: what the producer waits for (the metadata's next
+// attempt, the linger) takes no real time.
+func advanceFor(t *testing.T, c *clocktest.Clock, d time.Duration) {
+	t.Helper()
+	for until := c.Now().Add(d); c.Now().Before(until); {
+		c.AwaitWaiter(t)
+		c.Advance(topicWaitStep)
+	}
+}
+
+// advanceUntil moves c on by topicWaitStep each time someone waits on it,
+// until done is closed.
+func advanceUntil(c *clocktest.Clock, done <-chan struct{}) {
+	for {
+		select {
+		case <-done:
+			return
+		case <-c.Waiting:
+			c.Advance(topicWaitStep)
+		case <-time.After(time.Minute):
+			return // the caller's wait fails, saying what is missing
+		}
+	}
+}
+
+// waitIdle waits until the sender has finished the round in flight (its
+// Ackers may have heard before): a Flush then finds it idle.
+func waitIdle(t *testing.T, p *Producer) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		p.mu.Lock()
+		sending := p.sending
+		p.mu.Unlock()
+		if !sending {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the sender is still in its round")
+		}
+		runtime.Gosched()
 	}
 }
 
@@ -229,6 +286,10 @@ func (b *fakeBroker) RoundTrip(ctx context.Context, addr net.Addr, req protocol.
 		return res, nil
 	case *rawproduce.Request:
 		b.arrived.Add(1)
+		select {
+		case b.arrivals() <- struct{}{}:
+		default:
+		}
 		if b.block != nil {
 			select {
 			case <-b.block:

@@ -75,3 +75,28 @@ func (c *Clock) AwaitWaiter(t testing.TB) {
 		t.Fatal("no one waited on the clock")
 	}
 }
+
+// AwaitTimer returns once someone waits on c for d or less from now (a
+// timer due by Now()+d), and fails t if no one does within a minute. Unlike
+// AwaitWaiter it tells a wait apart from others (a longer one, or one that
+// began earlier and still runs).
+func (c *Clock) AwaitTimer(t testing.TB, d time.Duration) {
+	t.Helper()
+	deadline := time.After(time.Minute)
+	for {
+		c.mu.Lock()
+		due := c.now.Add(d)
+		for _, tm := range c.timers {
+			if !tm.at.After(due) {
+				c.mu.Unlock()
+				return
+			}
+		}
+		c.mu.Unlock()
+		select {
+		case <-c.Waiting:
+		case <-deadline:
+			t.Fatalf("no one waited on the clock for %s or less", d)
+		}
+	}
+}
