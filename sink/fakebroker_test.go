@@ -115,13 +115,6 @@ func (b *fakeBroker) partitionOf() map[string]int32 {
 	return out
 }
 
-// sent is the number of produce requests answered.
-func (b *fakeBroker) sent() int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return len(b.requests)
-}
-
 func (b *fakeBroker) arrivals() chan struct{} {
 	b.arrivalOnce.Do(func() { b.arrival = make(chan struct{}, 1) })
 	return b.arrival
