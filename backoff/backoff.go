@@ -1,10 +1,10 @@
-// Package backoff paces retries: exponential delays with jitter, and a
-// sleep that a context interrupts. The replication runner retries its
-// sessions with it, the consumer package its transient errors.
+// Package backoff paces retries: exponential delays with jitter, waited on
+// a clock (clock.Sleep). The replication runner retries its sessions with
+// it, the sink a produce request, the consumer package its transient
+// errors.
 package backoff
 
 import (
-	"context"
 	"math/rand/v2"
 	"time"
 )
@@ -18,16 +18,4 @@ func Delay(attempt int, lo, hi time.Duration) time.Duration {
 	}
 	d = min(d, hi)
 	return d/2 + rand.N(d/2+1)
-}
-
-// Sleep waits d; false when ctx ended first.
-func Sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

@@ -1,7 +1,6 @@
 package backoff_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -17,16 +16,5 @@ func TestDelay(t *testing.T) {
 				t.Fatalf("Delay(%d) = %s, want within [%s, %s]", attempt, d, want/2, want)
 			}
 		}
-	}
-}
-
-func TestSleep(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	if backoff.Sleep(ctx, time.Hour) {
-		t.Fatal("Sleep returned true after its context ended")
-	}
-	if !backoff.Sleep(context.Background(), time.Millisecond) {
-		t.Fatal("Sleep returned false without its context ending")
 	}
 }

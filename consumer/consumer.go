@@ -32,6 +32,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/outboxd/outboxd/backoff"
+	"github.com/outboxd/outboxd/clock"
 )
 
 // Event is one outbox event as outboxd (or the polling relay) writes it.
@@ -90,6 +91,8 @@ type Config struct {
 	// transaction and before its offset is committed.
 	OnOutcome func(ev *Event, o Outcome)
 	Log       hclog.Logger
+	// Clock is what the retries wait on (nil: the system's).
+	Clock clock.Clock
 }
 
 // Consumer applies a topic's events once each.
@@ -120,6 +123,7 @@ func New(cfg Config) (*Consumer, error) {
 	if cfg.Log == nil {
 		cfg.Log = hclog.NewNullLogger()
 	}
+	cfg.Clock = clock.Or(cfg.Clock)
 	return &Consumer{cfg: cfg, log: cfg.Log, dlq: &kafka.Writer{Addr: kafka.TCP(cfg.Brokers...), Topic: cfg.DeadLetterTopic,
 		RequiredAcks: kafka.RequireAll, Balancer: &kafka.Hash{}, BatchTimeout: time.Millisecond}}, nil
 }
@@ -194,7 +198,7 @@ func (c *Consumer) process(ctx context.Context, m kafka.Message) error {
 		}
 		delay := backoff.Delay(attempt-1, c.cfg.BackoffMin, c.cfg.BackoffMax)
 		c.log.Warn("transient error; retrying", "id", ev.ID, "attempt", attempt, "in", delay.Round(time.Millisecond), "error", err)
-		if !backoff.Sleep(ctx, delay) {
+		if !clock.Sleep(ctx, c.cfg.Clock, delay) {
 			return ctx.Err()
 		}
 	}
@@ -273,7 +277,7 @@ func (c *Consumer) deadLetter(ctx context.Context, m kafka.Message, attempts int
 		}
 		delay := backoff.Delay(attempt-1, c.cfg.BackoffMin, c.cfg.BackoffMax)
 		c.log.Warn("dead-letter write failed; retrying", "topic", c.cfg.DeadLetterTopic, "in", delay.Round(time.Millisecond), "error", err)
-		if !backoff.Sleep(ctx, delay) {
+		if !clock.Sleep(ctx, c.cfg.Clock, delay) {
 			return "", ctx.Err()
 		}
 	}

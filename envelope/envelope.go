@@ -83,9 +83,9 @@ type Column struct {
 
 // Position is where a change sits in the WAL.
 type Position struct {
-	CommitLSN  uint64 // its transaction's commit LSN
-	Index      uint32 // its index among the transaction's changes
-	CommitTime int64  // the commit time, µs since the epoch
+	CommitLSN  pglogrepl.LSN // its transaction's commit LSN (0: a row read from its table)
+	Index      uint32        // its index among the transaction's changes
+	CommitTime int64         // the commit time, µs since the epoch
 }
 
 // Verdict says what Build made of a change for a route.

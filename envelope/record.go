@@ -178,7 +178,7 @@ func (v *view) headers(id, tipus []byte, pos Position, sc *Scratch) ([]outboxd.H
 	// sort before everything.
 	if rt.Position && pos.CommitLSN != 0 {
 		at := len(hdr)
-		hdr = strconv.AppendUint(hdr, pos.CommitLSN, 10)
+		hdr = strconv.AppendUint(hdr, uint64(pos.CommitLSN), 10)
 		lsn := hdr[at:len(hdr):len(hdr)]
 		at = len(hdr)
 		hdr = strconv.AppendUint(hdr, uint64(pos.Index), 10)

@@ -16,7 +16,7 @@ import (
 // TestConnectionCap: with maxConns connections open, the next one is not
 // served until one of them closes.
 func TestConnectionCap(t *testing.T) {
-	s, err := Listen("127.0.0.1:0", fakeSource{}, &Monitor{}, NewMetrics(), Limits{}, hclog.NewNullLogger())
+	s, err := Listen("127.0.0.1:0", fakeSource{}, &Monitor{}, NewMetrics(nil), Limits{}, hclog.NewNullLogger())
 	if err != nil {
 		t.Fatal(err)
 	}

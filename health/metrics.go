@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/outboxd/outboxd"
+	"github.com/outboxd/outboxd/clock"
 )
 
 // Metrics collects what the pipeline observes as it runs: per-topic produce
@@ -24,6 +25,8 @@ type Metrics struct {
 	partitions    *prometheus.GaugeVec
 	partChanges   *prometheus.CounterVec
 
+	clock clock.Clock
+
 	mu     sync.Mutex
 	topics map[string]*TopicStats
 }
@@ -39,10 +42,12 @@ type TopicStats struct {
 var latencyBuckets = []float64{.001, .002, .005, .01, .02, .05, .1, .2, .5, 1, 2, 5, 10, 30, 60}
 
 // NewMetrics registers the metrics in a registry of their own, with the Go
-// runtime's (go_*), the process's (process_*) and outboxd_build_info.
-func NewMetrics() *Metrics {
+// runtime's (go_*), the process's (process_*) and outboxd_build_info. c
+// (nil: the system's) dates each produce and times each confirmation.
+func NewMetrics(c clock.Clock) *Metrics {
 	m := &Metrics{
-		reg: prometheus.NewRegistry(),
+		clock: clock.Or(c),
+		reg:   prometheus.NewRegistry(),
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_events_total",
 			Help: "Records acknowledged by Kafka (acks=all), by topic; replays after a crash count again."}, []string{"topic"}),
 		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_bytes_total",
@@ -73,7 +78,7 @@ func NewMetrics() *Metrics {
 
 // ObserveProduce records one batch's outcome (sink.Config.Observe).
 func (m *Metrics) ObserveProduce(topic string, records int, bytes int64, latency time.Duration, err error) {
-	now := time.Now()
+	now := m.clock.Now()
 	m.mu.Lock()
 	ts := m.topics[topic]
 	if ts == nil {
@@ -110,7 +115,7 @@ func (m *Metrics) ObservePartitions(topic string, from, to int) {
 // ObserveConfirm records one confirmed transaction's commit-to-ack latency
 // (replication.Config.OnConfirm).
 func (m *Metrics) ObserveConfirm(commitTime time.Time) {
-	if d := time.Since(commitTime); d >= 0 {
+	if d := clock.Since(m.clock, commitTime); d >= 0 {
 		m.commitToAck.Observe(d.Seconds())
 	}
 }

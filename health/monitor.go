@@ -2,15 +2,19 @@ package health
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxd/outboxd/catalog"
+	"github.com/outboxd/outboxd/clock"
+	"github.com/outboxd/outboxd/postgres"
 )
 
 // SlotInfo is the slot's row in pg_replication_slots, as /status shows it.
@@ -27,12 +31,12 @@ type SlotInfo struct {
 
 // Snapshot is what one poll of PostgreSQL and the brokers found.
 type Snapshot struct {
-	At               time.Time // when the poll began
-	Err              string    // why the slot could not be read, if it could not
-	Slot             *SlotInfo // nil when the slot does not exist (or Err)
-	ServerWALLSN     string
-	RetainedBytes    int64 // current WAL LSN - restart_lsn
-	UnconfirmedBytes int64 // current WAL LSN - confirmed_flush_lsn
+	At               time.Time     // when the poll began
+	Err              string        // why the slot could not be read, if it could not
+	Slot             *SlotInfo     // nil when the slot does not exist (or Err)
+	ServerWAL        pglogrepl.LSN // the server's WAL position (0: not read)
+	RetainedBytes    int64         // current WAL LSN - restart_lsn
+	UnconfirmedBytes int64         // current WAL LSN - confirmed_flush_lsn
 	Brokers          int
 	BrokersReachable int
 	// Publication says what keeps routed events from reaching outboxd
@@ -53,6 +57,9 @@ type MonitorConfig struct {
 	// Probe asks addr whether it is a Kafka broker that answers.
 	Probe    func(ctx context.Context, addr string) error
 	Interval time.Duration
+	// Clock is what the polls are dated and paced by, and what the health
+	// server reads the time from (nil: the system's).
+	Clock clock.Clock
 }
 
 // Monitor polls the slot, the publication and the brokers on an interval,
@@ -69,12 +76,7 @@ type Monitor struct {
 
 // NewMonitor prepares a monitor; Run starts polling.
 func NewMonitor(cfg MonitorConfig, log hclog.Logger) *Monitor {
-	conn := cfg.Conn.Copy()
-	if conn.RuntimeParams == nil {
-		conn.RuntimeParams = map[string]string{}
-	}
-	conn.RuntimeParams["application_name"] = "outboxd-monitor"
-	cfg.Conn = conn
+	cfg.Clock = clock.Or(cfg.Clock)
 	return &Monitor{cfg: cfg, log: log, kick: make(chan struct{}, 1)}
 }
 
@@ -98,10 +100,8 @@ func (m *Monitor) PollNow() {
 func (m *Monitor) Run(ctx context.Context, after func(Snapshot)) {
 	var p poller
 	defer p.close()
-	t := time.NewTicker(m.cfg.Interval)
-	defer t.Stop()
 	for {
-		snap := Snapshot{At: time.Now(), Brokers: len(m.cfg.Brokers)}
+		snap := Snapshot{At: m.cfg.Clock.Now(), Brokers: len(m.cfg.Brokers)}
 		// A short poll_interval is how often to look, not how long a look
 		// may take on a busy server.
 		pctx, cancel := context.WithTimeout(ctx, max(m.cfg.Interval, pollTimeout))
@@ -120,10 +120,12 @@ func (m *Monitor) Run(ctx context.Context, after func(Snapshot)) {
 		if after != nil {
 			after(snap)
 		}
+		// Polls start every Interval, however long one took (at once
+		// after one that took longer).
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-m.cfg.Clock.After(snap.At.Add(m.cfg.Interval).Sub(m.cfg.Clock.Now())):
 		case <-m.kick:
 		}
 	}
@@ -157,7 +159,7 @@ func (p *poller) close() {
 // read fills snap from the server, (re)connecting when needed.
 func (p *poller) read(ctx context.Context, cfg MonitorConfig, snap *Snapshot) error {
 	if p.conn == nil || p.conn.IsClosed() {
-		conn, err := pgconn.ConnectConfig(ctx, cfg.Conn)
+		conn, err := postgres.Connect(ctx, cfg.Conn, postgres.Session{App: "outboxd-monitor"})
 		if err != nil {
 			return fmt.Errorf("connect: %w", err)
 		}
@@ -193,14 +195,9 @@ func (p *poller) read(ctx context.Context, cfg MonitorConfig, snap *Snapshot) er
 		pid := s.ActivePID
 		info.ActivePID = &pid
 	}
-	if s.ConfirmedFlush != 0 {
-		info.ConfirmedFlushLSN = s.ConfirmedFlush.String()
-	}
-	if s.Restart != 0 {
-		info.RestartLSN = s.Restart.String()
-	}
+	info.ConfirmedFlushLSN, info.RestartLSN = lsnText(s.ConfirmedFlush), lsnText(s.Restart)
 	snap.Slot = info
-	snap.ServerWALLSN = s.CurrentWAL.String()
+	snap.ServerWAL = s.CurrentWAL
 	snap.RetainedBytes, snap.UnconfirmedBytes = s.RetainedBytes(), s.UnconfirmedBytes()
 	return nil
 }
@@ -209,10 +206,23 @@ func (p *poller) read(ctx context.Context, cfg MonitorConfig, snap *Snapshot) er
 // carry it.
 func (p *poller) currentLSN(ctx context.Context, snap *Snapshot) error {
 	results, err := p.conn.Exec(ctx, "SELECT pg_catalog.pg_current_wal_lsn()").ReadAll()
-	if err == nil && len(results) == 1 && len(results[0].Rows) == 1 {
-		snap.ServerWALLSN = string(results[0].Rows[0][0])
-		return nil
+	if err == nil && (len(results) != 1 || len(results[0].Rows) != 1) {
+		err = errors.New("no row")
 	}
-	p.close()
-	return fmt.Errorf("read pg_current_wal_lsn(): %v", err)
+	if err == nil {
+		snap.ServerWAL, err = pglogrepl.ParseLSN(string(results[0].Rows[0][0]))
+	}
+	if err != nil {
+		p.close()
+		return fmt.Errorf("read pg_current_wal_lsn(): %w", err)
+	}
+	return nil
+}
+
+// lsnText is an LSN as /status shows it: "" for none.
+func lsnText(l pglogrepl.LSN) string {
+	if l == 0 {
+		return ""
+	}
+	return l.String()
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/outboxd/outboxd/clock"
 	"github.com/outboxd/outboxd/replication"
 )
 
@@ -46,6 +47,7 @@ type Server struct {
 	met    *Metrics
 	limits Limits
 	log    hclog.Logger
+	clock  clock.Clock // the monitor's
 
 	mu       sync.Mutex
 	crossing map[string]bool // threshold name -> currently crossed, for logging once per crossing
@@ -73,7 +75,7 @@ func Listen(addr string, src Source, mon *Monitor, met *Metrics, limits Limits, 
 		return nil, err
 	}
 	ln = limitListener(ln, maxConns)
-	s := &Server{ln: ln, src: src, mon: mon, met: met, limits: limits, log: log, crossing: map[string]bool{}}
+	s := &Server{ln: ln, src: src, mon: mon, met: met, limits: limits, log: log, clock: clock.Or(mon.cfg.Clock), crossing: map[string]bool{}}
 	met.reg.MustRegister(&collector{s: s})
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", s.healthz)
@@ -213,7 +215,7 @@ var problemKeys = []string{"slot", "publication", "wal_status", "lag", "retained
 // Watch logs a warning once each time a threshold is crossed, and once when
 // it clears. Pass it to Monitor.Run.
 func (s *Server) Watch(Snapshot) {
-	v := s.view(time.Now())
+	v := s.view(s.clock.Now())
 	if v.st.State == replication.StateStarting || !v.fresh {
 		// The slot and the publication may not be created yet, or the
 		// poll predates the state it would be judged against.
@@ -237,7 +239,7 @@ func (s *Server) Watch(Snapshot) {
 }
 
 func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
-	v := s.view(time.Now())
+	v := s.view(s.clock.Now())
 	if v.wedged != "" {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"state": v.st.State, "reason": v.wedged})
 		return
@@ -246,7 +248,7 @@ func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
 }
 
 func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
-	v := s.view(time.Now())
+	v := s.view(s.clock.Now())
 	if !v.ready {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"state": v.st.State, "ready": false, "reasons": v.reasons})
 		return
@@ -298,10 +300,10 @@ type KafkaStatus struct {
 }
 
 func (s *Server) status(w http.ResponseWriter, _ *http.Request) {
-	v := s.view(time.Now())
+	v := s.view(s.clock.Now())
 	out := Status{
 		State: v.st.State, Since: v.st.Since, LastError: v.st.LastError, Ready: v.ready, NotReady: v.reasons,
-		Slot: v.snap.Slot, SlotError: v.snap.Err, SlotReadAt: v.snap.At, ServerWALLSN: v.snap.ServerWALLSN,
+		Slot: v.snap.Slot, SlotError: v.snap.Err, SlotReadAt: v.snap.At, ServerWALLSN: lsnText(v.snap.ServerWAL),
 		RetainedWALBytes: v.snap.RetainedBytes, UnconfirmedBytes: v.snap.UnconfirmedBytes,
 		LagSeconds:   v.lag.Seconds(),
 		ConfirmedLSN: v.st.Confirmed.String(),
@@ -358,7 +360,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
-	v := c.s.view(time.Now())
+	v := c.s.view(c.s.clock.Now())
 	for _, st := range replication.States {
 		val := 0.0
 		if v.st.State == st {

@@ -10,6 +10,8 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/outboxd/outboxd/clock"
+	"github.com/outboxd/outboxd/clock/clocktest"
 	"github.com/outboxd/outboxd/replication"
 )
 
@@ -19,9 +21,15 @@ func (f fakeSource) Status() replication.Status { return f.st }
 
 func server(t *testing.T, st replication.Status, snap Snapshot, limits Limits) *Server {
 	t.Helper()
-	mon := &Monitor{}
+	return serverOn(t, clock.System, st, snap, limits)
+}
+
+// serverOn is a server whose monitor, and so the server, reads c.
+func serverOn(t *testing.T, c clock.Clock, st replication.Status, snap Snapshot, limits Limits) *Server {
+	t.Helper()
+	mon := &Monitor{cfg: MonitorConfig{Clock: c}}
 	mon.last = snap
-	s, err := Listen("127.0.0.1:0", fakeSource{st}, mon, NewMetrics(), limits, hclog.NewNullLogger())
+	s, err := Listen("127.0.0.1:0", fakeSource{st}, mon, NewMetrics(nil), limits, hclog.NewNullLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,10 +116,15 @@ func TestEndpoints(t *testing.T) {
 	}
 }
 
+// TestStatusLagAndNoSecrets: /status shows the lag, the counters, the slot
+// and the positions (as PostgreSQL writes an LSN), and no credential.
 func TestStatusLagAndNoSecrets(t *testing.T) {
-	st := replication.Status{State: "streaming", LastError: "connect: failed", Events: 7}
-	st.Tracker.OldestOpen = time.Now().Add(-10 * time.Second)
-	s := server(t, st, healthySnap(), Limits{})
+	c := clocktest.New()
+	st := replication.Status{State: "streaming", LastError: "connect: failed", Events: 7, Confirmed: 0x16B3700}
+	st.Tracker.OldestOpen = c.Now().Add(-10 * time.Second)
+	snap := healthySnap()
+	snap.ServerWAL = 0x16B3748
+	s := serverOn(t, c, st, snap, Limits{})
 	code, body := get(t, s, "/status")
 	if code != 200 {
 		t.Fatal(code)
@@ -120,7 +133,7 @@ func TestStatusLagAndNoSecrets(t *testing.T) {
 	if err := json.Unmarshal([]byte(body), &doc); err != nil {
 		t.Fatal(err)
 	}
-	if doc.LagSeconds < 9.9 || doc.LagSeconds > 12 || doc.Counters.Events != 7 || doc.Slot.Name != "s" {
+	if doc.LagSeconds != 10 || doc.Counters.Events != 7 || doc.Slot.Name != "s" || doc.ServerWALLSN != "0/16B3748" || doc.ConfirmedLSN != "0/16B3700" {
 		t.Fatalf("status %+v", doc)
 	}
 	if strings.Contains(strings.ToLower(body), "password") || strings.Contains(body, "dsn") {

@@ -16,6 +16,7 @@ import (
 	"github.com/outboxd/outboxd/catalog"
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/envelope"
+	"github.com/outboxd/outboxd/postgres"
 )
 
 // ---- failover ----
@@ -119,9 +120,9 @@ func readHost(ctx context.Context, base *pgconn.Config, h *pgconn.FallbackConfig
 	c.ValidateConnect = nil
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	conn, err := pgconn.ConnectConfig(ctx, c)
+	conn, err := postgres.Connect(ctx, c, postgres.Session{})
 	if err != nil {
-		v.err = fmt.Errorf("%s", oneLine(scrub(err.Error(), c.Password)))
+		v.err = errors.New(oneLine(err.Error()))
 		return v
 	}
 	defer conn.Close(context.Background())

@@ -12,7 +12,7 @@ import (
 	"github.com/outboxd/outboxd/catalog"
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/envelope"
-	"github.com/outboxd/outboxd/replication"
+	"github.com/outboxd/outboxd/postgres"
 )
 
 // Connect opens a normal (non-replication) connection with the configured
@@ -22,36 +22,7 @@ func Connect(ctx context.Context, pg config.Postgres) (*pgx.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	// pgx takes only a configuration it parsed itself: parse an empty one
-	// (no DSN, so nothing to fail on) and put ours in it.
-	pcfg, err := pgx.ParseConfig("")
-	if err != nil {
-		return nil, err
-	}
-	pcfg.Config = *cc
-	conn, err := pgx.ConnectConfig(ctx, pcfg)
-	if err != nil {
-		return nil, &scrubbedError{msg: scrub(err.Error(), pcfg.Password), err: err}
-	}
-	return conn, nil
-}
-
-// scrubbedError is a connection error whose text holds no password; it
-// still unwraps to pgconn's error, so that what it is (a TLS failure, an
-// SQLSTATE) can be told.
-type scrubbedError struct {
-	msg string
-	err error
-}
-
-func (e *scrubbedError) Error() string { return e.msg }
-func (e *scrubbedError) Unwrap() error { return e.err }
-
-func scrub(msg, password string) string {
-	if password != "" {
-		msg = strings.ReplaceAll(msg, password, "xxxxx")
-	}
-	return msg
+	return postgres.ConnectPgx(ctx, cc, postgres.Session{})
 }
 
 func checkPostgres(ctx context.Context, cfg target) []Result {
@@ -61,7 +32,7 @@ func checkPostgres(ctx context.Context, cfg target) []Result {
 	conn, err := Connect(ctx, pg)
 	if err != nil {
 		fix := "check postgres.dsn (host, port, database, user, password) and pg_hba.conf; the server must accept TCP connections from here"
-		if why := replication.ExplainConnect(err); why != "" {
+		if why := postgres.Explain(err); why != "" {
 			fix = why
 		}
 		out := append([]Result{fail("database", fmt.Sprintf("cannot connect to %s: %s", pg.RedactedDSN(), oneLine(err.Error())), fix)}, checkTLS(pg)...)

@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pglogrepl"
+
 	"github.com/outboxd/outboxd"
 	"github.com/outboxd/outboxd/envelope"
 )
@@ -19,7 +21,7 @@ type ticket struct {
 	// b, for a Refusable record: whose dead-letter topic takes it when
 	// the broker refuses it.
 	b   *envelope.Binding
-	lsn uint64 // its change's commit LSN (0: none), for its replacement
+	lsn pglogrepl.LSN // its change's commit LSN (0: none), for its replacement
 }
 
 // refusal is a Refusable record the broker refused for its own content,
@@ -27,13 +29,13 @@ type ticket struct {
 type refusal struct {
 	u   Unit
 	b   *envelope.Binding
-	lsn uint64
+	lsn pglogrepl.LSN
 	err *outboxd.RefusedError
 }
 
 // hold counts one more record of u in flight, u's first, and returns its
 // Acker. Called by the publishing goroutine only.
-func (p *Publisher) hold(u Unit, size int64, b *envelope.Binding, lsn uint64) *ticket {
+func (p *Publisher) hold(u Unit, size int64, b *envelope.Binding, lsn pglogrepl.LSN) *ticket {
 	if u != nil {
 		u.Hold()
 	}
@@ -263,18 +265,3 @@ func (p *Publisher) Counts() Counts {
 // Acked is how many records Kafka has answered (acknowledged, failed or
 // refused): its progress.
 func (p *Publisher) Acked() uint64 { return p.back.n.Load() }
-
-// Clock is the time a publication (and the replication stream) reads and
-// waits on; tests pass one they move by hand.
-type Clock interface {
-	Now() time.Time
-	After(d time.Duration) <-chan time.Time
-}
-
-// System is the operating system's clock.
-var System Clock = systemClock{}
-
-type systemClock struct{}
-
-func (systemClock) Now() time.Time                         { return time.Now() }
-func (systemClock) After(d time.Duration) <-chan time.Time { return time.After(d) }

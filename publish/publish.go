@@ -50,6 +50,7 @@ import (
 	"github.com/jackc/pglogrepl"
 
 	"github.com/outboxd/outboxd"
+	"github.com/outboxd/outboxd/clock"
 	"github.com/outboxd/outboxd/envelope"
 )
 
@@ -94,7 +95,7 @@ type Config struct {
 	// Again ends the error of a bad row: how to go on once its route has a
 	// dead-letter topic ("start again").
 	Again string
-	Clock Clock // nil: the system's
+	Clock clock.Clock // nil: the system's
 	Log   hclog.Logger
 }
 
@@ -110,7 +111,7 @@ type Publisher struct {
 	timeout   time.Duration
 	source    string
 	again     string
-	clock     Clock
+	clock     clock.Clock
 	log       hclog.Logger
 
 	// The publishing goroutine's: the envelope's memory and the record
@@ -146,10 +147,7 @@ type Publisher struct {
 func New(cfg Config) *Publisher {
 	p := &Publisher{router: cfg.Router, prod: cfg.Producer, mark: cfg.Mark,
 		maxEvents: int64(max(cfg.MaxEvents, 1)), maxBytes: cfg.MaxBytes, timeout: cfg.DeliveryTimeout,
-		source: cfg.Source, again: cfg.Again, clock: cfg.Clock, log: cfg.Log, wake: make(chan struct{}, 1)}
-	if p.clock == nil {
-		p.clock = System
-	}
+		source: cfg.Source, again: cfg.Again, clock: clock.Or(cfg.Clock), log: cfg.Log, wake: make(chan struct{}, 1)}
 	if p.log == nil {
 		p.log = hclog.NewNullLogger()
 	}
@@ -245,11 +243,11 @@ func (p *Publisher) badRow(b *envelope.Binding, pos envelope.Position, err error
 
 // label is where a change comes from, for a dead-letter record's
 // outboxd.lsn header and the log: its commit LSN, or the Source.
-func (p *Publisher) label(commitLSN uint64) string {
+func (p *Publisher) label(commitLSN pglogrepl.LSN) string {
 	if commitLSN == 0 {
 		return p.source
 	}
-	return pglogrepl.LSN(commitLSN).String()
+	return commitLSN.String()
 }
 
 // produce hands rec to the producer, which copies it; rec is cleared, so

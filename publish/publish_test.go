@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/outboxd/outboxd"
+	"github.com/outboxd/outboxd/clock"
+	"github.com/outboxd/outboxd/clock/clocktest"
 	"github.com/outboxd/outboxd/envelope"
 	"github.com/outboxd/outboxd/publish"
 	"github.com/outboxd/outboxd/publish/publishtest"
@@ -55,7 +57,7 @@ func (u *unit) state() (held, emptied int) {
 	return u.held, u.emptied
 }
 
-func newPublisher(router *envelope.Router, prod publish.Producer, c publish.Clock, timeout time.Duration) *publish.Publisher {
+func newPublisher(router *envelope.Router, prod publish.Producer, c clock.Clock, timeout time.Duration) *publish.Publisher {
 	return publish.New(publish.Config{Router: router, Producer: prod, MaxEvents: 100, MaxBytes: 1 << 20,
 		DeliveryTimeout: timeout, Source: "snapshot 0/1", Again: "start again", Clock: c})
 }
@@ -69,7 +71,7 @@ func newPublisher(router *envelope.Router, prod publish.Producer, c publish.Cloc
 func TestRefusedRecordHoldsItsUnit(t *testing.T) {
 	router, bs := publishtest.Outbox(t, "comandes.dlq")
 	prod := &publishtest.Producer{}
-	p := newPublisher(router, prod, publishtest.NewClock(), 0)
+	p := newPublisher(router, prod, clocktest.New(), 0)
 	u := &unit{}
 	if err := p.Change(u, bs, publishtest.Row(1, "1"), envelope.Position{CommitLSN: 0x2000}); err != nil {
 		t.Fatal(err)
@@ -115,7 +117,7 @@ func TestRefusedRecordHoldsItsUnit(t *testing.T) {
 func TestDrainWaitsForReplacements(t *testing.T) {
 	router, bs := publishtest.Outbox(t, "comandes.dlq")
 	prod := &publishtest.Producer{}
-	c := publishtest.NewClock()
+	c := clocktest.New()
 	p := newPublisher(router, prod, c, 0)
 	if err := p.Change(nil, bs, publishtest.Row(1, "1"), envelope.Position{}); err != nil {
 		t.Fatal(err)
@@ -149,7 +151,7 @@ func TestDeliveryTimeoutWaitsForSilence(t *testing.T) {
 	const timeout = 30 * time.Second
 	router, bs := publishtest.Outbox(t, "")
 	prod := &publishtest.Producer{}
-	c := publishtest.NewClock()
+	c := clocktest.New()
 	p := newPublisher(router, prod, c, timeout)
 	if err := p.Check(c.Now()); err != nil {
 		t.Fatal(err)
@@ -189,7 +191,7 @@ func TestDeliveryTimeoutWaitsForSilence(t *testing.T) {
 // the broker has been silent for the timeout, instead of waiting for ever.
 func TestWaitEndsOnDeliveryTimeout(t *testing.T) {
 	router, bs := publishtest.Outbox(t, "")
-	c := publishtest.NewClock()
+	c := clocktest.New()
 	p := publish.New(publish.Config{Router: router, Producer: &publishtest.Producer{}, MaxEvents: 1, DeliveryTimeout: time.Minute, Clock: c})
 	if err := p.Change(nil, bs, publishtest.Row(1, "1"), envelope.Position{}); err != nil {
 		t.Fatal(err)
@@ -248,7 +250,7 @@ func TestPublisherBounds(t *testing.T) {
 func TestBadRowsAndFailures(t *testing.T) {
 	router, bs := publishtest.Outbox(t, "")
 	prod := &publishtest.Producer{}
-	p := newPublisher(router, prod, publishtest.NewClock(), 0)
+	p := newPublisher(router, prod, clocktest.New(), 0)
 	err := p.Change(&unit{}, bs, publishtest.Row(1, "dos"), envelope.Position{CommitLSN: 0x16B3748})
 	var bad *publish.BadRowError
 	if !errors.As(err, &bad) || prod.Len() != 0 ||
@@ -271,7 +273,7 @@ func TestBadRowsAndFailures(t *testing.T) {
 
 	router, bs = publishtest.Outbox(t, "comandes.dlq")
 	prod = &publishtest.Producer{}
-	p = newPublisher(router, prod, publishtest.NewClock(), 0)
+	p = newPublisher(router, prod, clocktest.New(), 0)
 	u := &unit{}
 	if err := p.Change(u, bs, publishtest.Row(1, "dos"), envelope.Position{}); err != nil {
 		t.Fatal(err)

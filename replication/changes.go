@@ -128,7 +128,7 @@ func (s *stream) handleLogicalMessage(wal []byte) error {
 		s.txn = nil
 	}()
 	for _, b := range bs {
-		if err := s.pub.DeadLetter(s.txn, b, s.row, err, envelope.Position{CommitLSN: uint64(m.lsn)}); err != nil {
+		if err := s.pub.DeadLetter(s.txn, b, s.row, err, envelope.Position{CommitLSN: m.lsn}); err != nil {
 			return s.deliveryError(err)
 		}
 	}
@@ -139,7 +139,7 @@ func (s *stream) handleLogicalMessage(wal []byte) error {
 // records count toward the transaction, whose end the tracker confirms
 // only once Kafka acknowledged every one of them.
 func (s *stream) publish(bs []*envelope.Binding, row []envelope.Column) error {
-	pos := envelope.Position{CommitLSN: uint64(s.txn.CommitLSN()), Index: s.index, CommitTime: s.txn.commitTime.UnixMicro()}
+	pos := envelope.Position{CommitLSN: s.txn.CommitLSN(), Index: s.index, CommitTime: s.txn.commitTime.UnixMicro()}
 	s.index++
 	if err := s.pub.Change(s.txn, bs, row, pos); err != nil {
 		return s.changeError(err)

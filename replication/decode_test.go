@@ -10,8 +10,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pglogrepl"
 
+	"github.com/outboxd/outboxd/clock"
 	"github.com/outboxd/outboxd/envelope"
-	"github.com/outboxd/outboxd/publish"
 	"github.com/outboxd/outboxd/publish/publishtest"
 )
 
@@ -22,7 +22,7 @@ func newTestStream(router *envelope.Router, prod Producer, start pglogrepl.LSN, 
 	if cfg.MaxInFlightEvents == 0 {
 		cfg.MaxInFlightEvents, cfg.MaxInFlightBytes = 100, 1<<20
 	}
-	r := &Runner{cfg: cfg, router: router, log: hclog.NewNullLogger(), clock: publish.System}
+	r := &Runner{cfg: cfg, router: router, log: hclog.NewNullLogger(), clock: clock.System}
 	return r.newStream(nil, prod, start, nil)
 }
 

@@ -26,14 +26,16 @@ import (
 	"github.com/outboxd/outboxd"
 	"github.com/outboxd/outboxd/backoff"
 	"github.com/outboxd/outboxd/catalog"
+	"github.com/outboxd/outboxd/clock"
 	"github.com/outboxd/outboxd/envelope"
+	"github.com/outboxd/outboxd/postgres"
 	"github.com/outboxd/outboxd/publish"
 )
 
 // Config is what the stream needs; durations are positive.
 type Config struct {
-	// Conn is the parsed connection (postgres.dsn and password); the
-	// runner copies it and makes it a replication connection.
+	// Conn is the parsed connection (postgres.dsn and password); each
+	// session opens a replication connection with it (replicationSession).
 	Conn              *pgconn.Config
 	Slot              string
 	Publication       string
@@ -76,6 +78,9 @@ type Config struct {
 	// the publication exist from then on (the health monitor reads them
 	// again at once).
 	OnStreaming func()
+	// Clock is the time the runner and its streams read and wait on (nil:
+	// the system's).
+	Clock clock.Clock
 }
 
 // Producer publishes records asynchronously: every accepted record's Acker
@@ -123,11 +128,10 @@ var States = []string{StateStarting, StateStreaming, StateBackoff, StateStandby,
 // places the state changes.
 type Runner struct {
 	cfg         Config
-	conn        *pgconn.Config
 	router      *envelope.Router
 	newProducer func() (Producer, error)
 	log         hclog.Logger
-	clock       publish.Clock
+	clock       clock.Clock
 
 	mu          sync.Mutex
 	state       string
@@ -182,20 +186,9 @@ type Status struct {
 
 // NewRunner prepares a runner; it does not connect.
 func NewRunner(cfg Config, router *envelope.Router, newProducer func() (Producer, error), log hclog.Logger) *Runner {
-	pc := cfg.Conn.Copy()
-	if pc.RuntimeParams == nil {
-		pc.RuntimeParams = map[string]string{}
-	}
-	pc.RuntimeParams["replication"] = "database"
-	if _, set := pc.RuntimeParams["application_name"]; !set {
-		pc.RuntimeParams["application_name"] = "outboxd"
-	}
-	// Text output of timestamptz in a fixed, parseable form.
-	for k, v := range envelope.SessionParams {
-		pc.RuntimeParams[k] = v
-	}
-	useLargeReadBuffer(pc)
-	return &Runner{cfg: cfg, conn: pc, router: router, newProducer: newProducer, log: log, clock: publish.System, state: StateStarting, since: time.Now()}
+	r := &Runner{cfg: cfg, router: router, newProducer: newProducer, log: log, clock: clock.Or(cfg.Clock), state: StateStarting}
+	r.since = r.clock.Now()
+	return r
 }
 
 // Status returns a snapshot for health reporting.
@@ -230,7 +223,7 @@ func (r *Runner) enter(state string, err error) bool {
 	if r.state == state {
 		return false
 	}
-	r.state, r.since = state, time.Now()
+	r.state, r.since = state, r.clock.Now()
 	return true
 }
 
@@ -275,7 +268,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	attempt := 0
 	lastErr := ""
 	for {
-		started := time.Now()
+		started := r.clock.Now()
 		err := r.session(ctx)
 		if IsFatal(err) {
 			r.enter(StateStopped, err)
@@ -300,7 +293,7 @@ func (r *Runner) Run(ctx context.Context) error {
 				lastErr = ""
 			}
 			attempt = 0
-			if !backoff.Sleep(ctx, r.cfg.StandbyRetry) {
+			if !clock.Sleep(ctx, r.clock, r.cfg.StandbyRetry) {
 				r.enter(StateStopped, nil)
 				return nil
 			}
@@ -308,7 +301,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		}
 		// Only a session that ran for a while resets the backoff: one that
 		// streams and fails at once (the broker is down) keeps backing off.
-		if time.Since(started) > r.cfg.BackoffMax {
+		if clock.Since(r.clock, started) > r.cfg.BackoffMax {
 			attempt = 0
 		}
 		delay := backoff.Delay(attempt, r.cfg.BackoffMin, r.cfg.BackoffMax)
@@ -321,7 +314,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		} else {
 			r.log.Debug("retrying", "error", err, "delay", delay.Round(time.Millisecond))
 		}
-		if !backoff.Sleep(ctx, delay) {
+		if !clock.Sleep(ctx, r.clock, delay) {
 			r.enter(StateStopped, nil)
 			return nil
 		}
@@ -330,7 +323,7 @@ func (r *Runner) Run(ctx context.Context) error {
 
 // classify marks connection errors that no retry can fix as fatal.
 func classify(err error) error {
-	if why := ExplainConnect(err); why != "" {
+	if why := postgres.Explain(err); why != "" {
 		return Fatal(fmt.Errorf("connect to PostgreSQL: %w: %s", err, why))
 	}
 	var pgErr *pgconn.PgError

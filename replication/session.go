@@ -1,42 +1,34 @@
 package replication
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"io"
 	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/outboxd/outboxd/catalog"
 	"github.com/outboxd/outboxd/envelope"
+	"github.com/outboxd/outboxd/postgres"
 	"github.com/outboxd/outboxd/publish"
 )
-
-// readBufferSize is the replication connection's read buffer.
-const readBufferSize = 256 << 10
 
 // failedCloseTimeout bounds how long a failed session waits for its
 // producer to close.
 const failedCloseTimeout = 2 * time.Second
 
-// useLargeReadBuffer: pgproto3 reads the socket in 8 KiB chunks, so a drain
-// costs a read(2) (and often a wake-up) per ~20 rows. A larger buffer under
-// it takes whatever the walsender has written in one call.
-func useLargeReadBuffer(pc *pgconn.Config) {
-	pc.BuildFrontend = func(r io.Reader, w io.Writer) *pgproto3.Frontend {
-		return pgproto3.NewFrontend(bufio.NewReaderSize(r, readBufferSize), w)
-	}
-}
+// replicationSession is what a session's connection is: a walsender
+// connection named outboxd unless the DSN names it (pg_stat_replication
+// tells instances apart by it), whose text output of timestamptz is what
+// envelope parses.
+var replicationSession = postgres.Session{App: "outboxd", DSNApp: true, Replication: true, Params: envelope.SessionParams}
 
 // session runs one replication connection: prepare, stream, and on ctx
 // cancellation a clean stop. It reports to the runner through its events
 // and its return value only.
 func (r *Runner) session(ctx context.Context) (err error) {
-	conn, err := pgconn.ConnectConfig(ctx, r.conn)
+	conn, err := postgres.Connect(ctx, r.cfg.Conn, replicationSession)
 	if err != nil {
 		return classify(err)
 	}
@@ -104,7 +96,7 @@ func (r *Runner) session(ctx context.Context) (err error) {
 	s := r.newStream(conn, prod, start, partitions)
 
 	// Wake a blocked read at once when a stop is requested.
-	stopWake := context.AfterFunc(ctx, func() { _ = conn.Conn().SetReadDeadline(time.Now()) })
+	stopWake := context.AfterFunc(ctx, func() { _ = conn.Conn().SetReadDeadline(r.clock.Now()) })
 	defer stopWake()
 	return s.run(ctx)
 }

@@ -178,7 +178,7 @@ func (s *stream) endCopy() error {
 	if err := s.conn.Frontend().Flush(); err != nil {
 		return err
 	}
-	_ = s.conn.Conn().SetReadDeadline(time.Now().Add(5 * time.Second))
+	_ = s.conn.Conn().SetReadDeadline(s.clock.Now().Add(5 * time.Second))
 	for {
 		msg, err := s.conn.ReceiveMessage(context.Background())
 		if err != nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/outboxd/outboxd/catalog"
+	"github.com/outboxd/outboxd/clock"
 	"github.com/outboxd/outboxd/envelope"
 	"github.com/outboxd/outboxd/publish"
 )
@@ -24,7 +25,7 @@ import (
 type stream struct {
 	cfg     streamConfig
 	log     hclog.Logger
-	clock   publish.Clock
+	clock   clock.Clock
 	events  events
 	router  *envelope.Router // binds relations and message prefixes to routes
 	pub     *publish.Publisher

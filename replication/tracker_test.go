@@ -95,7 +95,7 @@ func TestTrackerNeverConfirmsUnacknowledged(t *testing.T) {
 			for k := range size {
 				m.prod.txnOf = func() int { return i }
 				m.pending[i]++
-				if err := m.pub.Change(x, bs[rng.IntN(2)], row, envelope.Position{CommitLSN: uint64(m.lsn + 1), Index: uint32(k)}); err != nil {
+				if err := m.pub.Change(x, bs[rng.IntN(2)], row, envelope.Position{CommitLSN: m.lsn + 1, Index: uint32(k)}); err != nil {
 					t.Fatalf("seed %d: %v", seed, err)
 				}
 				m.ackSome(2)

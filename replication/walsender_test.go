@@ -13,8 +13,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
 
+	"github.com/outboxd/outboxd/clock"
 	"github.com/outboxd/outboxd/envelope"
-	"github.com/outboxd/outboxd/publish"
 	"github.com/outboxd/outboxd/publish/publishtest"
 )
 
@@ -80,7 +80,7 @@ func newWalsenderStream(t *testing.T, cfg Config, routes []envelope.Route, start
 	if cfg.MaxInFlightEvents == 0 {
 		cfg.MaxInFlightEvents, cfg.MaxInFlightBytes = 1000, 1<<20
 	}
-	r := &Runner{cfg: cfg, router: mustRouter(t, routes), log: hclog.NewNullLogger(), clock: publish.System}
+	r := &Runner{cfg: cfg, router: mustRouter(t, routes), log: hclog.NewNullLogger(), clock: clock.System}
 	prod := &publishtest.Producer{}
 	return r.newStream(conn, prod, start, nil), w, prod
 }

@@ -128,7 +128,7 @@ func (m *Marker) Run(ctx context.Context) {
 			var err error
 			actx, cancel := context.WithTimeout(ctx, markDeadline)
 			if conn == nil {
-				conn, err = connect(actx, markConn(m.conn), "outboxd-mark")
+				conn, err = connect(actx, m.conn, "outboxd-mark", markSettings)
 			}
 			if err == nil {
 				err = m.apply(actx, conn, batch)
@@ -170,15 +170,10 @@ func (m *Marker) apply(ctx context.Context, conn *pgconn.PgConn, batch []mark) e
 	return nil
 }
 
-// markConn is cfg with the mark connection's timeouts.
-func markConn(cfg *pgconn.Config) *pgconn.Config {
-	pc := cfg.Copy()
-	if pc.RuntimeParams == nil {
-		pc.RuntimeParams = map[string]string{}
-	}
-	pc.RuntimeParams["lock_timeout"] = strconv.FormatInt(markLockTimeout.Milliseconds(), 10)
-	pc.RuntimeParams["statement_timeout"] = strconv.FormatInt(markStatementTimeout.Milliseconds(), 10)
-	return pc
+// markSettings are the mark connection's timeouts.
+var markSettings = map[string]string{
+	"lock_timeout":      strconv.FormatInt(markLockTimeout.Milliseconds(), 10),
+	"statement_timeout": strconv.FormatInt(markStatementTimeout.Milliseconds(), 10),
 }
 
 // markError is a failed mark (timedOut: outboxd gave up waiting) as the

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxd/outboxd/catalog"
+	"github.com/outboxd/outboxd/clock"
 	"github.com/outboxd/outboxd/envelope"
 	"github.com/outboxd/outboxd/publish"
 )
@@ -58,6 +59,9 @@ type Replayer struct {
 	Log             hclog.Logger
 	// Every is how often progress is called while rows are published.
 	Every time.Duration
+	// Clock times the wait for the slot and paces progress (nil: the
+	// system's).
+	Clock clock.Clock
 }
 
 // Replay publishes the rows through prod, each table in commit order (rowOrder; so
@@ -68,7 +72,7 @@ func (r *Replayer) Replay(ctx context.Context, req ReplayRequest, prod publish.P
 	if (len(req.IDs) > 0) == (req.From != "" || req.To != "") {
 		return nil, errors.New("replay: give a creat_en range or ids, not both and not neither")
 	}
-	conn, err := connect(ctx, r.Conn, "outboxd-replay")
+	conn, err := connect(ctx, r.Conn, "outboxd-replay", nil)
 	if err != nil {
 		return nil, err
 	}
@@ -93,11 +97,13 @@ func (r *Replayer) Replay(ctx context.Context, req ReplayRequest, prod publish.P
 		return nil, fmt.Errorf("replay: %w", err)
 	}
 
-	p := newPublication(r.Router, prod, limits{r.MaxInFlight, r.DeliveryTimeout}, nil, "replay", r.Log)
+	c := clock.Or(r.Clock)
+	p := newPublication(publish.Config{Router: r.Router, Producer: prod, MaxEvents: r.MaxInFlight, DeliveryTimeout: r.DeliveryTimeout,
+		Source: "replay", Clock: c, Log: r.Log}, nil)
 	p.total = total
 	stop := func() {}
 	if progress != nil {
-		stop = every(r.Every, time.Second, func() { progress(p.state()) })
+		stop = every(c, r.Every, time.Second, func() { progress(p.state()) })
 	}
 	counts, err := publishAll(ctx, conn, r.Router, sels, p)
 	stop()
@@ -121,7 +127,8 @@ type Waiting struct {
 // transaction (begun at at) sees, or the slot does not exist.
 func (r *Replayer) waitPassed(ctx context.Context, conn *pgconn.PgConn, at pglogrepl.LSN, rows int) error {
 	const poll, tell = 200 * time.Millisecond, 5 * time.Second
-	started := time.Now()
+	c := clock.Or(r.Clock)
+	started := c.Now()
 	var told time.Time
 	for {
 		d, err := catalog.ReadDelivery(ctx, conn, r.Slot, at)
@@ -138,18 +145,16 @@ func (r *Replayer) waitPassed(ctx context.Context, conn *pgconn.PgConn, at pglog
 		if why == "" {
 			why = fmt.Sprintf("replication slot %q has confirmed %s, and the rows read were committed before %s", r.Slot, d.Slot.ConfirmedFlush, at)
 		}
-		waited := time.Since(started)
+		waited := clock.Since(c, started)
 		if waited >= r.Wait {
 			return fmt.Errorf("refused, nothing published: %s, still after %s. A copy published now could reach a consumer before an earlier event of its aggregate that the stream has not delivered yet. Start outboxd (or let it catch up: outboxd status shows the slot moving) and replay again, or give --wait more time", why, r.Wait)
 		}
-		if r.OnWait != nil && (told.IsZero() || time.Since(told) >= tell) {
+		if r.OnWait != nil && (told.IsZero() || clock.Since(c, told) >= tell) {
 			r.OnWait(Waiting{Rows: rows, Reason: why, Waited: waited, Limit: r.Wait})
-			told = time.Now()
+			told = c.Now()
 		}
-		select {
-		case <-ctx.Done():
+		if !clock.Sleep(ctx, c, poll) {
 			return ctx.Err()
-		case <-time.After(poll):
 		}
 	}
 }

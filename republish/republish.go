@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"sync"
 	"time"
 
@@ -21,7 +22,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxd/outboxd/catalog"
+	"github.com/outboxd/outboxd/clock"
 	"github.com/outboxd/outboxd/envelope"
+	"github.com/outboxd/outboxd/postgres"
 	"github.com/outboxd/outboxd/publish"
 )
 
@@ -62,21 +65,14 @@ type publication struct {
 	finished bool
 }
 
-// limits bound a publication: records in flight, and how long Kafka may
-// stay silent while they wait (0: for ever).
-type limits struct {
-	maxInFlight     int
-	deliveryTimeout time.Duration
-}
-
-// newPublication publishes through prod; mark, when not nil, marks each
-// row published before its acknowledgement counts. source goes into a
+// newPublication publishes as cfg says (its router, producer, in-flight
+// bound, delivery timeout, clock and log); mark, when not nil, marks each
+// row published before its acknowledgement counts. cfg.Source goes into a
 // dead-letter record's outboxd.lsn header: where the row came from, since
 // no commit LSN is known.
-func newPublication(router *envelope.Router, prod publish.Producer, l limits, mark *Marker, source string, log hclog.Logger) *publication {
-	p := &publication{source: source, log: log}
-	cfg := publish.Config{Router: router, Producer: prod, MaxEvents: l.maxInFlight,
-		DeliveryTimeout: l.deliveryTimeout, Source: source, Again: "start again", Log: log}
+func newPublication(cfg publish.Config, mark *Marker) *publication {
+	p := &publication{source: cfg.Source, log: cfg.Log}
+	cfg.Again = "start again"
 	if mark != nil {
 		cfg.Mark = mark.Wrap
 	}
@@ -161,21 +157,20 @@ func publishAll(ctx context.Context, conn *pgconn.PgConn, router *envelope.Route
 	return counts, p.drain(ctx)
 }
 
-// every calls fn every d (def when d is not positive) until stop returns.
-func every(d, def time.Duration, fn func()) (stop func()) {
+// every calls fn every d on c (def when d is not positive) until stop
+// returns.
+func every(c clock.Clock, d, def time.Duration, fn func()) (stop func()) {
 	if d <= 0 {
 		d = def
 	}
 	done, finished := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(finished)
-		t := time.NewTicker(d)
-		defer t.Stop()
 		for {
 			select {
 			case <-done:
 				return
-			case <-t.C:
+			case <-c.After(d):
 				fn()
 			}
 		}
@@ -186,18 +181,12 @@ func every(d, def time.Duration, fn func()) (stop func()) {
 	}
 }
 
-// connect opens a connection whose text output is what envelope.Build
-// parses (envelope.SessionParams).
-func connect(ctx context.Context, cfg *pgconn.Config, app string) (*pgconn.PgConn, error) {
-	pc := cfg.Copy()
-	if pc.RuntimeParams == nil {
-		pc.RuntimeParams = map[string]string{}
-	}
-	for k, v := range envelope.SessionParams {
-		pc.RuntimeParams[k] = v
-	}
-	pc.RuntimeParams["application_name"] = app
-	conn, err := pgconn.ConnectConfig(ctx, pc)
+// connect opens a connection named app whose text output is what
+// envelope.Build parses (envelope.SessionParams), with further settings.
+func connect(ctx context.Context, cfg *pgconn.Config, app string, settings map[string]string) (*pgconn.PgConn, error) {
+	params := maps.Clone(envelope.SessionParams)
+	maps.Copy(params, settings)
+	conn, err := postgres.Connect(ctx, cfg, postgres.Session{App: app, Params: params})
 	if err != nil {
 		return nil, fmt.Errorf("connect to PostgreSQL: %w", err)
 	}

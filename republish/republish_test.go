@@ -10,6 +10,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/outboxd/outboxd"
+	"github.com/outboxd/outboxd/publish"
 	"github.com/outboxd/outboxd/publish/publishtest"
 )
 
@@ -48,7 +49,7 @@ func TestPublicationProgress(t *testing.T) {
 		r.Ack.Ack(nil)
 		return nil
 	}}
-	p := newPublication(router, ackAll, limits{maxInFlight: 10}, nil, "test", hclog.NewNullLogger())
+	p := newPublication(publish.Config{Router: router, Producer: ackAll, MaxEvents: 10, Source: "test", Log: hclog.NewNullLogger()}, nil)
 	err := p.row(ctx, b, publishtest.Row(1, "dos"))
 	var perm interface{ Permanent() string }
 	if !errors.As(err, &perm) || !strings.HasSuffix(err.Error(), "(the row then goes to that topic with the reason) and start again") || len(topics) != 0 {
@@ -65,7 +66,7 @@ func TestPublicationProgress(t *testing.T) {
 		}
 		return nil
 	}}
-	p = newPublication(router, refuseFirst, limits{maxInFlight: 10}, nil, "test", hclog.NewNullLogger())
+	p = newPublication(publish.Config{Router: router, Producer: refuseFirst, MaxEvents: 10, Source: "test", Log: hclog.NewNullLogger()}, nil)
 	for i, versio := range []string{"1", "dos", "1"} {
 		if err := p.row(ctx, b, publishtest.Row(i, versio)); err != nil {
 			t.Fatal(err)

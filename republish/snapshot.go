@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxd/outboxd/catalog"
+	"github.com/outboxd/outboxd/clock"
 	"github.com/outboxd/outboxd/envelope"
 	"github.com/outboxd/outboxd/publish"
 )
@@ -35,6 +36,9 @@ type Snapshotter struct {
 	Log             hclog.Logger
 	// ProgressEvery is how often a long publication logs its progress.
 	ProgressEvery time.Duration
+	// Clock times the publication and paces its progress (nil: the
+	// system's).
+	Clock clock.Clock
 }
 
 // Publish publishes every pending row of every table that has a
@@ -48,8 +52,9 @@ type Snapshotter struct {
 // which its stream delivers again after them. consistentPoint only labels
 // the log and the dead-letter records.
 func (s *Snapshotter) Publish(ctx context.Context, snapshot, consistentPoint string, prod publish.Producer) error {
-	started := time.Now()
-	conn, err := connect(ctx, s.Conn, "outboxd-snapshot")
+	c := clock.Or(s.Clock)
+	started := c.Now()
+	conn, err := connect(ctx, s.Conn, "outboxd-snapshot", nil)
 	if err != nil {
 		return err
 	}
@@ -82,9 +87,10 @@ func (s *Snapshotter) Publish(ctx context.Context, snapshot, consistentPoint str
 		sels = append(sels, sel)
 	}
 
-	p := newPublication(s.Router, prod, limits{s.MaxInFlight, s.DeliveryTimeout}, s.Marker, "snapshot "+consistentPoint, s.Log)
+	p := newPublication(publish.Config{Router: s.Router, Producer: prod, MaxEvents: s.MaxInFlight, DeliveryTimeout: s.DeliveryTimeout,
+		Source: "snapshot " + consistentPoint, Clock: c, Log: s.Log}, s.Marker)
 	p.total = total
-	stopReport := every(s.ProgressEvery, 5*time.Second, func() {
+	stopReport := every(c, s.ProgressEvery, 5*time.Second, func() {
 		st := p.state()
 		s.Log.Info("snapshot: publishing", "table", st.Table, "read", st.Read, "of", st.Total, "records", st.Records, "acknowledged", st.Acked)
 	})
@@ -94,7 +100,7 @@ func (s *Snapshotter) Publish(ctx context.Context, snapshot, consistentPoint str
 	}
 	st := p.state()
 	s.Log.Info("snapshot published: every pending row acknowledged by Kafka", "rows", st.Read, "dead_lettered", st.Dead,
-		"consistent_point", consistentPoint, "took", time.Since(started).Round(time.Millisecond))
+		"consistent_point", consistentPoint, "took", clock.Since(c, started).Round(time.Millisecond))
 	return nil
 }
 

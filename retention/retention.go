@@ -44,7 +44,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxd/outboxd/catalog"
+	"github.com/outboxd/outboxd/clock"
 	"github.com/outboxd/outboxd/envelope"
+	"github.com/outboxd/outboxd/postgres"
 )
 
 // Config is the job's configuration; durations and BatchSize are positive.
@@ -59,6 +61,8 @@ type Config struct {
 	// Poll is how often the slot is read while a batch waits (default
 	// 100ms).
 	Poll time.Duration
+	// Clock paces the passes and times a batch's wait (nil: the system's).
+	Clock clock.Clock
 }
 
 // Job is the retention job of one slot's tables.
@@ -72,6 +76,7 @@ func New(cfg Config, log hclog.Logger) *Job {
 	if cfg.Poll <= 0 {
 		cfg.Poll = 100 * time.Millisecond
 	}
+	cfg.Clock = clock.Or(cfg.Clock)
 	return &Job{cfg: cfg, log: log}
 }
 
@@ -98,13 +103,10 @@ func (j *Job) Run(ctx context.Context) {
 		}
 	}()
 	lastErr := ""
-	t := time.NewTimer(0)
-	defer t.Stop()
+	var wait time.Duration // the first pass at once
 	for {
-		select {
-		case <-ctx.Done():
+		if !clock.Sleep(ctx, j.cfg.Clock, wait) {
 			return
-		case <-t.C:
 		}
 		var err error
 		if conn == nil || conn.IsClosed() {
@@ -139,17 +141,12 @@ func (j *Job) Run(ctx context.Context) {
 			_ = conn.Close(context.Background())
 			conn = nil
 		}
-		t.Reset(j.cfg.Interval)
+		wait = j.cfg.Interval
 	}
 }
 
 func (j *Job) connect(ctx context.Context) (*pgconn.PgConn, error) {
-	pc := j.cfg.Conn.Copy()
-	if pc.RuntimeParams == nil {
-		pc.RuntimeParams = map[string]string{}
-	}
-	pc.RuntimeParams["application_name"] = "outboxd-retention"
-	conn, err := pgconn.ConnectConfig(ctx, pc)
+	conn, err := postgres.Connect(ctx, j.cfg.Conn, postgres.Session{App: "outboxd-retention"})
 	if err != nil {
 		return nil, fmt.Errorf("connect to PostgreSQL: %w", err)
 	}
@@ -242,7 +239,7 @@ func (j *Job) waitConfirmed(ctx context.Context, conn *pgconn.PgConn, l pglogrep
 	} else if h != nil {
 		return &notYet{reason: fmt.Sprintf("outboxd gave up an unfinished cut-over and advised replaying its snapshot rows (outboxd replay): nothing is deleted until they are replayed and the hold is dropped (SELECT pg_drop_replication_slot(%s))", catalog.QuoteLiteral(hold))}
 	}
-	deadline := time.Now().Add(j.cfg.ConfirmTimeout)
+	deadline := j.cfg.Clock.Now().Add(j.cfg.ConfirmTimeout)
 	for {
 		d, err := catalog.ReadDelivery(ctx, conn, j.cfg.Slot, l)
 		if err != nil {
@@ -255,14 +252,12 @@ func (j *Job) waitConfirmed(ctx context.Context, conn *pgconn.PgConn, l pglogrep
 			return &notYet{reason: fmt.Sprintf("replication slot %q does not exist: nothing is known to be delivered", j.cfg.Slot)}
 		case d.Delivered():
 			return nil
-		case time.Now().After(deadline):
+		case j.cfg.Clock.Now().After(deadline):
 			return &notYet{reason: fmt.Sprintf("replication slot %q has not confirmed the transactions of the old rows within %s: Kafka may not have them all (outboxd stopped or behind, or Kafka down)", j.cfg.Slot, j.cfg.ConfirmTimeout),
 				detail: fmt.Sprintf("confirmed %s, needs %s", d.Slot.ConfirmedFlush, l)}
 		}
-		select {
-		case <-ctx.Done():
+		if !clock.Sleep(ctx, j.cfg.Clock, j.cfg.Poll) {
 			return ctx.Err()
-		case <-time.After(j.cfg.Poll):
 		}
 	}
 }

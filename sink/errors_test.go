@@ -1,6 +1,8 @@
 package sink
 
 import (
+	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -8,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/outboxd/outboxd"
@@ -168,5 +171,36 @@ func TestRecordRefusalsFollowOnError(t *testing.T) {
 				})
 			}
 		}
+	}
+}
+
+// TestFailureIsReturnedNotLogged: a batch that fails for good (a record
+// too large even alone, an outage that outlived the attempts) reaches its
+// Ackers, and through them the stream, whose runner logs it; the producer
+// does not log it too (log or return, never both).
+func TestFailureIsReturnedNotLogged(t *testing.T) {
+	for name, code := range map[string]kafka.Error{"refused": kafka.MessageSizeTooLarge, "outage": kafka.NotEnoughReplicas} {
+		t.Run(name, func(t *testing.T) {
+			var logged bytes.Buffer
+			log := hclog.New(&hclog.LoggerOptions{Output: &logged, Level: hclog.Warn})
+			b := &fakeBroker{partitions: 1, fail: func(int, int32) int16 { return int16(code) }}
+			p, err := NewWithTransport(Config{Brokers: []string{"fake:9092"}, Partitioner: "murmur2", Compression: "none",
+				OnPartitionChange: PartitionsFollow, BatchSize: 1, BatchBytes: 1 << 20, MaxAttempts: 1, WriteTimeout: time.Second}, log, b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := newAckRecorder(1)
+			produceOne(t, p, rec(r, "K", "a"))
+			r.wait(t)
+			if err := p.Close(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if got := r.get("a"); !errors.Is(got, code) {
+				t.Fatalf("the Acker got %v, want %v", got, code)
+			}
+			if logged.Len() > 0 {
+				t.Fatalf("the producer logged the failure it returned:\n%s", logged.String())
+			}
+		})
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"slices"
 	"sort"
 	"strings"
@@ -26,6 +27,7 @@ import (
 	"github.com/segmentio/kafka-go/protocol/rawproduce"
 
 	"github.com/outboxd/outboxd"
+	"github.com/outboxd/outboxd/clock/clocktest"
 )
 
 // fakeBroker answers the producer's requests in memory. It exists for the
@@ -53,9 +55,17 @@ type fakeBroker struct {
 	// a partition; block, when set, makes requests wait for it.
 	fail  func(n int, partition int32) int16
 	block chan struct{}
+	// slowCancel, when set, is a transport slow to give up a request
+	// blocked (block) once its context ends, as one still writing it may
+	// be: cancelled is closed when the context ends, and the request
+	// returns once slowCancel is closed.
+	slowCancel, cancelled chan struct{}
 	// arrived counts produce requests that reached the broker (answered or
-	// still held by block).
-	arrived atomic.Int32
+	// still held by block); progressed is signalled at each, and at each
+	// request processed (waitArrived, waitProcessed).
+	arrived      atomic.Int32
+	progressed   chan struct{}
+	progressOnce sync.Once
 	// meta, when set, answers the n-th metadata request (from 0) with a
 	// topic error code or a transport error instead of the layout.
 	meta func(n int) (int16, error)
@@ -103,12 +113,13 @@ type fakeBroker struct {
 	cut func(n int) (before, after bool)
 	// gate, when set, is waited for before a produce request whose first
 	// record is the value given is processed: a test releases requests in
-	// the order it chooses. delay likewise sleeps before the n-th (by
-	// arrival): requests in flight together then reach the log in another
-	// order than they were sent. once answers the first batch that starts
+	// the order it chooses. yield likewise gives way to the other
+	// goroutines that many times before the n-th (by arrival) is processed:
+	// requests in flight together then reach the log in another order than
+	// they were sent. once answers the first batch that starts
 	// with a value with that error code, once.
 	gate  func(first string) <-chan struct{}
-	delay func(n int) time.Duration
+	yield func(n int) int
 	once  map[string]int16
 	// answer, when set, is waited for after such a request was processed,
 	// before its answer goes back.
@@ -250,22 +261,104 @@ func (b *fakeBroker) partitionOf() map[string]int32 {
 	return out
 }
 
-// sent is the number of produce requests answered.
-func (b *fakeBroker) sent() int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return len(b.requests)
+// progress is signalled whenever a produce request arrives or is
+// processed (waitArrived, waitProcessed).
+func (b *fakeBroker) progress() chan struct{} {
+	b.progressOnce.Do(func() { b.progressed = make(chan struct{}, 1) })
+	return b.progressed
 }
 
 // waitArrived waits until n produce requests reached the broker.
 func (b *fakeBroker) waitArrived(t *testing.T, n int32) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for b.arrived.Load() < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d produce requests arrived, want %d", b.arrived.Load(), n)
+	b.waitCount(t, "arrived", int(n), func() int { return int(b.arrived.Load()) })
+}
+
+// waitProcessed waits until n produce requests were processed (their
+// batches appended or refused).
+func (b *fakeBroker) waitProcessed(t *testing.T, n int) {
+	t.Helper()
+	b.waitCount(t, "processed", n, func() int {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return len(b.requests)
+	})
+}
+
+// waitCount waits until count reaches n, and fails t if it does not within
+// a minute (a generous bound: a loaded machine may be slow to get there).
+func (b *fakeBroker) waitCount(t *testing.T, what string, n int, count func() int) {
+	t.Helper()
+	deadline := time.After(time.Minute)
+	for count() < n {
+		select {
+		case <-b.progress():
+		case <-deadline:
+			t.Fatalf("%d produce requests %s, want %d", count(), what, n)
 		}
-		time.Sleep(time.Millisecond)
+	}
+}
+
+// advanceFor moves c on by topicWaitStep each time someone waits on it,
+// until it has moved d: what the producer waits for (the metadata's next
+// attempt, the linger) takes no real time.
+func advanceFor(t *testing.T, c *clocktest.Clock, d time.Duration) {
+	t.Helper()
+	for until := c.Now().Add(d); c.Now().Before(until); {
+		c.AwaitWaiter(t)
+		c.Advance(topicWaitStep)
+	}
+}
+
+// advanceUntil moves c on by topicWaitStep each time someone waits on it,
+// until done is closed.
+func advanceUntil(c *clocktest.Clock, done <-chan struct{}) {
+	for {
+		select {
+		case <-done:
+			return
+		case <-c.Waiting:
+			c.Advance(topicWaitStep)
+		case <-time.After(time.Minute):
+			return // the caller's wait fails, saying what is missing
+		}
+	}
+}
+
+// drive moves c on by step each time someone waits on it, until the test
+// ends: every wait of step or less on it ends as soon as it begins. Call it
+// before building the producer, so that it outlives the producer's Close.
+func drive(t *testing.T, c *clocktest.Clock, step time.Duration) {
+	stop := make(chan struct{})
+	t.Cleanup(func() { close(stop) })
+	go func() {
+		for {
+			select {
+			case <-c.Waiting:
+				c.Advance(step)
+			case <-stop:
+				return
+			}
+		}
+	}()
+}
+
+// waitIdle waits until the sender has finished the rounds in flight (its
+// Ackers may have heard before): a Flush then finds it idle.
+func waitIdle(t *testing.T, p *Producer) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		p.mu.Lock()
+		sending := p.rounds > 0
+		p.mu.Unlock()
+		if !sending {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the sender is still in its round")
+		}
+		runtime.Gosched()
 	}
 }
 
@@ -379,6 +472,10 @@ func (b *fakeBroker) RoundTrip(ctx context.Context, addr net.Addr, req protocol.
 		return &initproducerid.Response{ProducerID: 1000 + int64(n), ProducerEpoch: 0}, nil
 	case *rawproduce.Request:
 		arrival := int(b.arrived.Add(1) - 1)
+		select {
+		case b.progress() <- struct{}{}:
+		default:
+		}
 		type part struct {
 			id   int32
 			raw  []byte
@@ -408,20 +505,22 @@ func (b *fakeBroker) RoundTrip(ctx context.Context, addr net.Addr, req protocol.
 			select {
 			case <-b.block:
 			case <-ctx.Done():
+				if b.slowCancel != nil {
+					close(b.cancelled)
+					<-b.slowCancel
+				}
 				return nil, ctx.Err()
 			}
 		}
 		if b.gate != nil {
-			if g := b.gate(first); g != nil {
-				select {
-				case <-g:
-				case <-ctx.Done():
-					return nil, ctx.Err()
-				}
+			if err := hold(ctx, b.gate(first)); err != nil {
+				return nil, err
 			}
 		}
-		if b.delay != nil {
-			time.Sleep(b.delay(arrival))
+		if b.yield != nil {
+			for range b.yield(arrival) {
+				runtime.Gosched()
+			}
 		}
 		var lost bool
 		if b.cut != nil {
@@ -498,13 +597,13 @@ func (b *fakeBroker) RoundTrip(ctx context.Context, addr net.Addr, req protocol.
 		}
 		b.requests = append(b.requests, fr)
 		b.mu.Unlock()
+		select {
+		case b.progress() <- struct{}{}:
+		default:
+		}
 		if b.answer != nil {
-			if g := b.answer(first); g != nil {
-				select {
-				case <-g:
-				case <-ctx.Done():
-					return nil, ctx.Err()
-				}
+			if err := hold(ctx, b.answer(first)); err != nil {
+				return nil, err
 			}
 		}
 		if lost {
@@ -513,6 +612,19 @@ func (b *fakeBroker) RoundTrip(ctx context.Context, addr net.Addr, req protocol.
 		return res, nil
 	}
 	return nil, fmt.Errorf("fake broker: unexpected request %T", req)
+}
+
+// hold waits until g is closed (nil: at once) or ctx ends.
+func hold(ctx context.Context, g <-chan struct{}) error {
+	if g == nil {
+		return nil
+	}
+	select {
+	case <-g:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // decodeRaw reads a raw record set with kafka-go's decoder.
@@ -555,11 +667,12 @@ type ackRecorder struct {
 	errs  map[string]error
 	order []string
 	done  chan struct{}
+	ping  chan struct{} // signalled at each outcome
 	want  int
 }
 
 func newAckRecorder(want int) *ackRecorder {
-	return &ackRecorder{errs: map[string]error{}, done: make(chan struct{}), want: want}
+	return &ackRecorder{errs: map[string]error{}, done: make(chan struct{}), ping: make(chan struct{}, 1), want: want}
 }
 
 func (r *ackRecorder) wait(t *testing.T) {
@@ -599,6 +712,10 @@ func (a ack) Ack(err error) {
 	}
 	a.r.errs[a.key] = err
 	a.r.order = append(a.r.order, a.key)
+	select {
+	case a.r.ping <- struct{}{}:
+	default:
+	}
 	if len(a.r.errs) == a.r.want {
 		close(a.r.done)
 	}

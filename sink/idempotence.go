@@ -11,6 +11,9 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/protocol"
 	"github.com/segmentio/kafka-go/protocol/initproducerid"
+
+	"github.com/outboxd/outboxd/backoff"
+	"github.com/outboxd/outboxd/clock"
 )
 
 // The idempotent producer (Config.Idempotence, KIP-98). The producer asks
@@ -27,7 +30,7 @@ import (
 // reordering: a later one that overtakes a failed earlier one is refused,
 // and sent again after it.
 //
-// What the broker answers, and what the sender does (sender.go, outcome):
+// What the broker answers, and what the sender does (outcome.go, outcome):
 //
 //   - DUPLICATE_SEQUENCE_NUMBER: the batch is already there (brokers since
 //     1.0 answer a success instead): acknowledged.
@@ -157,7 +160,7 @@ func (p *Producer) producerID(now time.Time) time.Duration {
 		return 0
 	}
 	p.pidAttempts++
-	p.pidRetryAt = now.Add(backoff(p.pidAttempts, p.retryMin, p.retryMax))
+	p.pidRetryAt = now.Add(backoff.Delay(p.pidAttempts-1, retryMin, retryMax))
 	p.log.Debug("no producer id yet; retrying", "attempt", p.pidAttempts, "error", err)
 	return p.pidRetryAt.Sub(now)
 }
@@ -254,10 +257,10 @@ const probeBudget = 10 * time.Second
 func ProbeIdempotence(ctx context.Context, cfg Config) error {
 	t := newTransport(cfg)
 	defer t.CloseIdleConnections()
-	return probeIdempotence(ctx, t, kafka.TCP(cfg.Brokers...), probeBudget)
+	return probeIdempotence(ctx, t, kafka.TCP(cfg.Brokers...), probeBudget, clock.Or(cfg.Clock))
 }
 
-func probeIdempotence(ctx context.Context, rt kafka.RoundTripper, addr net.Addr, budget time.Duration) error {
+func probeIdempotence(ctx context.Context, rt kafka.RoundTripper, addr net.Addr, budget time.Duration, c clock.Clock) error {
 	ctx, cancel := context.WithTimeout(ctx, budget)
 	defer cancel()
 	for attempt := 1; ; attempt++ {
@@ -271,10 +274,8 @@ func probeIdempotence(ctx context.Context, rt kafka.RoundTripper, addr net.Addr,
 		if !retriable(err) {
 			return err
 		}
-		select {
-		case <-ctx.Done():
+		if !clock.Sleep(ctx, c, backoff.Delay(attempt-1, retryMin, retryMax)) {
 			return err
-		case <-time.After(backoff(attempt, 100*time.Millisecond, time.Second)):
 		}
 	}
 }

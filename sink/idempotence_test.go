@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -16,6 +17,8 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/outboxd/outboxd"
+	"github.com/outboxd/outboxd/clock"
+	"github.com/outboxd/outboxd/clock/clocktest"
 )
 
 // The idempotent producer against the fake broker, which keeps a leader's
@@ -70,18 +73,14 @@ func (g *gates) gate(first string) <-chan struct{} {
 }
 
 // open lets v<i>'s held request through and waits until the broker
-// answered it (sent counts answered requests).
+// processed it.
 func (g *gates) open(t *testing.T, b *fakeBroker, i int) {
 	t.Helper()
-	before := b.sent()
+	b.mu.Lock()
+	before := len(b.requests)
+	b.mu.Unlock()
 	close(g.chs[fmt.Sprintf("v%d", i)])
-	deadline := time.Now().Add(5 * time.Second)
-	for b.sent() == before {
-		if time.Now().After(deadline) {
-			t.Fatalf("the request of v%d was not answered", i)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	b.waitProcessed(t, before+1)
 }
 
 // warm produces one record and waits for its acknowledgement: the
@@ -235,12 +234,9 @@ func TestOvertakingBatchIsNotAReset(t *testing.T) {
 	b.waitArrived(t, 3)
 	g.open(t, b, 2) // processed: refused out of order; its answer held
 	g.open(t, b, 1)
-	deadline := time.Now().Add(5 * time.Second)
-	for r.get("v1") != nil || !slices.Contains(r.told(), "v1") {
-		if time.Now().After(deadline) {
-			t.Fatal("v1 was not acknowledged")
-		}
-		time.Sleep(time.Millisecond)
+	waitTold(t, r, "v1")
+	if err := r.get("v1"); err != nil {
+		t.Fatalf("v1: %v", err)
 	}
 	close(v2answer)
 	wantTopic(t, b, r, "warm v1 v2")
@@ -378,7 +374,7 @@ func TestContentRefusalTakesANewProducerID(t *testing.T) {
 // waitTold waits until each of vs was told its outcome.
 func waitTold(t *testing.T, r *ackRecorder, vs ...string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.After(time.Minute)
 	for {
 		told := r.told()
 		n := 0
@@ -390,10 +386,11 @@ func waitTold(t *testing.T, r *ackRecorder, vs ...string) {
 		if n == len(vs) {
 			return
 		}
-		if time.Now().After(deadline) {
+		select {
+		case <-r.ping:
+		case <-deadline:
 			t.Fatalf("told %v, want %v among them", told, vs)
 		}
-		time.Sleep(time.Millisecond)
 	}
 }
 
@@ -434,17 +431,17 @@ func wantNewProducerID(t *testing.T, b *fakeBroker, v string) {
 // been sent beside it, the leader would have appended v2, then refused v1
 // for its sequence, sent again under a new producer id after v2: two
 // events of one key out of commit order. After pipelineIdle without an
-// acknowledgement the first batch goes alone. The fake broker expires the
-// producer on a clock the test moves a day on.
+// acknowledgement the first batch goes alone. The producer and the fake
+// broker (which expires the producer) share a clock the test moves a day
+// on; v1's retry waits on it too (drive).
 func TestFirstBatchAfterIdleGoesAlone(t *testing.T) {
-	var skew atomic.Int64
-	clock := func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }
+	c := clocktest.New()
+	drive(t, c, time.Second)
 	g := newGates()
-	b := &fakeBroker{gate: g.gate, once: map[string]int16{"v1": int16(kafka.NotEnoughReplicas)}, expiry: 24 * time.Hour, clock: clock}
-	p := idemProducer(t, b, Config{BatchSize: 1, Linger: time.Millisecond})
-	p.clock = clock
+	b := &fakeBroker{gate: g.gate, once: map[string]int16{"v1": int16(kafka.NotEnoughReplicas)}, expiry: 24 * time.Hour, clock: c.Now}
+	p := idemProducer(t, b, Config{BatchSize: 1, Linger: time.Millisecond, Clock: c})
 	warm(t, p)
-	skew.Store(int64(25 * time.Hour))
+	c.Advance(25 * time.Hour)
 	r := newAckRecorder(2)
 	produceOne(t, p, rec(r, "P-1", "v1"), rec(r, "P-1", "v2"))
 	b.waitArrived(t, 2)
@@ -495,8 +492,8 @@ func TestProducerIDRefused(t *testing.T) {
 		if !errors.As(err, &ie) || !strings.Contains(err.Error(), "IdempotentWrite") || !strings.Contains(err.Error(), "kafka.idempotence: false") {
 			t.Fatalf("want an IdempotenceError naming IdempotentWrite and kafka.idempotence: false, got %v", err)
 		}
-		if b.sent() != 0 {
-			t.Errorf("%d produce requests sent without a producer id", b.sent())
+		if n := b.arrived.Load(); n != 0 {
+			t.Errorf("%d produce requests sent without a producer id", n)
 		}
 	})
 	t.Run("outage", func(t *testing.T) {
@@ -528,7 +525,7 @@ func TestProbeIdempotence(t *testing.T) {
 			}
 			return 0
 		}}
-		if err := probeIdempotence(context.Background(), b, addr, 30*time.Second); err != nil {
+		if err := probeIdempotence(context.Background(), b, addr, 30*time.Second, clock.System); err != nil {
 			t.Fatalf("want a producer id after two retries, got %v", err)
 		}
 		if b.initCount() != 3 {
@@ -538,7 +535,7 @@ func TestProbeIdempotence(t *testing.T) {
 	t.Run("refused", func(t *testing.T) {
 		b := &fakeBroker{initFail: func(int) int16 { return int16(kafka.ClusterAuthorizationFailed) }}
 		var ie *IdempotenceError
-		if err := probeIdempotence(context.Background(), b, addr, 30*time.Second); !errors.As(err, &ie) {
+		if err := probeIdempotence(context.Background(), b, addr, 30*time.Second, clock.System); !errors.As(err, &ie) {
 			t.Fatalf("want an IdempotenceError, got %v", err)
 		}
 		if b.initCount() != 1 {
@@ -547,7 +544,7 @@ func TestProbeIdempotence(t *testing.T) {
 	})
 	t.Run("loading past the budget", func(t *testing.T) {
 		b := &fakeBroker{initFail: func(int) int16 { return loading }}
-		err := probeIdempotence(context.Background(), b, addr, 300*time.Millisecond)
+		err := probeIdempotence(context.Background(), b, addr, 300*time.Millisecond, clock.System)
 		var ie *IdempotenceError
 		if !errors.Is(err, kafka.GroupLoadInProgress) || errors.As(err, &ie) {
 			t.Fatalf("want the broker's last answer, not a refusal, got %v", err)
@@ -586,16 +583,18 @@ func randomFaults(t *testing.T, seed uint64) {
 	rnd := rand.New(rand.NewPCG(seed, 7))
 	roll := func() float64 { mu.Lock(); defer mu.Unlock(); return rnd.Float64() }
 	var leaderShift atomic.Int32
-	var skew atomic.Int64 // the idle days so far
-	clock := func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }
+	// The producer's and the brokers' clock: every wait on it (the linger,
+	// a backoff) ends as soon as it begins; the idle days are moved by hand.
+	c := clocktest.New()
+	drive(t, c, time.Second)
 	const records, parts = 200, 3
 	refused := map[string]bool{}
 	// Refused on a retry of what the leader appended: on the topic, and
 	// refused, or acknowledged when the refusal's answer was lost too.
 	onAndRefused := map[string]bool{}
-	b := &fakeBroker{partitions: parts, refuse: map[string]int16{}, dupCode: seed%2 == 1, expiry: 24 * time.Hour, clock: clock,
+	b := &fakeBroker{partitions: parts, refuse: map[string]int16{}, dupCode: seed%2 == 1, expiry: 24 * time.Hour, clock: c.Now,
 		leaders: func(p int) int32 { return 1 + (int32(p)+leaderShift.Load())%3 },
-		delay:   func(int) time.Duration { return time.Duration(roll() * float64(3*time.Millisecond)) },
+		yield:   func(int) int { return int(roll() * 20) },
 		cut: func(int) (bool, bool) {
 			x := roll()
 			return x < 0.05, x >= 0.05 && x < 0.12
@@ -629,10 +628,8 @@ func randomFaults(t *testing.T, seed uint64) {
 			b.refuse[v], refused[v] = int16(kafka.InvalidRecord), true
 		}
 	}
-	p := idemProducer(t, b, Config{BatchSize: 1 + int(seed%7), Linger: time.Millisecond, MaxAttempts: 30})
+	p := idemProducer(t, b, Config{BatchSize: 1 + int(seed%7), Linger: time.Millisecond, MaxAttempts: 30, Clock: c})
 	p.metadataTTL = 5 * time.Millisecond
-	p.retryMin, p.retryMax = time.Millisecond, 10*time.Millisecond
-	p.clock = clock
 	r := newAckRecorder(records)
 	bal := &kafka.Murmur2Balancer{Consistent: true}
 	produced := map[int32][]string{}
@@ -651,9 +648,9 @@ func randomFaults(t *testing.T, seed uint64) {
 		case x < 0.02:
 			// A day without records: every leader forgets the producer.
 			waitTold(t, r, handed...)
-			skew.Add(int64(25 * time.Hour))
+			c.Advance(25 * time.Hour)
 		case x < 0.1:
-			time.Sleep(time.Millisecond)
+			runtime.Gosched() // the sender may take a round meanwhile
 		}
 	}
 	closeFor(p, 20*time.Second)

@@ -32,7 +32,7 @@ const (
 // metadataTTL is how often a topic's partitions and leaders are read again
 // (from the Transport's cache, which refreshes on the same period). Nothing
 // refreshes that cache after a produce error, so it must be well under the
-// retry budget (kafka.max_attempts with backoff up to 1 s: about 6.5 s by
+// retry budget (kafka.max_attempts with backoff up to 1 s: at most about 6.5 s by
 // default), or a leader change would exhaust the retries and cost a replay.
 const metadataTTL = 2 * time.Second
 
@@ -70,7 +70,7 @@ func (p *Producer) resolveTopics(now time.Time) time.Duration {
 		t := p.topics[name]
 		switch {
 		case err == nil:
-			p.applyTopic(mt, time.Now())
+			p.applyTopic(mt, p.clock.Now())
 			for i := range t.waiting {
 				w := &t.waiting[i]
 				p.encode(t, &w.rec, w.now, w.ts)
@@ -79,7 +79,7 @@ func (p *Producer) resolveTopics(now time.Time) time.Duration {
 		case !t.fetched.IsZero():
 			// A refresh failed: keep the known layout, try again later.
 			p.log.Debug("metadata refresh failed; keeping the known partitions", "topic", name, "error", err)
-			t.fetched = time.Now()
+			t.fetched = p.clock.Now()
 		default:
 			if failure = p.topicFailure(t, err, brokers != nil, now); failure == nil {
 				retry = topicWaitStep
@@ -91,9 +91,8 @@ func (p *Producer) resolveTopics(now time.Time) time.Duration {
 			}
 		}
 		p.mu.Unlock()
-		if failure != nil && len(failed) > 0 {
-			p.log.Error("records refused before delivery; no further records will be sent by this producer", "topic", name, "records", len(failed), "error", failure)
-		}
+		// Returned, not logged: each record's Acker gets the failure,
+		// which ends the stream (the runner logs it once).
 		for i := range failed {
 			// The first record carries the refusal, the later ones are
 			// fenced behind it.
@@ -378,7 +377,8 @@ func (p *Producer) partitionsChanged(topic string, from, to int) {
 				"the topic went from %d to %d partitions while outboxd produced to it: keys are hashed over the partition count, so some aggregates would move to another partition mid-stream (kafka.on_partition_change: stop). Everything acknowledged before is confirmed; start outboxd again to go on with %d partitions (letting consumers drain the old layout first if they need an aggregate's events in order across the change), or set kafka.on_partition_change: follow",
 				from, to, to)})
 		}
-		p.log.Error("topic partition count changed; stopping before any record takes the new layout", "topic", topic, "from", from, "to", to)
+		// Returned, not logged: the records waiting and every later one
+		// fail with it, which ends the stream (the runner logs it once).
 		return
 	}
 	p.log.Warn("topic partition count changed: keys are hashed over the new count from the next record on, so some aggregates move to another partition mid-stream (their earlier events stay in the old one; kafka.on_partition_change: stop stops instead)",

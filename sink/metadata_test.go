@@ -14,6 +14,7 @@ import (
 	"github.com/segmentio/kafka-go/protocol/metadata"
 
 	"github.com/outboxd/outboxd"
+	"github.com/outboxd/outboxd/clock/clocktest"
 )
 
 // TestProduceDoesNotWaitForMetadata: while the cluster cannot say where a
@@ -102,12 +103,14 @@ func TestMissingTopicWaitStartsWhenTheBrokerAnswers(t *testing.T) {
 		}
 		return 0, nil
 	}}
-	p := testProducer(t, b, Config{Linger: time.Millisecond, MaxAttempts: 1})
+	c := clocktest.New()
+	p := testProducer(t, b, Config{Linger: time.Millisecond, MaxAttempts: 1, Clock: c})
 	p.topicWait = 300 * time.Millisecond
 	r := newAckRecorder(2)
 	produceOne(t, p, rec(r, "P-1", "a"), rec(r, "P-2", "b"))
-	time.Sleep(2 * p.topicWait) // the broker down for longer than the wait
+	advanceFor(t, c, 2*p.topicWait) // the broker down for longer than the wait
 	down.Store(false)
+	advanceUntil(c, r.done)
 	r.wait(t)
 	if r.get("a") != nil || r.get("b") != nil {
 		t.Fatalf("after the broker came back: a: %v, b: %v", r.get("a"), r.get("b"))
@@ -171,12 +174,14 @@ func TestAnswerWithoutClusterViewIsNoAnswer(t *testing.T) {
 			}
 			return 0, nil
 		}}
-	p := testProducer(t, b, Config{Linger: time.Millisecond, MaxAttempts: 1})
+	c := clocktest.New()
+	p := testProducer(t, b, Config{Linger: time.Millisecond, MaxAttempts: 1, Clock: c})
 	p.topicWait = 300 * time.Millisecond
 	r := newAckRecorder(1)
 	produceOne(t, p, rec(r, "P-1", "a"))
-	time.Sleep(4 * p.topicWait)
+	advanceFor(t, c, 4*p.topicWait)
 	blind.Store(false)
+	advanceUntil(c, r.done)
 	r.wait(t)
 	if err := r.get("a"); err != nil {
 		t.Fatalf("a: %v", err)
@@ -292,25 +297,27 @@ func TestPartitionsAdded(t *testing.T) {
 			type change struct{ from, to int }
 			var mu sync.Mutex
 			var changes []change
-			p := testProducer(t, b, Config{Linger: time.Millisecond, MaxAttempts: 1, OnPartitionChange: policy,
-				Partitions: func(_ string, from, to int) { mu.Lock(); changes = append(changes, change{from, to}); mu.Unlock() }})
-			p.metadataTTL = 20 * time.Millisecond
+			told := make(chan struct{}, 10)
+			c := clocktest.New()
+			p := testProducer(t, b, Config{MaxAttempts: 1, OnPartitionChange: policy, Clock: c,
+				Partitions: func(_ string, from, to int) {
+					mu.Lock()
+					changes = append(changes, change{from, to})
+					mu.Unlock()
+					told <- struct{}{}
+				}})
 			before := newAckRecorder(len(keys))
 			for _, k := range keys {
 				produceOne(t, p, rec(before, k, "before-"+k))
 			}
 			before.wait(t)
+			<-told // 0 -> 4
 			b.setPartitions(8)
-			mu.Lock()
-			n := len(changes)
-			mu.Unlock()
-			deadline := time.Now().Add(5 * time.Second)
-			for n < 2 && time.Now().Before(deadline) {
-				p.poke() // the sender reads metadata on its rounds
-				time.Sleep(10 * time.Millisecond)
-				mu.Lock()
-				n = len(changes)
-				mu.Unlock()
+			c.Advance(p.metadataTTL + time.Millisecond)
+			p.poke() // the sender reads metadata on its rounds
+			select {
+			case <-told:
+			case <-time.After(time.Minute):
 			}
 			mu.Lock()
 			got := fmt.Sprint(changes)

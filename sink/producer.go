@@ -21,9 +21,11 @@
 // a batch fails for good the producer is fenced and sends nothing more.
 //
 // The files follow the path of a record: producer.go (Produce, batching),
-// metadata.go (topic layout), sender.go (rounds, outcomes), idempotence.go
-// (producer id, sequences), batch.go (the v2 record batch), codec.go,
-// errors.go (what fails for good), dial.go (every connection to Kafka).
+// metadata.go (topic layout), round.go (what the next round takes),
+// sender.go (sending rounds), outcome.go (what an answer does to a batch),
+// idempotence.go (producer id, sequences), batch.go (the v2 record batch),
+// codec.go, errors.go (what fails for good), dial.go (every connection to
+// Kafka).
 package sink
 
 import (
@@ -41,6 +43,7 @@ import (
 	"github.com/segmentio/kafka-go/sasl"
 
 	"github.com/outboxd/outboxd"
+	"github.com/outboxd/outboxd/clock"
 )
 
 // Config is the producer's configuration.
@@ -79,6 +82,10 @@ type Config struct {
 	// key and value bytes, the time since its first record was handed over,
 	// and the error. Every record is observed once, before its Ack.
 	Observe func(topic string, records int, bytes int64, latency time.Duration, err error)
+	// Clock is what the producer reads and waits on (the linger, the
+	// backoff between attempts, a partition's idle spell: pipelineIdle);
+	// nil: clock.System.
+	Clock clock.Clock
 }
 
 // Producer sends records asynchronously; each record's Acker learns its
@@ -92,12 +99,10 @@ type Producer struct {
 	bal       kafka.Balancer
 	codec     compress.Codec // nil: no compression
 	log       hclog.Logger
+	clock     clock.Clock
 	topicWait time.Duration
 	// metadataTTL is metadataTTL (metadata.go); tests shorten it.
 	metadataTTL time.Duration
-	// retryMin, retryMax: the backoff of a batch sent again, doubling from
-	// the first to the second; tests shorten them.
-	retryMin, retryMax time.Duration
 	// autoCreate is the brokers' auto.create.topics.enable, read once a
 	// topic is first called missing; nil: not read yet. Only the sender
 	// goroutine uses it.
@@ -142,9 +147,6 @@ type Producer struct {
 	// to ask again.
 	pidAttempts int
 	pidRetryAt  time.Time
-	// clock is what pipelineIdle is measured on: time.Now, or a test's
-	// clock moved a day on.
-	clock func() time.Time
 }
 
 type topic struct {
@@ -181,7 +183,7 @@ type partition struct {
 	// that overtook a failed one (it takes any sequence from a producer it
 	// does not know).
 	pipelined bool
-	acked     time.Time // its last acknowledgement, on Producer.clock
+	acked     time.Time // its last acknowledgement, on the producer's clock
 }
 
 // partitioners are the Config.Partitioner values and their balancers.
@@ -235,10 +237,9 @@ func NewWithTransport(cfg Config, log hclog.Logger, rt kafka.RoundTripper) (*Pro
 	if err != nil {
 		return nil, err
 	}
-	p := &Producer{cfg: cfg, rt: rt, addr: kafka.TCP(cfg.Brokers...), bal: bal, codec: cd, log: log,
+	p := &Producer{cfg: cfg, rt: rt, addr: kafka.TCP(cfg.Brokers...), bal: bal, codec: cd, log: log, clock: clock.Or(cfg.Clock),
 		kick: make(chan struct{}, 1), done: make(chan struct{}), topics: map[string]*topic{}, topicWait: topicWait, metadataTTL: metadataTTL,
-		retryMin: 100 * time.Millisecond, retryMax: time.Second,
-		finished: make(chan *round, maxRounds), pid: -1, epoch: -1, clock: time.Now}
+		finished: make(chan *round, maxRounds), pid: -1, epoch: -1}
 	if rt == nil {
 		p.transport = newTransport(cfg)
 		p.rt = p.transport
@@ -254,7 +255,7 @@ func NewWithTransport(cfg Config, log hclog.Logger, rt kafka.RoundTripper) (*Pro
 // r is failed through its Acker too, and the caller must stop and replace
 // the producer.
 func (p *Producer) Produce(r *outboxd.Record) error {
-	now := time.Now()
+	now := p.clock.Now()
 	// The record's CreateTime, as the Java client sets it, unless the
 	// record carries its own.
 	ts := r.Time
@@ -278,7 +279,7 @@ func (p *Producer) failRecord(r *outboxd.Record, since time.Time, err error) {
 
 func (p *Producer) observe(topic string, records int, kvBytes int64, since time.Time, err error) {
 	if p.cfg.Observe != nil {
-		p.cfg.Observe(topic, records, kvBytes, time.Since(since), err)
+		p.cfg.Observe(topic, records, kvBytes, clock.Since(p.clock, since), err)
 	}
 }
 
@@ -310,7 +311,7 @@ func (p *Producer) add(r *outboxd.Record, now time.Time, ts int64) error {
 
 // encode adds r to its partition's batch. A record larger than BatchBytes
 // goes alone in its own batch: whether a record may be produced was decided
-// before, and the broker has the last word (sender.go, tooLarge). Called
+// before, and the broker has the last word (outcome.go, isolate). Called
 // with mu held.
 func (p *Producer) encode(t *topic, r *outboxd.Record, now time.Time, ts int64) {
 	part := t.parts[p.bal.Balance(kafka.Message{Key: r.Key}, t.ids...)]
@@ -400,6 +401,9 @@ func (p *Producer) Flush() {
 
 // Close sends what is batched and waits for the acknowledgements, at most
 // until ctx ends; then it abandons the rest (their Ackers get an error).
+// Either way it returns only once the sender goroutine has: after ctx ends
+// that is as soon as the request in flight gives up (every request is
+// made under the producer's context, which Close cancels).
 func (p *Producer) Close(ctx context.Context) error {
 	p.mu.Lock()
 	p.closing = true
@@ -418,10 +422,7 @@ func (p *Producer) Close(ctx context.Context) error {
 		}
 		p.mu.Unlock()
 		p.cancel()
-		select {
-		case <-p.done:
-		case <-time.After(time.Second):
-		}
+		<-p.done
 		err = fmt.Errorf("close producer: %w", ctx.Err())
 	}
 	p.cancel()

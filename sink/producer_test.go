@@ -5,10 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/outboxd/outboxd/clock/clocktest"
 )
 
 // TestCloseGivesUp: Close waits for acknowledgements only until its context
@@ -140,4 +143,54 @@ func TestEveryFailureIsObserved(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestCloseWaitsForTheSender: a Close that gave up returns only once its
+// sender goroutine has, even when the request in flight takes its time to
+// give up after the cancellation: the goroutine never outlives Close.
+// (Close used to wait one more second of its clock and return with the
+// goroutine still in the request.) The producer's clock is moved as soon
+// as anyone waits on it, so any wait on it ends at once; the test then
+// gives Close 300 ms to return early, which only a broken Close does.
+func TestCloseWaitsForTheSender(t *testing.T) {
+	b := &fakeBroker{block: make(chan struct{}), slowCancel: make(chan struct{}), cancelled: make(chan struct{})}
+	c := clocktest.New()
+	stop := make(chan struct{})
+	t.Cleanup(func() { close(stop) }) // after the producer's Close
+	go func() {
+		for {
+			select {
+			case <-c.Waiting:
+				c.Advance(time.Hour)
+			case <-stop:
+				return
+			}
+		}
+	}()
+	p := testProducer(t, b, Config{MaxAttempts: 1, WriteTimeout: time.Hour, Clock: c})
+	var release sync.Once
+	t.Cleanup(func() { release.Do(func() { close(b.slowCancel) }) }) // before it
+	r := newAckRecorder(1)
+	produceOne(t, p, rec(r, "K", "a"))
+	b.waitArrived(t, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	closed := make(chan error, 1)
+	go func() { closed <- p.Close(ctx) }()
+	<-b.cancelled
+	select {
+	case <-closed:
+		t.Fatal("Close returned while its sender goroutine was still in a request")
+	case <-time.After(300 * time.Millisecond):
+	}
+	release.Do(func() { close(b.slowCancel) })
+	if err := <-closed; err == nil {
+		t.Fatal("Close reported success with a record unacknowledged")
+	}
+	select {
+	case <-p.done:
+	default:
+		t.Fatal("the sender goroutine outlived Close")
+	}
+	r.wait(t)
 }

@@ -164,7 +164,10 @@ func TestTLSFailuresAreNamedAndPermanent(t *testing.T) {
 					} else {
 						c.Write([]byte("HTTP/1.1 400 Bad Request\r\n\r\n"))
 					}
-					time.Sleep(100 * time.Millisecond)
+					// Hold the connection until the client has spoken
+					// (or given up), then hang up.
+					_ = c.SetReadDeadline(time.Now().Add(time.Minute))
+					_, _ = c.Read(make([]byte, 1))
 					c.Close()
 				}()
 			}

@@ -13,6 +13,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/outboxd/outboxd"
+	"github.com/outboxd/outboxd/clock/clocktest"
 )
 
 // TestFailedBatchFencesLaterBatches: once a batch failed for good, no later
@@ -189,7 +190,7 @@ func TestOneRequestPerLeader(t *testing.T) {
 
 // TestNothingAcknowledgedBeforeTheBroker: an Acker hears nil only after the
 // broker answered for its record's batch; while the request is outstanding
-// (the linger long passed), nothing is reported delivered.
+// (it reached the broker, which holds it), nothing is reported delivered.
 func TestNothingAcknowledgedBeforeTheBroker(t *testing.T) {
 	b := &fakeBroker{partitions: 3, block: make(chan struct{})}
 	p := testProducer(t, b, Config{Linger: time.Millisecond, MaxAttempts: 1, WriteTimeout: time.Minute})
@@ -197,7 +198,7 @@ func TestNothingAcknowledgedBeforeTheBroker(t *testing.T) {
 	for i := 0; i < 30; i++ {
 		produceOne(t, p, rec(r, fmt.Sprintf("P-%d", i), fmt.Sprintf("v%d", i)))
 	}
-	time.Sleep(200 * time.Millisecond)
+	b.waitArrived(t, 1)
 	r.mu.Lock()
 	early := len(r.errs)
 	r.mu.Unlock()
@@ -401,15 +402,17 @@ func closeWithin(t *testing.T, p *Producer, d time.Duration) {
 // until Flush; then they go out at once when no request is in flight, and
 // records flushed while one is in flight wait for the linger and go
 // together in one request: a flush never makes the rounds of a busy stream
-// smaller.
+// smaller. The producer's clock moves only by hand: what goes without it
+// did not wait for the linger.
 func TestFlushSendsAtOnceAndBatchesWhileInFlight(t *testing.T) {
 	b := &fakeBroker{partitions: 1, block: make(chan struct{})}
+	c := clocktest.New()
 	const linger = 300 * time.Millisecond
-	p := testProducer(t, b, Config{Linger: linger})
+	p := testProducer(t, b, Config{Linger: linger, Clock: c})
 	r := newAckRecorder(4)
 	produceOne(t, p, rec(r, "K", "a"))
-	time.Sleep(100 * time.Millisecond)
-	if n := b.sent(); n != 0 {
+	c.AwaitTimer(t, linger) // a lingers
+	if n := b.arrived.Load(); n != 0 {
 		t.Fatalf("%d requests before the linger and without a flush", n)
 	}
 	p.Flush()
@@ -418,65 +421,107 @@ func TestFlushSendsAtOnceAndBatchesWhileInFlight(t *testing.T) {
 		produceOne(t, p, rec(r, "K", v))
 		p.Flush()
 	}
-	answered := time.Now()
+	drain(c)
 	b.block <- struct{}{} // the first request answers
 	close(b.block)        // and the next one whenever it comes
-	b.waitArrived(t, 2)
-	if waited := time.Since(answered); waited < linger/2 {
-		t.Fatalf("records flushed while a request was in flight went %v after it: not batched under the linger", waited)
+	c.AwaitWaiter(t)      // the sender waits for the linger of b, c, d
+	if n := b.arrived.Load(); n != 1 {
+		t.Fatalf("records flushed while a request was in flight went at once (%d requests): not batched under the linger", n)
 	}
+	c.Advance(linger)
+	b.waitArrived(t, 2)
 	r.wait(t)
 	got := b.values()
 	if len(got) != 2 || strings.Join(got[0], ",") != "a" || strings.Join(got[1], ",") != "b,c,d" {
 		t.Fatalf("requests %v, want [a] then [b c d]", got)
 	}
-	// Idle again: a flush sends at once.
+	// Idle again: a flush sends at once, the clock unmoved.
+	waitIdle(t, p)
 	r2 := newAckRecorder(1)
 	produceOne(t, p, rec(r2, "K", "e"))
-	flushed := time.Now()
 	p.Flush()
 	b.waitArrived(t, 3)
-	if waited := time.Since(flushed); waited > linger/2 {
-		t.Fatalf("an idle producer's flush waited %v", waited)
-	}
 	r2.wait(t)
 }
 
+// drain forgets the waits on c so far: the next AwaitWaiter is for a new one.
+func drain(c *clocktest.Clock) {
+	for {
+		select {
+		case <-c.Waiting:
+		default:
+			return
+		}
+	}
+}
+
 // TestFlushPacesRoundsByTheirDuration: right after a round, a flush waits
-// as long as that round took (here the broker held it 80 ms), not the
-// linger (an hour) and not zero, so that commits arriving back to back do
-// not each cost the broker a request; after an idle spell it goes at once.
+// as long as that round took (here the broker held it 80 ms of the
+// producer's clock), not the linger (an hour) and not zero, so that commits
+// arriving back to back do not each cost the broker a request; after an
+// idle spell it goes at once. The clock moves only by hand.
 func TestFlushPacesRoundsByTheirDuration(t *testing.T) {
 	b := &fakeBroker{partitions: 1, block: make(chan struct{})}
-	p := testProducer(t, b, Config{Linger: time.Hour})
-	ra, r := newAckRecorder(1), newAckRecorder(2)
+	c := clocktest.New()
+	p := testProducer(t, b, Config{Linger: time.Hour, Clock: c})
+	ra, rb, rc := newAckRecorder(1), newAckRecorder(1), newAckRecorder(1)
 	produceOne(t, p, rec(ra, "K", "a"))
 	p.Flush()
 	b.waitArrived(t, 1)
-	time.Sleep(80 * time.Millisecond)
-	b.block <- struct{}{} // the round took >= 80 ms
-	released := time.Now()
+	c.Advance(80 * time.Millisecond)
+	b.block <- struct{}{} // the round took 80 ms
 	ra.wait(t)
-	time.Sleep(10 * time.Millisecond) // the sender is idle again (a flush in flight is not one)
-	produceOne(t, p, rec(r, "K", "b"))
+	waitIdle(t, p)
+	produceOne(t, p, rec(rb, "K", "b"))
 	p.Flush()
-	b.waitArrived(t, 2)
-	if waited := time.Since(released); waited < 60*time.Millisecond {
-		t.Fatalf("the flushed round went %v after the previous one: not paced", waited)
+	c.AwaitTimer(t, 80*time.Millisecond) // paced, not sent at once
+	c.Advance(79 * time.Millisecond)
+	if n := b.arrived.Load(); n != 1 {
+		t.Fatalf("the flushed round went before the previous one's duration had passed (%d requests)", n)
 	}
+	c.Advance(time.Millisecond)
+	b.waitArrived(t, 2)
 	b.block <- struct{}{}
-	// Idle for longer than the last round took: the next flush goes at once.
-	time.Sleep(200 * time.Millisecond)
-	produceOne(t, p, rec(r, "K", "c"))
-	flushed := time.Now()
+	rb.wait(t)
+	waitIdle(t, p)
+	// Idle for longer than the last round took: the next flush goes at
+	// once.
+	c.Advance(200 * time.Millisecond)
+	produceOne(t, p, rec(rc, "K", "c"))
 	p.Flush()
 	b.waitArrived(t, 3)
-	if waited := time.Since(flushed); waited > 50*time.Millisecond {
-		t.Fatalf("after an idle spell the flushed round waited %v", waited)
-	}
 	close(b.block)
-	r.wait(t)
+	rc.wait(t)
 	if got := b.values(); len(got) != 3 {
 		t.Fatalf("requests %v, want [a] [b] [c]", got)
+	}
+}
+
+// TestRetryBacksOffOnItsClock: a batch the broker failed with a retriable
+// error is sent again after the backoff (backoff.Delay: 50-100 ms, then
+// 100-200 ms), waited on the producer's clock: nothing is retried until
+// the test moves it. Nothing sleeps.
+func TestRetryBacksOffOnItsClock(t *testing.T) {
+	b := &fakeBroker{fail: func(n int, _ int32) int16 {
+		if n < 2 {
+			return int16(kafka.NotEnoughReplicas)
+		}
+		return 0
+	}}
+	c := clocktest.New()
+	p := testProducer(t, b, Config{MaxAttempts: 5, Clock: c})
+	r := newAckRecorder(1)
+	produceOne(t, p, rec(r, "P-1", "a"))
+	for n, delay := range []time.Duration{100 * time.Millisecond, 200 * time.Millisecond} {
+		b.waitArrived(t, int32(n+1))
+		c.AwaitWaiter(t) // the sender waits out the backoff on c
+		if got := b.arrived.Load(); got != int32(n+1) {
+			t.Fatalf("%d requests before the clock moved, want %d", got, n+1)
+		}
+		c.Advance(delay)
+	}
+	r.wait(t)
+	if err := r.get("a"); err != nil || b.arrived.Load() != 3 {
+		t.Fatalf("a: %v after %d requests; want delivered at the third", err, b.arrived.Load())
 	}
 }

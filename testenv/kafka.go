@@ -12,7 +12,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/outboxd/outboxd/backoff"
+	"github.com/outboxd/outboxd/clock"
 )
 
 func splitBrokers(brokers string) []string {
@@ -69,7 +69,7 @@ func createTopic(ctx context.Context, brokers, topic string, partitions, rf int,
 		if err = create(); err == nil {
 			break
 		}
-		if !backoff.Sleep(ctx, 200*time.Millisecond) {
+		if !clock.Sleep(ctx, clock.System, 200*time.Millisecond) {
 			return fmt.Errorf("testenv: create topic %q: %w (last error: %v)", topic, ctx.Err(), err)
 		}
 	}
@@ -78,7 +78,7 @@ func createTopic(ctx context.Context, brokers, topic string, partitions, rf int,
 		if err == nil && len(ps) >= partitions && allLed(ps, rf) {
 			return nil
 		}
-		if !backoff.Sleep(ctx, 100*time.Millisecond) {
+		if !clock.Sleep(ctx, clock.System, 100*time.Millisecond) {
 			return fmt.Errorf("testenv: topic %q not ready: %w (last: %d partitions, err %v)", topic, ctx.Err(), len(ps), err)
 		}
 	}
@@ -161,7 +161,7 @@ func Consume(ctx context.Context, brokers, topic string, want int) ([]kafka.Mess
 			parts = ps
 			break
 		}
-		if !backoff.Sleep(ctx, 200*time.Millisecond) {
+		if !clock.Sleep(ctx, clock.System, 200*time.Millisecond) {
 			if want <= 0 {
 				return nil, nil
 			}

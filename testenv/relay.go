@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
-	"github.com/outboxd/outboxd/backoff"
+	"github.com/outboxd/outboxd/clock"
 )
 
 // The seed's polling relay (outbox_relay.py), in Go: what outboxd replaces.
@@ -95,7 +95,7 @@ func (r *Relay) Run(ctx context.Context, stop <-chan struct{}, progress func(tot
 			if time.Since(failingSince) >= RelayGiveUp || ctx.Err() != nil {
 				return total, err
 			}
-			if !backoff.Sleep(ctx, RelayIdle) {
+			if !clock.Sleep(ctx, clock.System, RelayIdle) {
 				return total, ctx.Err()
 			}
 			continue

@@ -10,6 +10,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/outboxd/outboxd/clock"
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/republish"
 	"github.com/outboxd/outboxd/sink"
@@ -40,7 +41,8 @@ func (l *idList) Set(v string) error {
 // replay republishes outbox rows from the table (see republish.Replayer),
 // printing progress on stderr and what it published on stdout.
 func replay(ctx context.Context, path string, a replayArgs, stdout, stderr io.Writer) error {
-	now := time.Now()
+	c := clock.System
+	now := c.Now()
 	var req republish.ReplayRequest
 	switch {
 	case len(a.ids) > 0 && (a.from != "" || a.to != ""):
@@ -91,10 +93,10 @@ func replay(ctx context.Context, path string, a replayArgs, stdout, stderr io.Wr
 		return usageError{err}
 	}
 	r := &republish.Replayer{Conn: conn, Router: router, Slot: cfg.Postgres.Slot, Wait: a.wait, MaxInFlight: cfg.Pipeline.MaxInFlightEvents,
-		DeliveryTimeout: cfg.Kafka.DeliveryTimeout, Log: log.Named("replay"), OnWait: func(w republish.Waiting) {
+		DeliveryTimeout: cfg.Kafka.DeliveryTimeout, Clock: c, Log: log.Named("replay"), OnWait: func(w republish.Waiting) {
 			fmt.Fprintf(stderr, "replay: %d rows to publish, waiting until the slot has passed them (%s of %s): %s\n", w.Rows, w.Waited.Round(time.Second), w.Limit, w.Reason)
 		}}
-	started := time.Now()
+	started := c.Now()
 	counts, err := r.Replay(ctx, req, prod, func(p republish.Progress) {
 		fmt.Fprintf(stderr, "replay: %d of %d rows read, %d of their %d records acknowledged by Kafka (%s)\n", p.Read, p.Total, p.Acked, p.Records, p.Table)
 	})
@@ -110,7 +112,7 @@ func replay(ctx context.Context, path string, a replayArgs, stdout, stderr io.Wr
 	if err != nil {
 		return fmt.Errorf("%w (%d rows handed to Kafka before it)", err, total)
 	}
-	fmt.Fprintf(stdout, "published %d rows in %s, every one acknowledged by Kafka\n", total, time.Since(started).Round(time.Millisecond))
+	fmt.Fprintf(stdout, "published %d rows in %s, every one acknowledged by Kafka\n", total, clock.Since(c, started).Round(time.Millisecond))
 	for _, c := range counts {
 		fmt.Fprintf(stdout, "  %s -> %s: %d\n", c.Table, c.Topic, c.Rows)
 	}

@@ -42,7 +42,7 @@ func run(ctx context.Context, path string, proc *process) error {
 	// The routed model, built once: the router, the publication, the
 	// cut-over snapshot, marks and retention all read it.
 	routing := cfg.Routing()
-	metrics := health.NewMetrics()
+	metrics := health.NewMetrics(nil)
 	var mon *health.Monitor
 	var srv *health.Server
 	rc := replicationConfig(cfg, routing, conn, metrics)

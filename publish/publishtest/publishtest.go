@@ -140,62 +140,6 @@ func (c *Changes) Wait(cond func() bool) bool {
 	}
 }
 
-// Clock is a publish.Clock the test moves with Advance. Waiting is
-// signalled whenever someone starts waiting on it (After).
-type Clock struct {
-	mu      sync.Mutex
-	now     time.Time
-	timers  []timer
-	Waiting chan struct{}
-}
-
-type timer struct {
-	at time.Time
-	c  chan time.Time
-}
-
-// NewClock starts at an arbitrary fixed time.
-func NewClock() *Clock {
-	return &Clock{now: time.Unix(1_000_000, 0), Waiting: make(chan struct{}, 1000)}
-}
-
-// Now is the clock's time.
-func (c *Clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-// After fires once Advance has moved the clock d on.
-func (c *Clock) After(d time.Duration) <-chan time.Time {
-	ch := make(chan time.Time, 1)
-	c.mu.Lock()
-	if d <= 0 {
-		ch <- c.now
-	} else {
-		c.timers = append(c.timers, timer{c.now.Add(d), ch})
-	}
-	c.mu.Unlock()
-	c.Waiting <- struct{}{}
-	return ch
-}
-
-// Advance moves the clock d on and fires the timers due.
-func (c *Clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-	kept := c.timers[:0]
-	for _, t := range c.timers {
-		if t.at.After(c.now) {
-			kept = append(kept, t)
-		} else {
-			t.c <- c.now
-		}
-	}
-	c.timers = kept
-}
-
 // Columns are the outbox's columns, as the relay named them.
 var Columns = envelope.Columns{ID: "id", AgregatID: "agregat_id", Tipus: "tipus", Versio: "versio", Carrega: "carrega", CreatEn: "creat_en"}
 

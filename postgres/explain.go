@@ -1,4 +1,4 @@
-package replication
+package postgres
 
 import (
 	"crypto/x509"
@@ -10,13 +10,12 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// ExplainConnect names a failed connection to PostgreSQL that is about its
+// Explain names a failed connection to PostgreSQL that is about its
 // TLS settings (postgres.tls, or the DSN's sslmode, sslrootcert, sslcert,
 // sslkey), with the fix; "" for any other failure. Such a failure is the
 // same at every attempt, so the daemon stops on it rather than retrying for
-// ever, and `check` gives the same fix. It never quotes a credential
-// (pgconn's errors do not carry the password).
-func ExplainConnect(err error) string {
+// ever, and `check` gives the same fix. It never quotes a credential.
+func Explain(err error) string {
 	var (
 		unknownCA x509.UnknownAuthorityError
 		hostname  x509.HostnameError
