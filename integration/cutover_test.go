@@ -28,7 +28,8 @@ import (
 // stream; each aggregate keeps its partition and its order.
 func TestCutoverFromRelay(t *testing.T) {
 	f := newFixture(t, seedSchema, map[string]int{"comandes": 4})
-	ctx := context.Background()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel() // the writer, should the test end before it does
 	topic := f.topic("comandes")
 	w := newWriter(f, 14, 60, "outbox")
 	w.special = nil // creat_en = now() for every row: the relay and the snapshot go by creat_en, the verifier by commit order
@@ -55,7 +56,8 @@ func TestCutoverFromRelay(t *testing.T) {
 		n, err := relay.Run(ctx, stop, nil)
 		relayed <- result{n, err}
 	}()
-	errc := w.inBackground(ctx, 1200, 8, 4*time.Millisecond)
+	writing := make(chan struct{}) // closed once outboxd is ready: 300 more transactions then
+	errc := w.untilStopped(ctx, writing, 300, 8, 4*time.Millisecond)
 	// Stop the relay once it has published some rows (on a loaded machine
 	// its first pass may take a while), while the writer is still going.
 	var r result
@@ -108,9 +110,10 @@ func TestCutoverFromRelay(t *testing.T) {
 	d := f.start(dc)
 	select {
 	case err := <-errc:
-		t.Fatalf("the writer finished (%v) before outboxd was ready: the switch did not happen under load", err)
+		t.Fatalf("the writer ended (%v) before outboxd was ready: the switch did not happen under load", err)
 	default:
 	}
+	close(writing)
 	if err := <-errc; err != nil {
 		t.Fatal(err)
 	}

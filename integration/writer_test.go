@@ -129,6 +129,35 @@ func (w *writer) inBackground(ctx context.Context, n, mod int, pause time.Durati
 	return errc
 }
 
+// untilStopped commits transactions of 1+i%mod rows, pausing between
+// them, until stop is closed, then after more (so the writes go on across
+// whatever the test does meanwhile, however long it takes on a loaded
+// machine); the channel yields the first error, or nil at the end.
+func (w *writer) untilStopped(ctx context.Context, stop <-chan struct{}, after, mod int, pause time.Duration) <-chan error {
+	errc := make(chan error, 1)
+	go func() {
+		left := -1 // until stop is closed
+		for i := 0; left != 0; i++ {
+			if err := w.txn(ctx, 1+i%mod); err != nil {
+				errc <- err
+				return
+			}
+			if left > 0 {
+				left--
+			} else {
+				select {
+				case <-stop:
+					left = after
+				default:
+				}
+			}
+			time.Sleep(pause)
+		}
+		errc <- nil
+	}()
+	return errc
+}
+
 // load reads back every row the writer committed, with data_ms computed by
 // the database (truncated toward zero, as the relay's int() does).
 func (w *writer) load(ctx context.Context) {
