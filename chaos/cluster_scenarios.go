@@ -362,6 +362,7 @@ func isolateScenario(ctx context.Context, h *Harness, res *Result) error {
 	}
 	at := time.Now()
 	h.cluster.Isolate(b)
+	defer h.cluster.Heal() // also when the scenario fails: the next one needs the whole cluster
 	res.Runs++
 	elect, eerr := h.elected(ctx, f.name, []int{b}, at, hold)
 	rec, err := f.recovered(ctx, at, 3*time.Minute)

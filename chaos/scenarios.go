@@ -219,6 +219,11 @@ func (f *fixture) recovered(ctx context.Context, since time.Time, timeout time.D
 	}
 	at, err := f.ver.WaitSeen(ctx, ids(txns), timeout)
 	if err != nil {
+		// A hung pipeline is diagnosed from its state and its goroutines,
+		// written to its log (-keep-logs); outboxd exits.
+		if f.daemon.DumpHung(ctx) == nil {
+			err = fmt.Errorf("%w (outboxd's /status, /metrics and goroutines dumped to its log)", err)
+		}
 		return 0, err
 	}
 	d := at.Sub(since)

@@ -254,11 +254,7 @@ CREATE TABLE fleeting (LIKE outbox INCLUDING ALL);`
 // wal_level=replica.
 func TestCheckFailsOnWalLevelReplica(t *testing.T) {
 	needEnv(t)
-	replica, err := testenv.Start(testenv.Options{NoKafka: true, WALLevel: "replica"})
-	if err != nil {
-		t.Fatalf("start a wal_level=replica cluster: %v", err)
-	}
-	t.Cleanup(replica.Cleanup)
+	replica := startEnv(t, "a wal_level=replica cluster", testenv.Options{NoKafka: true, WALLevel: "replica"})
 	dsn, err := replica.CreateDatabase("km0_replica", seedSchema)
 	if err != nil {
 		t.Fatal(err)

@@ -269,11 +269,7 @@ func TestSnapshotFollowsCommitOrder(t *testing.T) {
 		t.Run(fmt.Sprintf("track_commit_timestamp=%v", commitTS), func(t *testing.T) {
 			pg := env
 			if commitTS {
-				own, err := testenv.Start(testenv.Options{NoKafka: true, CommitTimestamps: true})
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer own.Cleanup()
+				own := startEnv(t, "a PostgreSQL of its own", testenv.Options{NoKafka: true, CommitTimestamps: true})
 				pg = own
 			}
 			name := fmt.Sprintf("km0_order_%d", dbSeq.Add(1))

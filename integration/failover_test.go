@@ -49,11 +49,7 @@ func TestFailover(t *testing.T) {
 	// snapshot then publishes each aggregate's rows in commit order (by
 	// creat_en, two writers' transactions of one aggregate can swap:
 	// TestSnapshotFollowsCommitOrder).
-	pg, err := testenv.Start(testenv.Options{NoKafka: true, CommitTimestamps: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pg.Cleanup()
+	pg := startEnv(t, "a PostgreSQL of its own", testenv.Options{NoKafka: true, CommitTimestamps: true})
 	major, err := pg.PGMajor()
 	if err != nil {
 		t.Fatal(err)
@@ -575,11 +571,7 @@ func TestFailoverDuringCutover(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	pg, err := testenv.Start(testenv.Options{NoKafka: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pg.Cleanup()
+	pg := startEnv(t, "a PostgreSQL of its own", testenv.Options{NoKafka: true})
 	name := fmt.Sprintf("km0_cutover_failover_%d", dbSeq.Add(1))
 	primaryDSN, err := pg.CreateDatabase(name, seedSchema)
 	if err != nil {

@@ -167,11 +167,7 @@ func TestLostAcknowledgementIsNotDuplicated(t *testing.T) {
 func TestLeaderKillNoDuplicates(t *testing.T) {
 	kafkaOnly(t)
 	needEnv(t)
-	cluster, err := testenv.Start(testenv.Options{NoPostgres: true, KafkaNodes: 3})
-	if err != nil {
-		t.Fatalf("start a cluster: %v", err)
-	}
-	t.Cleanup(cluster.Cleanup)
+	cluster := startEnv(t, "a cluster", testenv.Options{NoPostgres: true, KafkaNodes: 3})
 	f := newFixtureOn(t, &testenv.Env{Dir: cluster.Dir, PGDSN: env.PGDSN, KafkaBrokers: cluster.KafkaBrokers}, seedSchema, map[string]int{"comandes": 6})
 	topic := f.topic("comandes")
 	cfg := f.config(seedRoute(topic))
@@ -266,11 +262,7 @@ func noSessionRestart(t *testing.T, d *daemon) {
 func TestIdempotenceNeedsAProducerID(t *testing.T) {
 	kafkaOnly(t)
 	needEnv(t)
-	acl, err := testenv.Start(testenv.Options{NoPostgres: true, KafkaACLs: true, Listeners: []testenv.Listener{{Name: "SASL", Protocol: "SASL_PLAINTEXT"}}})
-	if err != nil {
-		t.Fatalf("start a broker with ACLs: %v", err)
-	}
-	t.Cleanup(acl.Cleanup)
+	acl := startEnv(t, "a broker with ACLs", testenv.Options{NoPostgres: true, KafkaACLs: true, Listeners: []testenv.Listener{{Name: "SASL", Protocol: "SASL_PLAINTEXT"}}})
 	user, passwordFile, err := acl.KafkaSASL()
 	if err != nil {
 		t.Fatal(err)

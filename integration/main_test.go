@@ -73,6 +73,18 @@ func needEnv(t *testing.T) {
 	}
 }
 
+// startEnv starts services of a test's own (what names them in the error)
+// and stops them when the test ends.
+func startEnv(t *testing.T, what string, o testenv.Options) *testenv.Env {
+	t.Helper()
+	e, err := testenv.Start(o)
+	if err != nil {
+		t.Fatalf("start %s: %v", what, err)
+	}
+	t.Cleanup(e.Cleanup)
+	return e
+}
+
 // kafkaOnly marks a test whose subject is Kafka or the process around
 // outboxd (a broker's answers, secured listeners, the container, the
 // health server, the consumer package), in which the PostgreSQL version

@@ -96,11 +96,7 @@ func TestBrokerRestartBeforeNewTopic(t *testing.T) {
 func TestMissingTopicWithoutAutoCreationStops(t *testing.T) {
 	kafkaOnly(t)
 	needEnv(t)
-	strict, err := testenv.Start(testenv.Options{NoPostgres: true, NoAutoCreateTopics: true})
-	if err != nil {
-		t.Fatalf("start a broker without auto-creation: %v", err)
-	}
-	t.Cleanup(strict.Cleanup)
+	strict := startEnv(t, "a broker without auto-creation", testenv.Options{NoPostgres: true, NoAutoCreateTopics: true})
 	for _, restart := range []bool{false, true} {
 		t.Run(map[bool]string{false: "broker up", true: "broker restarted"}[restart], func(t *testing.T) {
 			f := newFixture(t, seedSchema, nil)
@@ -161,11 +157,7 @@ func TestMissingTopicWithoutAutoCreationStops(t *testing.T) {
 func TestControllerDownBeforeNewTopic(t *testing.T) {
 	kafkaOnly(t)
 	needEnv(t)
-	cluster, err := testenv.Start(testenv.Options{NoPostgres: true, KafkaNodes: 2})
-	if err != nil {
-		t.Fatalf("start a cluster: %v", err)
-	}
-	t.Cleanup(cluster.Cleanup)
+	cluster := startEnv(t, "a cluster", testenv.Options{NoPostgres: true, KafkaNodes: 2})
 	f := newFixture(t, seedSchema, nil)
 	ctx := context.Background()
 	topic := f.name + ".nou"

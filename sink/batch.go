@@ -80,6 +80,8 @@ type batch struct {
 	// reseq: refused for its sequence or producer id; it and the batches
 	// after it wait for a new producer id (Producer.reset).
 	reseq bool
+	// sentTo: the leader it was last sent to (its partition's, then).
+	sentTo int32
 	// resent: in flight again after a failure; its partition sends nothing
 	// else until it is settled.
 	resent bool

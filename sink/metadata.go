@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -291,39 +290,6 @@ func (p *Producer) metadata(ctx context.Context, name string) (*meta.ResponseTop
 		return t, brokers, nil
 	}
 	return nil, brokers, kafka.UnknownTopicOrPartition
-}
-
-// bootstrap is the addresses the Transport asks for metadata.
-func (p *Producer) bootstrap() net.Addr {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.addr
-}
-
-// learnBrokers adds the brokers a metadata answer lists to the addresses
-// the producer bootstraps from. kafka-go's Transport asks only those for
-// metadata (it keeps the last layout it got when none answers), where the
-// Java client asks any broker it knows: with one broker in kafka.brokers
-// and that broker down, outboxd would never learn the new leaders.
-func (p *Producer) learnBrokers(brokers []meta.ResponseBroker) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	addrs := strings.Split(p.addr.String(), ",")
-	known := map[string]bool{}
-	for _, a := range addrs {
-		known[a] = true
-	}
-	n := len(addrs)
-	for _, b := range brokers {
-		if a := net.JoinHostPort(b.Host, strconv.Itoa(int(b.Port))); !known[a] {
-			known[a] = true
-			addrs = append(addrs, a)
-		}
-	}
-	if len(addrs) > n {
-		p.addr = kafka.TCP(addrs...)
-		p.log.Debug("metadata from every broker the cluster lists, not only kafka.brokers", "brokers", strings.Join(addrs, ","))
-	}
 }
 
 // applyTopic records a topic's layout. Called with mu held.

@@ -373,3 +373,43 @@ func TestBootstrapFromEveryBroker(t *testing.T) {
 		t.Errorf("request addresses %q: want fake:9092 first, then fake:9092,kafka-2:9093", addrs)
 	}
 }
+
+// TestUnansweredLeaderIsNotAskedForMetadata (chaos 8d): a produce request
+// to broker 2, the partition's leader, gets no answer; until avoidFor has
+// passed, requests go to the Transport with the other brokers' addresses
+// only, so that its layout comes from a broker that knows the new leader,
+// not from one cut off from the cluster that still calls itself the
+// leader. Then every broker is asked again.
+func TestUnansweredLeaderIsNotAskedForMetadata(t *testing.T) {
+	c := clocktest.New()
+	drive(t, c, time.Second)
+	b := &fakeBroker{
+		brokers: []metadata.ResponseBroker{{NodeID: 1, Host: "fake", Port: 9092}, {NodeID: 2, Host: "kafka-2", Port: 9093}},
+		leaders: func(int) int32 { return 2 },
+		cut:     func(n int) (bool, bool) { return n == 0, false },
+	}
+	p := testProducer(t, b, Config{Linger: time.Millisecond, MaxAttempts: 3, Clock: c})
+	addrs := func() []string {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return append([]string(nil), b.addrs...)
+	}
+	r := newAckRecorder(1)
+	produceOne(t, p, rec(r, "P-1", "a"))
+	r.wait(t)
+	if err := r.get("a"); err != nil {
+		t.Fatalf("a: %v", err)
+	}
+	got := addrs()
+	if last := got[len(got)-1]; last != "fake:9092" {
+		t.Errorf("after broker 2 did not answer, requests went to %q, want fake:9092 (broker 2 left out); all: %q", last, got)
+	}
+	c.Advance(avoidFor)
+	r = newAckRecorder(1)
+	produceOne(t, p, rec(r, "P-1", "b"))
+	r.wait(t)
+	got = addrs()
+	if last := got[len(got)-1]; last != "fake:9092,kafka-2:9093" {
+		t.Errorf("%s after, requests went to %q, want every broker again", avoidFor, last)
+	}
+}

@@ -74,6 +74,9 @@ func (p *Producer) outcome(b *batch, err error, now time.Time) {
 		}
 		p.retryLater(b, err, now.Add(backoff.Delay(b.attempts-1, retryMin, retryMax)))
 		p.topics[b.part.topic].stale = true // its leaders are read again first
+		if kerr := kafka.Error(0); !errors.As(err, &kerr) {
+			p.avoidBroker(b.sentTo, err, now) // no answer: not a broker's error
+		}
 		p.log.Debug("produce failed; retrying", "topic", b.part.topic, "partition", b.part.id, "attempt", b.attempts, "error", err)
 	default:
 		p.fail(b, err)

@@ -96,11 +96,17 @@ type Producer struct {
 	rt        kafka.RoundTripper
 	transport *kafka.Transport // nil when rt was given (tests)
 	addr      net.Addr         // the bootstrap brokers (mu: learnBrokers adds to them)
-	bal       kafka.Balancer
-	codec     compress.Codec // nil: no compression
-	log       hclog.Logger
-	clock     clock.Clock
-	topicWait time.Duration
+	// The brokers' addresses by id (learnBrokers), the ones not to ask for
+	// metadata until a time (avoidBroker), and the addresses asked now
+	// (bootstrap). Under mu.
+	brokerAddrs map[int32]string
+	avoid       map[int32]time.Time
+	boot        net.Addr
+	bal         kafka.Balancer
+	codec       compress.Codec // nil: no compression
+	log         hclog.Logger
+	clock       clock.Clock
+	topicWait   time.Duration
 	// metadataTTL is metadataTTL (metadata.go); tests shorten it.
 	metadataTTL time.Duration
 	// autoCreate is the brokers' auto.create.topics.enable, read once a
@@ -147,6 +153,7 @@ type Producer struct {
 	// to ask again.
 	pidAttempts int
 	pidRetryAt  time.Time
+	idleLogged  bool // logIdleWithWork said it for this spell
 }
 
 type topic struct {

@@ -143,7 +143,7 @@ func (p *Producer) collectRound(now time.Time) *round {
 		}
 		p.stamp(b)
 		b.behind = pt.openBefore(b)
-		b.state, b.resent = inFlight, !fresh
+		b.state, b.resent, b.sentTo = inFlight, !fresh, pt.leader
 		pt.inFlight++
 		p.inFlight++
 		size += len(b.buf)

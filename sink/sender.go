@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -89,6 +90,8 @@ func (p *Producer) run() {
 		var timer <-chan time.Time // nil: until kicked or a round comes back
 		if wait > 0 {
 			timer = p.clock.After(wait)
+		} else {
+			p.logIdleWithWork()
 		}
 		ctxDone := p.ctx.Done()
 		if p.ctx.Err() != nil {
@@ -250,4 +253,41 @@ func (p *Producer) complete(b *batch, err error) {
 		a.ack.Ack(err)
 	}
 	b.release()
+}
+
+// logIdleWithWork says, once per spell, that the sender waits with no round
+// out and no timer while batches wait: only a kick can wake it then, and
+// none may come (a bug; the state is what diagnoses it).
+func (p *Producer) logIdleWithWork() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.rounds > 0 || !p.hasWork() {
+		p.idleLogged = false
+		return
+	}
+	if p.idleLogged {
+		return
+	}
+	p.idleLogged = true
+	p.log.Warn("sender idle with batches waiting and nothing to wake it", "state", p.stateLocked())
+}
+
+// stateLocked describes the partitions with batches and the topics with
+// records waiting. Called with mu held.
+func (p *Producer) stateLocked() string {
+	var b strings.Builder
+	for _, pt := range p.parts {
+		if pt.open == nil && len(pt.queued) == 0 && len(pt.sent) == 0 {
+			continue
+		}
+		fmt.Fprintf(&b, " %s/%d leader=%d open=%t queued=%d inflight=%d pipelined=%t sent=[", pt.topic, pt.id, pt.leader, pt.open != nil, len(pt.queued), pt.inFlight, pt.pipelined)
+		for _, x := range pt.sent {
+			fmt.Fprintf(&b, "{state=%d resent=%t reseq=%t pid=%d retryAt=%s err=%v}", x.state, x.resent, x.reseq, x.pid, x.retryAt.Format("15:04:05.000"), x.err)
+		}
+		b.WriteString("]")
+	}
+	for _, t := range p.topics {
+		fmt.Fprintf(&b, " topic %s waiting=%d fetched=%s stale=%t", t.name, len(t.waiting), t.fetched.Format("15:04:05.000"), t.stale)
+	}
+	return fmt.Sprintf("pid=%d reset=%t fenced=%v rounds=%d inflight=%d closing=%t due=%t%s", p.pid, p.reset, p.fenced, p.rounds, p.inFlight, p.closing, p.due, b.String())
 }

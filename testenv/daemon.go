@@ -246,6 +246,16 @@ func (d *Daemon) Signal(sig os.Signal) error {
 	return p.cmd.Process.Signal(sig)
 }
 
+// DumpHung writes what diagnoses a hung outboxd into its log: its /status
+// and /metrics, then its goroutines (SIGQUIT, which ends it).
+func (d *Daemon) DumpHung(ctx context.Context) error {
+	for _, path := range []string{"/status", "/metrics"} {
+		_, body, err := d.Get(ctx, path)
+		fmt.Fprintf(d.log, "==== testenv: GET %s at %s (error %v)\n%s\n", path, time.Now().Format("15:04:05.000"), err, body)
+	}
+	return d.Signal(syscall.SIGQUIT)
+}
+
 // Kill is kill -9; it returns once the process is gone.
 func (d *Daemon) Kill() {
 	p := d.current()

@@ -45,6 +45,8 @@ type Verifier struct {
 	samples    []sample
 	seen       atomic.Int64
 
+	watermarks *watermarks
+
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 }
@@ -87,6 +89,7 @@ type sample struct {
 func (v *Verifier) Start(ctx context.Context) {
 	v.first = map[string]delivery{}
 	v.offsets = map[int]int64{}
+	v.watermarks = newWatermarks(splitBrokers(v.Brokers))
 	ctx, v.cancel = context.WithCancel(ctx)
 	for p := 0; p < v.Partitions; p++ {
 		v.wg.Add(1)
@@ -102,6 +105,7 @@ func (v *Verifier) Start(ctx context.Context) {
 func (v *Verifier) Stop() {
 	v.cancel()
 	v.wg.Wait()
+	v.watermarks.close() // CaughtUp after Stop opens them again, closed by the next Stop
 }
 
 func (v *Verifier) read(ctx context.Context, p int) {
@@ -262,28 +266,7 @@ func (v *Verifier) CaughtUp(ctx context.Context, timeout time.Duration) error {
 }
 
 func (v *Verifier) highWatermarks(ctx context.Context, timeout time.Duration) (map[int]int64, error) {
-	client := &kafka.Client{Addr: kafka.TCP(splitBrokers(v.Brokers)...), Timeout: timeout}
-	reqs := make([]kafka.OffsetRequest, v.Partitions)
-	for p := range reqs {
-		reqs[p] = kafka.LastOffsetOf(p)
-	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	resp, err := client.ListOffsets(ctx, &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{v.Topic: reqs}})
-	if err != nil {
-		return nil, err
-	}
-	hw := map[int]int64{}
-	for _, po := range resp.Topics[v.Topic] {
-		if po.Error != nil {
-			return nil, po.Error
-		}
-		hw[po.Partition] = po.LastOffset
-	}
-	if len(hw) != v.Partitions {
-		return nil, fmt.Errorf("%d of %d partitions of %s answered", len(hw), v.Partitions, v.Topic)
-	}
-	return hw, nil
+	return v.watermarks.read(ctx, v.Topic, v.Partitions, timeout)
 }
 
 func (v *Verifier) sampleLoop(ctx context.Context) {
