@@ -42,9 +42,26 @@ type Record struct {
 	// logical message. It is not produced: it names the row to
 	// postgres.mark_published.
 	RowID []byte
+	// Pos is the record's place in the replication stream, zero for a row
+	// read from its table (cut-over snapshot, replay) and for a
+	// dead-letter record. The producer de-duplicates by it after a restart
+	// (sink.Config.Stream): only a streamed record is ever skipped, and
+	// only one proves that others are in Kafka.
+	Pos Pos
 	// Ack is told the outcome of the produce.
 	Ack Acker
 }
+
+// Pos is a change's place in the replication stream: its transaction's
+// commit LSN and its index among the transaction's changes. Positions grow
+// in commit order.
+type Pos struct {
+	LSN   uint64
+	Index uint32
+}
+
+// After says whether p comes after q in the stream.
+func (p Pos) After(q Pos) bool { return p.LSN > q.LSN || p.LSN == q.LSN && p.Index > q.Index }
 
 // Header is the value of the record's first header called key, nil when
 // it has none.

@@ -1,13 +1,9 @@
 package chaos
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"math"
-	"net/http"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -154,22 +150,9 @@ func (h *Harness) elected(ctx context.Context, topic string, gone []int, since t
 	return 0, fmt.Errorf("partitions of %s still led by %v after %s", topic, gone, timeout)
 }
 
-// metric reads one sample of outboxd's /metrics: name{topic="topic"}, 0
-// when absent.
+// metric reads name{topic=...} of the scenario's topic from /metrics.
 func (f *fixture) metric(ctx context.Context, name string) float64 {
-	code, body, err := f.daemon.Get(ctx, "/metrics")
-	if err != nil || code != http.StatusOK {
-		return 0
-	}
-	want := fmt.Sprintf("%s{topic=%q} ", name, f.name)
-	sc := bufio.NewScanner(bytes.NewReader(body))
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), want); ok {
-			n, _ := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			return n
-		}
-	}
-	return 0
+	return f.daemon.Metric(ctx, name, f.name)
 }
 
 // sessions counts outboxd's replication sessions: each one after the

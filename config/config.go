@@ -115,7 +115,10 @@ type Kafka struct {
 	OnPartitionChange string `yaml:"on_partition_change"`
 	// Idempotence: the idempotent producer (sink.Config): retries never
 	// duplicate; false for brokers or principals that cannot.
-	Idempotence bool      `yaml:"idempotence"`
+	Idempotence bool `yaml:"idempotence"`
+	// Deduplicate: after a restart, records a partition already holds are
+	// not produced again (sink.Config.Stream; needs Idempotence).
+	Deduplicate bool      `yaml:"deduplicate"`
 	TLS         KafkaTLS  `yaml:"tls"`
 	SASL        KafkaSASL `yaml:"sasl"`
 }
@@ -341,6 +344,7 @@ func Default() Config {
 			DeliveryTimeout:   30 * time.Second,
 			OnPartitionChange: sink.PartitionsFollow,
 			Idempotence:       true,
+			Deduplicate:       true,
 		},
 		Pipeline: Pipeline{
 			MaxInFlightEvents: 1500,

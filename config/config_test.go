@@ -84,6 +84,7 @@ func TestDefault(t *testing.T) {
 			DeliveryTimeout:   30 * time.Second,
 			OnPartitionChange: "follow",
 			Idempotence:       true,
+			Deduplicate:       true,
 		},
 		Pipeline: config.Pipeline{
 			MaxInFlightEvents: 1500,
@@ -196,6 +197,7 @@ func TestParseExamples(t *testing.T) {
 				DeliveryTimeout:   30 * time.Second,
 				OnPartitionChange: "follow",
 				Idempotence:       true,
+				Deduplicate:       true,
 			}
 			if !reflect.DeepEqual(c.Kafka, wantKafka) {
 				t.Errorf("kafka =\n%+v\nwant\n%+v", c.Kafka, wantKafka)

@@ -66,6 +66,9 @@ func (r *Router) build(v *view, pos Position, sc *Scratch) (outboxd.Record, Verd
 	if !v.b.message {
 		rec.RowID = id
 	}
+	if pos.CommitLSN != 0 {
+		rec.Pos = outboxd.Pos{LSN: uint64(pos.CommitLSN), Index: pos.Index}
+	}
 	if i := rt.role[roleTimestamp]; i >= 0 {
 		// NULL: the produce time, as Debezium falls back to its own.
 		if _, null, _ := v.value(i, true); !null {

@@ -24,6 +24,7 @@ type Metrics struct {
 	lastProduce   *prometheus.GaugeVec
 	partitions    *prometheus.GaugeVec
 	partChanges   *prometheus.CounterVec
+	skipped       *prometheus.CounterVec
 
 	clock clock.Clock
 
@@ -64,6 +65,8 @@ func NewMetrics(c clock.Clock) *Metrics {
 			Help: "Partitions of each topic, as the producer last learnt them (keys are hashed over this count)."}, []string{"topic"}),
 		partChanges: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_topic_partition_changes_total",
 			Help: "Times a topic's partition count changed while outboxd produced to it (some aggregates moved partition; kafka.on_partition_change)."}, []string{"topic"}),
+		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_duplicates_skipped_total",
+			Help: "Records a new session did not produce again because the partition already held them (kafka.deduplicate), by topic."}, []string{"topic"}),
 		topics: map[string]*TopicStats{},
 	}
 	build := outboxd.BuildInfo()
@@ -71,7 +74,7 @@ func NewMetrics(c clock.Clock) *Metrics {
 		Help:        "Always 1; the labels say which build is running.",
 		ConstLabels: prometheus.Labels{"version": build.Version, "goversion": build.GoVersion}})
 	buildInfo.Set(1)
-	m.reg.MustRegister(m.events, m.bytes, m.produceErrors, m.produceTime, m.commitToAck, m.lastProduce, m.partitions, m.partChanges, buildInfo,
+	m.reg.MustRegister(m.events, m.bytes, m.produceErrors, m.produceTime, m.commitToAck, m.lastProduce, m.partitions, m.partChanges, m.skipped, buildInfo,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -111,6 +114,9 @@ func (m *Metrics) ObservePartitions(topic string, from, to int) {
 		m.partChanges.WithLabelValues(topic).Inc()
 	}
 }
+
+// ObserveSkipped counts one record not produced again (sink.Config.Skipped).
+func (m *Metrics) ObserveSkipped(topic string) { m.skipped.WithLabelValues(topic).Inc() }
 
 // ObserveConfirm records one confirmed transaction's commit-to-ack latency
 // (replication.Config.OnConfirm).

@@ -42,7 +42,53 @@ func TestRestartKill9(t *testing.T) {
 		t.Fatalf("the slot never advanced between kills (%v): the test did not exercise a resume", positions)
 	}
 	t.Logf("5 kill -9 with the slot at %v: %+v", positions, rep)
+	if rep.Duplicates != 0 {
+		t.Errorf("%d duplicates after the kills (kafka.deduplicate is on by default)", rep.Duplicates)
+	}
 	d.term()
+}
+
+// TestKill9DrainNoDuplicates (issue 21): kill -9 of outboxd five times
+// while it drains a backlog at full speed, restarted each time. Each
+// restart replays from the slot's confirmed position, behind what Kafka
+// acknowledged; with kafka.deduplicate (the default) every partition's
+// tail tells the new session what it holds: every row once, in order, and
+// the skipped records counted. With it off, the same kills duplicate (the
+// count is logged, for comparison).
+func TestKill9DrainNoDuplicates(t *testing.T) {
+	for _, dedupe := range []bool{true, false} {
+		t.Run(map[bool]string{true: "deduplicate", false: "deduplicate off"}[dedupe], func(t *testing.T) {
+			f := newFixture(t, seedSchema, map[string]int{"comandes": 4})
+			ctx := context.Background()
+			w := newWriter(f, 21, 500, "outbox")
+			dc := f.config(seedRoute(f.topic("comandes")))
+			if !dedupe {
+				dc.Kafka["deduplicate"] = "false"
+			}
+			f.start(dc).term() // the slot first: the backlog is streamed, not a cut-over snapshot
+			w.backlog(ctx, 300, 100)
+			rng := rand.New(rand.NewPCG(21, 21))
+			var positions []pglogrepl.LSN
+			for round := 0; round < 5; round++ {
+				d := f.start(dc)
+				time.Sleep(time.Duration(100+rng.IntN(300)) * time.Millisecond)
+				c, _ := f.slot()
+				positions = append(positions, c)
+				d.kill()
+				w.txns(ctx, 40, 50) // more backlog for the next round
+			}
+			d := f.start(dc)
+			end := f.walLSN()
+			rep := w.verify(ctx, f.topic("comandes"), "murmur2")
+			f.waitConfirmed(end, 60*time.Second)
+			skipped := d.Metric(ctx, "outboxd_duplicates_skipped_total", f.topic("comandes"))
+			t.Logf("5 kill -9 mid-drain, the slot at %v: %+v; this last session skipped %v", positions, rep, skipped)
+			if dedupe && rep.Duplicates != 0 {
+				t.Errorf("%d duplicates after 5 kill -9 with kafka.deduplicate on", rep.Duplicates)
+			}
+			d.term()
+		})
+	}
 }
 
 // TestRestartSigterm: SIGTERM while rows are being written, restart:

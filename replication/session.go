@@ -42,7 +42,11 @@ func (r *Runner) session(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	prod, err := r.newProducer()
+	sys, err := pglogrepl.IdentifySystem(ctx, conn)
+	if err != nil {
+		return fmt.Errorf("identify system: %w", err)
+	}
+	prod, err := r.newProducer(fmt.Sprintf("%s.%d", sys.SystemID, sys.Timeline))
 	if err != nil {
 		return Fatal(fmt.Errorf("kafka producer: %w", err))
 	}

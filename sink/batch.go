@@ -44,6 +44,40 @@ const (
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
+// partition is one partition of a topic and its batches.
+type partition struct {
+	topic  string
+	id     int32
+	leader int32 // broker id, -1 when unknown
+	open   *batch
+	queued []*batch // full batches, oldest first, never sent
+	// sent: the batches sent and not yet completed, oldest first: in
+	// flight, to be sent again, or settled and waiting for the ones before
+	// them (records are acknowledged in their partition's order).
+	sent     []*batch
+	inFlight int // batches of sent in a request now
+	// nextSeq is the sequence of the next record stamped (idempotence).
+	nextSeq int32
+	// pipelined: its leader acknowledged a batch under the current producer
+	// id since its last failure or leader change, less than pipelineIdle
+	// ago (acked), so it holds this producer's sequence and more than one
+	// batch may be in flight: a leader without it would append a batch
+	// that overtook a failed one (it takes any sequence from a producer it
+	// does not know).
+	pipelined bool
+	acked     time.Time // its last acknowledgement, on the producer's clock
+	// De-duplication (dedupe.go): what is known of the stream's records
+	// in the partition, and the records held until it is.
+	tail         tailState
+	tailPos      outboxd.Pos
+	held         []waitingRecord
+	tailAttempts int       // failed reads of the tail in a row
+	tailRetryAt  time.Time // when to read it again
+	// unproven: the broker refused a record of the stream here; the later
+	// ones go without the outboxd.stream header this session (dedupe.go).
+	unproven bool
+}
+
 // batch is one partition's record batch being filled: the records are
 // encoded as they arrive, after room left for the header, so a record's
 // bytes are copied once and the caller's buffers can be reused at once.
@@ -80,6 +114,8 @@ type batch struct {
 	// reseq: refused for its sequence or producer id; it and the batches
 	// after it wait for a new producer id (Producer.reset).
 	reseq bool
+	// stream: a record of it carries the outboxd.stream header (dedupe.go).
+	stream bool
 	// sentTo: the leader it was last sent to (its partition's, then).
 	sentTo int32
 	// resent: in flight again after a failure; its partition sends nothing

@@ -140,6 +140,7 @@ type fakeBroker struct {
 	mu        sync.Mutex
 	requests  []fakeRequest
 	log       map[int32][]string // the values appended, per partition, in order
+	streams   map[string]string  // value -> its outboxd.stream header, when it has one
 	producers map[int32]map[int64]*fakeProducer
 }
 
@@ -199,6 +200,14 @@ func (b *fakeBroker) appendBatch(part int32, pid int64, epoch int16, first int32
 	}
 	for _, m := range msgs {
 		b.log[part] = append(b.log[part], string(m.Value))
+		for _, h := range m.Headers {
+			if h.Key == HeaderStream {
+				if b.streams == nil {
+					b.streams = map[string]string{}
+				}
+				b.streams[string(m.Value)] = string(h.Value)
+			}
+		}
 	}
 	if pid < 0 {
 		return

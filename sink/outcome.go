@@ -218,6 +218,10 @@ func (p *Producer) isolate(b *batch, err error, now time.Time) {
 	r := &recs[0]
 	way := refusalFix(err, stamps[0], now)
 	if r.Refusable {
+		// Its dead-letter record goes to another topic, unordered with
+		// this partition's later records: those must not prove it
+		// delivered to a later session (dedupe.go).
+		b.part.unproven = true
 		b.state, b.err = failed, &outboxd.RefusedError{Topic: r.Topic, Key: bytes.Clone(r.Key), Headers: cloneHeaders(r.Headers),
 			Size: r.WireSize(), Err: fmt.Errorf("%s: %s: %w", codeName(err), way, err)}
 		p.resetAfterRefusal(b)
@@ -259,9 +263,11 @@ func cloneHeaders(hs []outboxd.Header) []outboxd.Header {
 	if hs == nil {
 		return nil
 	}
-	out := make([]outboxd.Header, len(hs))
-	for i, h := range hs {
-		out[i] = outboxd.Header{Key: h.Key, Value: bytes.Clone(h.Value)}
+	out := make([]outboxd.Header, 0, len(hs))
+	for _, h := range hs {
+		if h.Key != HeaderStream { // the producer's own, not the record's
+			out = append(out, outboxd.Header{Key: h.Key, Value: bytes.Clone(h.Value)})
+		}
 	}
 	return out
 }

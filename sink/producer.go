@@ -82,6 +82,13 @@ type Config struct {
 	// key and value bytes, the time since its first record was handed over,
 	// and the error. Every record is observed once, before its Ack.
 	Observe func(topic string, records int, bytes int64, latency time.Duration, err error)
+	// Stream, when set with Idempotence, names the replication stream the
+	// records come from (dedupe.go): every record with a position carries
+	// it in the outboxd.stream header, and after a restart a partition's
+	// records at or below the last position of the stream it already
+	// holds are not produced again (Skipped is told, then their Ack).
+	Stream  string
+	Skipped func(topic string)
 	// Clock is what the producer reads and waits on (the linger, the
 	// backoff between attempts, a partition's idle spell: pipelineIdle);
 	// nil: clock.System.
@@ -154,6 +161,11 @@ type Producer struct {
 	pidAttempts int
 	pidRetryAt  time.Time
 	idleLogged  bool // logIdleWithWork said it for this spell
+	// Scratch for the outboxd.stream header (withStream), under mu.
+	streamHeaders []outboxd.Header
+	streamValue   []byte
+	// tailOf reads a partition's tail (readKafkaTail; tests replace it).
+	tailOf tailReader
 }
 
 type topic struct {
@@ -168,29 +180,6 @@ type topic struct {
 	// (topicFailure).
 	missingSince   time.Time
 	missingAnswers int
-}
-
-type partition struct {
-	topic  string
-	id     int32
-	leader int32 // broker id, -1 when unknown
-	open   *batch
-	queued []*batch // full batches, oldest first, never sent
-	// sent: the batches sent and not yet completed, oldest first: in
-	// flight, to be sent again, or settled and waiting for the ones before
-	// them (records are acknowledged in their partition's order).
-	sent     []*batch
-	inFlight int // batches of sent in a request now
-	// nextSeq is the sequence of the next record stamped (idempotence).
-	nextSeq int32
-	// pipelined: its leader acknowledged a batch under the current producer
-	// id since its last failure or leader change, less than pipelineIdle
-	// ago (acked), so it holds this producer's sequence and more than one
-	// batch may be in flight: a leader without it would append a batch
-	// that overtook a failed one (it takes any sequence from a producer it
-	// does not know).
-	pipelined bool
-	acked     time.Time // its last acknowledgement, on the producer's clock
 }
 
 // partitioners are the Config.Partitioner values and their balancers.
@@ -247,6 +236,7 @@ func NewWithTransport(cfg Config, log hclog.Logger, rt kafka.RoundTripper) (*Pro
 	p := &Producer{cfg: cfg, rt: rt, addr: kafka.TCP(cfg.Brokers...), bal: bal, codec: cd, log: log, clock: clock.Or(cfg.Clock),
 		kick: make(chan struct{}, 1), done: make(chan struct{}), topics: map[string]*topic{}, topicWait: topicWait, metadataTTL: metadataTTL,
 		finished: make(chan *round, maxRounds), pid: -1, epoch: -1}
+	p.tailOf = p.readKafkaTail
 	if rt == nil {
 		p.transport = newTransport(cfg)
 		p.rt = p.transport
@@ -322,9 +312,18 @@ func (p *Producer) add(r *outboxd.Record, now time.Time, ts int64) error {
 // with mu held.
 func (p *Producer) encode(t *topic, r *outboxd.Record, now time.Time, ts int64) {
 	part := t.parts[p.bal.Balance(kafka.Message{Key: r.Key}, t.ids...)]
+	if p.hold(part, r, now, ts) {
+		return
+	}
+	p.appendRecord(t, part, r, now, ts)
+}
+
+// appendRecord adds r to part's open batch. Called with mu held.
+func (p *Producer) appendRecord(t *topic, part *partition, r *outboxd.Record, now time.Time, ts int64) {
+	rs := p.withStream(t, part, r)
 	b := part.open
 	kick := false
-	if b != nil && int64(len(b.buf)+b.encodedLen(r, ts)) > p.cfg.BatchBytes {
+	if b != nil && int64(len(b.buf)+b.encodedLen(rs, ts)) > p.cfg.BatchBytes {
 		part.seal()
 		b, kick = nil, true
 	}
@@ -332,7 +331,8 @@ func (p *Producer) encode(t *topic, r *outboxd.Record, now time.Time, ts int64) 
 		b, kick = newBatch(part, now), true
 		part.open = b
 	}
-	b.add(r, ts)
+	b.add(rs, ts)
+	b.stream = b.stream || rs != r
 	if int(b.count) >= p.cfg.BatchSize || int64(len(b.buf)) >= p.cfg.BatchBytes {
 		part.seal()
 		kick = true

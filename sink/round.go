@@ -53,6 +53,8 @@ func (p *Producer) dropAll() *dropped {
 		}
 		pt.queued, pt.open = nil, nil
 		drop.batches = append(drop.batches, pt.pop()...)
+		drop.records = append(drop.records, pt.held...)
+		pt.held = nil
 	}
 	for _, t := range p.topics {
 		drop.records = append(drop.records, t.waiting...)
@@ -140,6 +142,9 @@ func (p *Producer) collectRound(now time.Time) *round {
 				pt.queued = pt.queued[1:]
 			}
 			pt.sent = append(pt.sent, b)
+		}
+		if pt.unproven && b.stream {
+			p.withoutStream(b)
 		}
 		p.stamp(b)
 		b.behind = pt.openBefore(b)

@@ -68,6 +68,9 @@ func (p *Producer) run() {
 		if w := p.producerID(now); w > 0 && (retry == 0 || w < retry) {
 			retry = w
 		}
+		if w := p.releaseHeld(now); w > 0 && (retry == 0 || w < retry) {
+			retry = w
+		}
 		p.mu.Lock()
 		rd, wait, drop, exit := p.takeRound(p.clock.Now())
 		p.mu.Unlock()

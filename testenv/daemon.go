@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -244,6 +245,25 @@ func (d *Daemon) Signal(sig os.Signal) error {
 		return errors.New("testenv: outboxd is not running")
 	}
 	return p.cmd.Process.Signal(sig)
+}
+
+// Metric reads one sample of outboxd's /metrics, name{topic="topic"}; 0
+// when absent or unreadable.
+func (d *Daemon) Metric(ctx context.Context, name, topic string) float64 {
+	code, body, err := d.Get(ctx, "/metrics")
+	if err != nil || code != http.StatusOK {
+		return 0
+	}
+	want := fmt.Sprintf("%s{topic=%q} ", name, topic)
+	sc := bufio.NewScanner(bytes.NewReader(body))
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), want); ok {
+			n, _ := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			return n
+		}
+	}
+	return 0
 }
 
 // DumpHung writes what diagnoses a hung outboxd into its log: its /status

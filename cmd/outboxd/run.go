@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"hash/fnv"
 	"os"
 	"runtime/debug"
 	"strings"
@@ -52,6 +54,7 @@ func run(ctx context.Context, path string, proc *process) error {
 	}
 	sc.Observe = metrics.ObserveProduce
 	sc.Partitions = metrics.ObservePartitions
+	sc.Skipped = metrics.ObserveSkipped
 	warnInsecure(cfg, log)
 	if cfg.Health.Listen != "" {
 		// The same question check asks: does the broker answer as Kafka?
@@ -71,7 +74,7 @@ func run(ctx context.Context, path string, proc *process) error {
 		return usageError{err}
 	}
 	tableParts := onTables(cfg, routing.Tables(), conn, router, &rc, log)
-	runner := buildRunner(rc, sc, router, log)
+	runner := buildRunner(rc, sc, streamOf(cfg), router, log)
 	if mon != nil {
 		// Bound now, so a port clash fails at start.
 		srv, err = health.Listen(cfg.Health.Listen, runner, mon, metrics,
@@ -173,9 +176,14 @@ func kafkaConfig(ctx context.Context, cfg config.Config) (sink.Config, error) {
 
 // buildRunner makes the replication runner, with a Kafka producer per
 // session.
-func buildRunner(rc replication.Config, sc sink.Config, router *envelope.Router, log hclog.Logger) *replication.Runner {
+func buildRunner(rc replication.Config, sc sink.Config, stream string, router *envelope.Router, log hclog.Logger) *replication.Runner {
 	sinkLog := log.Named("sink")
-	newProducer := func() (replication.Producer, error) { return sink.New(sc, sinkLog) }
+	newProducer := func(system string) (replication.Producer, error) {
+		if stream != "" {
+			sc.Stream = system + "/" + stream
+		}
+		return sink.New(sc, sinkLog)
+	}
 	return replication.NewRunner(rc, router, newProducer, log.Named("replication"))
 }
 
@@ -187,4 +195,23 @@ func newRouter(cfg config.Config, routing envelope.Routing) (*envelope.Router, e
 		return nil, fmt.Errorf("routes: %w", err)
 	}
 	return router, nil
+}
+
+// streamOf is the part of the records' stream identity (sink.Config.Stream)
+// the configuration decides: the slot, and a digest of what routes a row
+// to a topic and a partition (the routes, the partitioner); the session
+// puts the database system and its timeline before it. "" when
+// kafka.deduplicate is off.
+func streamOf(cfg config.Config) string {
+	if !cfg.Kafka.Deduplicate {
+		return ""
+	}
+	routes, err := json.Marshal(cfg.Routes)
+	if err != nil {
+		panic(err) // plain data: it always marshals
+	}
+	h := fnv.New64a()
+	h.Write(routes)
+	h.Write([]byte(cfg.Kafka.Partitioner))
+	return fmt.Sprintf("%s/%x", cfg.Postgres.Slot, h.Sum64())
 }

@@ -1,0 +1,235 @@
+package sink
+
+import (
+	"bytes"
+	"context"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/outboxd/outboxd"
+	"github.com/outboxd/outboxd/backoff"
+)
+
+// Restart de-duplication. A session that starts after a crash, a broker
+// outage or a failover replays from the slot's confirmed position, which
+// lags what Kafka already holds: those records would be produced twice.
+// With Config.Stream set (and the idempotent producer), every record with
+// a stream position carries it in the HeaderStream header, with the
+// stream's identity and the topic's partition count. Before a partition
+// gets the session's first record with a position, the producer reads the
+// partition's tail (tail.go) for the last record of the same stream under
+// the same partition count; the session's records at or below its
+// position are acknowledged without being produced (Config.Skipped).
+//
+// Why that loses nothing: the stream produces in commit order, and the
+// idempotent producer appends a partition's records in the order they were
+// handed over, without gaps (a batch refused or lost stops the ones behind
+// it). So when a record of the stream at position P is in a partition,
+// every record of that stream routed to that partition at or below P is in
+// it too, from the session that wrote P or (skipped by that one) from an
+// earlier one. The identity (the database system, its timeline, the slot,
+// the routing) and the partition count make "routed to that partition"
+// mean the same in both sessions: after a change of any of them, or a
+// promotion (a new timeline), nothing is skipped until the partition holds
+// a record of the new identity. Records of the cut-over snapshot, of
+// replay and dead-letter records carry no position: they are never
+// skipped and prove nothing. Nor do a partition's records after the broker
+// refused one of the stream there (partition.unproven): the refused
+// record's dead-letter record, on another topic, may not be in Kafka when
+// they are.
+
+// HeaderStream is the header that carries a record's stream identity and
+// position: "<identity>;<partitions>;<commit LSN>;<index>".
+const HeaderStream = "outboxd.stream"
+
+// tailState is what a partition knows of the stream's records in it.
+type tailState uint8
+
+const (
+	tailUnknown tailState = iota // not read yet: records with a position wait (held)
+	tailKnown                    // read: records at or below tailPos are skipped
+	tailPassed                   // a record above it went out, or none was found: nothing more to skip
+)
+
+func (p *Producer) dedupe() bool { return p.cfg.Stream != "" && p.cfg.Idempotence }
+
+// hold keeps r back, as a copy, while its partition's tail decides whether
+// it goes out: a record with a position before the tail is passed, and
+// any record behind a held one (order). It pokes the sender, which reads
+// the tail (releaseHeld). Called with mu held.
+func (p *Producer) hold(part *partition, r *outboxd.Record, now time.Time, ts int64) bool {
+	if !p.dedupe() || len(part.held) == 0 && (part.tail == tailPassed || r.Pos.LSN == 0) {
+		return false
+	}
+	part.held = append(part.held, waitingRecord{rec: cloneRecord(r), now: now, ts: ts})
+	p.poke()
+	return true
+}
+
+// withStream is r with the HeaderStream header added, for a record with a
+// position when de-duplicating; r itself otherwise. The copy lives in the
+// producer's scratch until the next call: the batch copies its bytes.
+// Called with mu held.
+func (p *Producer) withStream(t *topic, part *partition, r *outboxd.Record) *outboxd.Record {
+	if !p.dedupe() || r.Pos.LSN == 0 || part.unproven {
+		return r
+	}
+	p.streamValue = appendStream(p.streamValue[:0], p.cfg.Stream, len(t.ids), r.Pos)
+	p.streamHeaders = append(append(p.streamHeaders[:0], r.Headers...), outboxd.Header{Key: HeaderStream, Value: p.streamValue})
+	c := *r
+	c.Headers = p.streamHeaders
+	return &c
+}
+
+func appendStream(b []byte, identity string, partitions int, pos outboxd.Pos) []byte {
+	b = append(b, identity...)
+	b = append(b, ';')
+	b = strconv.AppendInt(b, int64(partitions), 10)
+	b = append(b, ';')
+	b = strconv.AppendUint(b, pos.LSN, 10)
+	b = append(b, ';')
+	return strconv.AppendUint(b, uint64(pos.Index), 10)
+}
+
+// parseStream is the position in a HeaderStream value written by the
+// stream identity under partitions partitions; ok false for any other.
+func parseStream(v []byte, identity string, partitions int) (pos outboxd.Pos, ok bool) {
+	prefix := appendStream(nil, identity, partitions, outboxd.Pos{})
+	prefix = prefix[:len(prefix)-len("0;0")]
+	rest, found := bytes.CutPrefix(v, prefix)
+	if !found {
+		return pos, false
+	}
+	lsn, idx, found := bytes.Cut(rest, []byte{';'})
+	if !found {
+		return pos, false
+	}
+	l, err1 := strconv.ParseUint(string(lsn), 10, 64)
+	i, err2 := strconv.ParseUint(string(idx), 10, 32)
+	if err1 != nil || err2 != nil || l == 0 {
+		return pos, false
+	}
+	return outboxd.Pos{LSN: l, Index: uint32(i)}, true
+}
+
+// tailReader reads the position of the last record of the stream in a
+// partition (readTail; tests replace it).
+type tailReader func(ctx context.Context, topic string, partition int32, partitions int) (pos outboxd.Pos, found bool, err error)
+
+// releaseHeld reads the tail of every partition with records held whose
+// tail is not known (at most once per backoff step after a failure), then
+// lets the held records go: skipped when at or below the tail, added to
+// batches otherwise. It returns how soon to try again (0: nothing pending).
+// Called by the sender goroutine, without mu.
+func (p *Producer) releaseHeld(now time.Time) time.Duration {
+	if !p.dedupe() {
+		return 0
+	}
+	type job struct {
+		pt    *partition
+		parts int
+	}
+	var jobs []job
+	p.mu.Lock()
+	for _, pt := range p.parts {
+		if len(pt.held) > 0 && pt.tail == tailUnknown && !now.Before(pt.tailRetryAt) {
+			jobs = append(jobs, job{pt, len(p.topics[pt.topic].ids)})
+		}
+	}
+	p.mu.Unlock()
+	var skipped []waitingRecord
+	for _, j := range jobs {
+		pos, found, err := p.tailOf(p.ctx, j.pt.topic, j.pt.id, j.parts)
+		p.mu.Lock()
+		switch {
+		case err != nil:
+			j.pt.tailAttempts++
+			j.pt.tailRetryAt = now.Add(backoff.Delay(j.pt.tailAttempts-1, retryMin, retryMax))
+			p.log.Debug("could not read the partition's tail; its records wait", "topic", j.pt.topic, "partition", j.pt.id, "attempt", j.pt.tailAttempts, "error", err)
+		case found:
+			j.pt.tail, j.pt.tailPos = tailKnown, pos
+			p.log.Debug("the partition holds the stream's records up to a position: the session's records at or below it are not produced again", "topic", j.pt.topic, "partition", j.pt.id, "lsn", pos.LSN, "index", pos.Index)
+		default:
+			j.pt.tail = tailPassed
+		}
+		// Released under the same lock as the tail is learnt: a record
+		// handed over meanwhile queues behind the held ones (hold).
+		skipped = p.release(j.pt, skipped)
+		p.mu.Unlock()
+	}
+	skipped, retry := p.takeHeld(now, skipped)
+	for i := range skipped {
+		if p.cfg.Skipped != nil {
+			p.cfg.Skipped(skipped[i].rec.Topic)
+		}
+		skipped[i].rec.Ack.Ack(nil)
+	}
+	return retry
+}
+
+// takeHeld releases the held records of every partition whose tail is
+// known (release), appending the skipped ones to skipped; and says how soon
+// a tail is to be read again.
+func (p *Producer) takeHeld(now time.Time, skipped []waitingRecord) ([]waitingRecord, time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	retry := time.Duration(0)
+	for _, pt := range p.parts {
+		if len(pt.held) > 0 && pt.tail == tailUnknown {
+			if w := max(pt.tailRetryAt.Sub(now), time.Millisecond); retry == 0 || w < retry {
+				retry = w
+			}
+			continue
+		}
+		skipped = p.release(pt, skipped)
+	}
+	return skipped, retry
+}
+
+// release adds pt's held records to batches, in order, once its tail is
+// known, but those at or below the tail, which it appends to skipped.
+// Called with mu held.
+func (p *Producer) release(pt *partition, skipped []waitingRecord) []waitingRecord {
+	if len(pt.held) == 0 || pt.tail == tailUnknown {
+		return skipped
+	}
+	t := p.topics[pt.topic]
+	for i := range pt.held {
+		w := &pt.held[i]
+		if w.rec.Pos.LSN != 0 && pt.tail == tailKnown {
+			if !w.rec.Pos.After(pt.tailPos) {
+				skipped = append(skipped, *w)
+				continue
+			}
+			pt.tail = tailPassed
+		}
+		p.appendRecord(t, pt, &w.rec, w.now, w.ts)
+	}
+	pt.held = nil
+	return skipped
+}
+
+// withoutStream re-encodes b, in place, without the outboxd.stream header,
+// before it is sent (again) in a partition where the broker refused a
+// record of the stream (partition.unproven). The batches after the refused
+// one were not appended (its sequence is missing), so none of them went out
+// with the header. Called with mu held.
+func (p *Producer) withoutStream(b *batch) {
+	recs, stamps, err := b.records()
+	if err != nil {
+		// Our own encoding does not decode: a bug, said loudly; the batch
+		// goes as it is.
+		p.log.Error("could not take the stream header out of a batch", "topic", b.part.topic, "partition", b.part.id, "error", err)
+		return
+	}
+	nb := newBatch(b.part, b.created)
+	for i := range recs {
+		recs[i].Headers = slices.DeleteFunc(recs[i].Headers, func(h outboxd.Header) bool { return h.Key == HeaderStream })
+		nb.add(&recs[i], stamps[i])
+	}
+	old := *b
+	b.buf, b.count, b.baseTime, b.maxTime, b.acks, b.kvBytes = nb.buf, nb.count, nb.baseTime, nb.maxTime, nb.acks, nb.kvBytes
+	b.stream, b.abandoned = false, false
+	old.release() // its buffer only; nb was never anyone's
+}

@@ -1,0 +1,201 @@
+package sink
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/outboxd/outboxd"
+	"github.com/outboxd/outboxd/clock/clocktest"
+	"github.com/segmentio/kafka-go"
+)
+
+// tails is a tailReader for the unit tests: the partition's tail as
+// pos/found, after fails failures; reads counts the calls.
+type tails struct {
+	mu    sync.Mutex
+	pos   outboxd.Pos
+	found bool
+	fails int
+	reads int
+	parts []int // the partition counts asked for
+}
+
+func (x *tails) read(_ context.Context, _ string, _ int32, partitions int) (outboxd.Pos, bool, error) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.reads++
+	x.parts = append(x.parts, partitions)
+	if x.fails > 0 {
+		x.fails--
+		return outboxd.Pos{}, false, errors.New("leader not available")
+	}
+	return x.pos, x.found, nil
+}
+
+func dedupeProducer(t *testing.T, b *fakeBroker, x *tails, skipped *[]string, c *clocktest.Clock) *Producer {
+	t.Helper()
+	var mu sync.Mutex
+	cfg := Config{BatchSize: 1, Linger: time.Millisecond, Stream: "7000000000000000001.1/outboxd/abc", Clock: c,
+		Skipped: func(topic string) {
+			mu.Lock()
+			defer mu.Unlock()
+			*skipped = append(*skipped, topic)
+		}}
+	p := idemProducer(t, b, cfg)
+	p.tailOf = x.read
+	return p
+}
+
+func posRec(r *ackRecorder, value string, lsn uint64, idx uint32) *outboxd.Record {
+	x := rec(r, "P-1", value)
+	x.Pos = outboxd.Pos{LSN: lsn, Index: idx}
+	return x
+}
+
+// TestRestartSkipsWhatThePartitionHolds: the partition's tail holds the
+// stream's record at 100/1. The session's records at or below it are
+// acknowledged without being produced, and counted; the first above it
+// (100/2) and every later one are produced, with the stream header; a
+// record without a position (a snapshot row) goes out as it is. Were the
+// comparison off by one, or a record above the tail skipped, the slot would
+// be confirmed past a record Kafka never got: the partition's content
+// says so.
+func TestRestartSkipsWhatThePartitionHolds(t *testing.T) {
+	c := clocktest.New()
+	drive(t, c, time.Second)
+	b := &fakeBroker{}
+	x := &tails{pos: outboxd.Pos{LSN: 100, Index: 1}, found: true}
+	var skipped []string
+	p := dedupeProducer(t, b, x, &skipped, c)
+	r := newAckRecorder(6)
+	snap := rec(r, "P-1", "snap")
+	produceOne(t, p, snap, posRec(r, "a", 99, 7), posRec(r, "b", 100, 0), posRec(r, "c", 100, 1), posRec(r, "d", 100, 2), posRec(r, "e", 101, 0))
+	wantTopic(t, b, r, "snap d e")
+	for _, v := range []string{"a", "b", "c"} {
+		if err := r.get(v); err != nil {
+			t.Errorf("%s (at or below the tail) was told %v, want acknowledged", v, err)
+		}
+	}
+	if len(skipped) != 3 {
+		t.Errorf("%d records counted as skipped, want 3", len(skipped))
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if got, want := b.streams["d"], "7000000000000000001.1/outboxd/abc;1;100;2"; got != want {
+		t.Errorf("d's %s header is %q, want %q", HeaderStream, got, want)
+	}
+	if _, has := b.streams["snap"]; has {
+		t.Errorf("the snapshot row carries a stream header")
+	}
+	if x.reads != 1 || x.parts[0] != 1 {
+		t.Errorf("the tail was read %d times (partition counts %v), want once, for 1 partition", x.reads, x.parts)
+	}
+}
+
+// TestNoEvidenceNoSkip: a partition without a record of the stream (a new
+// topic, or records of another identity: readKafkaTail finds none) skips
+// nothing; a tail that cannot be read holds the records, unsent, until it
+// can: none is skipped or produced on a guess.
+func TestNoEvidenceNoSkip(t *testing.T) {
+	c := clocktest.New()
+	drive(t, c, time.Second)
+	b := &fakeBroker{}
+	x := &tails{fails: 3}
+	var skipped []string
+	p := dedupeProducer(t, b, x, &skipped, c)
+	r := newAckRecorder(2)
+	produceOne(t, p, posRec(r, "a", 50, 0), posRec(r, "b", 51, 0))
+	wantTopic(t, b, r, "a b")
+	if len(skipped) != 0 || x.reads != 4 {
+		t.Errorf("%d skipped, tail read %d times; want none skipped, read 4 times (3 failures)", len(skipped), x.reads)
+	}
+}
+
+// TestDedupeNeedsIdempotence: without the idempotent producer a partition
+// may hold a later record without an earlier one (a retry reorders
+// nothing, but a failed batch leaves a gap): nothing is skipped, the tail
+// is not read, no header is added.
+func TestDedupeNeedsIdempotence(t *testing.T) {
+	b := &fakeBroker{}
+	x := &tails{pos: outboxd.Pos{LSN: 100}, found: true}
+	p := testProducer(t, b, Config{BatchSize: 1, Linger: time.Millisecond, MaxAttempts: 3, Stream: "s"})
+	p.tailOf = x.read
+	r := newAckRecorder(1)
+	produceOne(t, p, posRec(r, "a", 90, 0))
+	wantTopic(t, b, r, "a")
+	if x.reads != 0 || len(b.streams) != 0 {
+		t.Errorf("tail read %d times, stream headers %v; want neither", x.reads, b.streams)
+	}
+}
+
+// TestParseStream: only the same identity under the same partition count
+// is evidence.
+func TestParseStream(t *testing.T) {
+	v := appendStream(nil, "7.1/outboxd/abc", 6, outboxd.Pos{LSN: 12345, Index: 3})
+	if pos, ok := parseStream(v, "7.1/outboxd/abc", 6); !ok || pos != (outboxd.Pos{LSN: 12345, Index: 3}) {
+		t.Errorf("parse %q: %v %v", v, pos, ok)
+	}
+	for _, tc := range []struct {
+		v, id string
+		parts int
+	}{
+		{string(v), "7.2/outboxd/abc", 6},  // another timeline
+		{string(v), "7.1/outboxd/abd", 6},  // other routing
+		{string(v), "7.1/outboxd/abc", 12}, // partitions added since
+		{string(v), "7.1/outboxd/ab", 6},   // a prefix of the identity
+		{"7.1/outboxd/abc;6;x;3", "7.1/outboxd/abc", 6},
+		{"7.1/outboxd/abc;6;12345", "7.1/outboxd/abc", 6},
+		{"7.1/outboxd/abc;6;0;0", "7.1/outboxd/abc", 6},
+	} {
+		if pos, ok := parseStream([]byte(tc.v), tc.id, tc.parts); ok {
+			t.Errorf("parse %q as %s under %d partitions: %v, want no position", tc.v, tc.id, tc.parts, pos)
+		}
+	}
+	if !strings.HasPrefix(string(v), "7.1/outboxd/abc;6;") {
+		t.Errorf("header %q", v)
+	}
+}
+
+// TestRefusalLeavesLaterRecordsUnproven: the broker refuses a record of the
+// stream for its content (its dead-letter record goes to another topic,
+// unordered with this partition); the partition's later records go without
+// the outboxd.stream header, so that none of them can make a later session
+// skip the refused one before its dead-letter record is in Kafka. The
+// refusal handed back carries no stream header either.
+func TestRefusalLeavesLaterRecordsUnproven(t *testing.T) {
+	c := clocktest.New()
+	drive(t, c, time.Second)
+	b := &fakeBroker{refuse: map[string]int16{"b": int16(kafka.InvalidRecord)}, refusal: "refused"}
+	x := &tails{}
+	var skipped []string
+	p := dedupeProducer(t, b, x, &skipped, c)
+	r := newAckRecorder(3)
+	refused := posRec(r, "b", 11, 0)
+	refused.Refusable = true
+	produceOne(t, p, posRec(r, "a", 10, 0), refused, posRec(r, "c", 12, 0))
+	r.wait(t)
+	var re *outboxd.RefusedError
+	if err := r.get("b"); !errors.As(err, &re) {
+		t.Fatalf("b: %v, want a RefusedError", err)
+	}
+	for _, h := range re.Headers {
+		if h.Key == HeaderStream {
+			t.Errorf("the refusal carries the %s header", HeaderStream)
+		}
+	}
+	if got := strings.Join(b.topic(0), " "); got != "a c" {
+		t.Fatalf("the partition holds %q, want \"a c\"", got)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, has := b.streams["a"]; !has {
+		t.Errorf("a, before the refusal, has no stream header")
+	}
+	if v, has := b.streams["c"]; has {
+		t.Errorf("c, after the refusal, carries %q", v)
+	}
+}

@@ -1,0 +1,129 @@
+package sink
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/protocol"
+	"github.com/segmentio/kafka-go/protocol/fetch"
+	"github.com/segmentio/kafka-go/protocol/listoffsets"
+
+	"github.com/outboxd/outboxd"
+)
+
+// tailWindows are how many records before the high watermark readTail
+// looks at for the stream's last record, in turn: the partition's tail is
+// read, never the partition.
+var tailWindows = []int64{512, 16384}
+
+// tailFetchBytes bounds one fetch of the tail.
+const tailFetchBytes = 1 << 20
+
+// readKafkaTail is the tailReader: the position of the last record of the
+// stream (Config.Stream, under partitions partitions) below the
+// partition's high watermark, from its leader, within WriteTimeout. Only
+// what every in-sync replica holds counts (the high watermark): a record
+// above it may still be truncated.
+func (p *Producer) readKafkaTail(ctx context.Context, topic string, partition int32, partitions int) (outboxd.Pos, bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.WriteTimeout)
+	defer cancel()
+	hw, err := p.highWatermark(ctx, topic, partition)
+	if err != nil || hw == 0 {
+		return outboxd.Pos{}, false, err
+	}
+	for _, window := range tailWindows {
+		from := max(0, hw-window)
+		pos, found, err := p.lastOfStream(ctx, topic, partition, from, hw, partitions)
+		if err != nil || found || from == 0 {
+			return pos, found, err
+		}
+	}
+	return outboxd.Pos{}, false, nil
+}
+
+func (p *Producer) highWatermark(ctx context.Context, topic string, partition int32) (int64, error) {
+	res, err := p.rt.RoundTrip(ctx, p.bootstrap(), &listoffsets.Request{ReplicaID: -1,
+		Topics: []listoffsets.RequestTopic{{Topic: topic, Partitions: []listoffsets.RequestPartition{{Partition: partition, CurrentLeaderEpoch: -1, Timestamp: -1}}}}})
+	if err != nil {
+		return 0, fmt.Errorf("list offsets: %w", err)
+	}
+	r, ok := res.(*listoffsets.Response)
+	if !ok || len(r.Topics) != 1 || len(r.Topics[0].Partitions) != 1 {
+		return 0, fmt.Errorf("list offsets: unexpected answer %T", res)
+	}
+	pa := r.Topics[0].Partitions[0]
+	if pa.ErrorCode != 0 {
+		return 0, fmt.Errorf("list offsets: %w", kafka.Error(pa.ErrorCode))
+	}
+	return pa.Offset, nil
+}
+
+// lastOfStream reads [from, hw) and returns the position of the last record
+// of the stream in it.
+func (p *Producer) lastOfStream(ctx context.Context, topic string, partition int32, from, hw int64, partitions int) (last outboxd.Pos, found bool, err error) {
+	for next := from; next < hw; {
+		res, err := p.rt.RoundTrip(ctx, p.bootstrap(), &fetch.Request{ReplicaID: -1, MaxBytes: tailFetchBytes,
+			Topics: []fetch.RequestTopic{{Topic: topic, Partitions: []fetch.RequestPartition{{Partition: partition, CurrentLeaderEpoch: -1, FetchOffset: next, LogStartOffset: -1, PartitionMaxBytes: tailFetchBytes}}}}})
+		if err != nil {
+			return last, false, fmt.Errorf("fetch: %w", err)
+		}
+		r, ok := res.(*fetch.Response)
+		if !ok || len(r.Topics) != 1 || len(r.Topics[0].Partitions) != 1 {
+			return last, false, fmt.Errorf("fetch: unexpected answer %T", res)
+		}
+		pa := r.Topics[0].Partitions[0]
+		if pa.ErrorCode != 0 {
+			if kafka.Error(pa.ErrorCode) == kafka.OffsetOutOfRange && next == from && from > 0 {
+				next = pa.LogStartOffset // deleted by retention meanwhile: from the start
+				continue
+			}
+			return last, false, fmt.Errorf("fetch: %w", kafka.Error(pa.ErrorCode))
+		}
+		read, err := scanRecords(pa.RecordSet.Records, hw, &next, func(h []protocol.Header) {
+			for _, x := range h {
+				if x.Key == HeaderStream {
+					if pos, ok := parseStream(x.Value, p.cfg.Stream, partitions); ok {
+						last, found = pos, true
+					}
+				}
+			}
+		})
+		if err != nil {
+			return last, false, err
+		}
+		if read == 0 {
+			break // nothing more below the high watermark (a compacted or transactional gap)
+		}
+	}
+	return last, found, nil
+}
+
+// scanRecords calls each with the headers of every record of rs below hw,
+// moves *next past them and returns how many it read.
+func scanRecords(rs protocol.RecordReader, hw int64, next *int64, each func([]protocol.Header)) (int, error) {
+	if rs == nil {
+		return 0, nil
+	}
+	n := 0
+	for {
+		rec, err := rs.ReadRecord()
+		if errors.Is(err, io.EOF) {
+			return n, nil
+		}
+		if err != nil {
+			return n, fmt.Errorf("read the partition's tail: %w", err)
+		}
+		if rec.Offset < *next {
+			continue // a batch starts before the offset asked for
+		}
+		if rec.Offset >= hw {
+			return n, nil
+		}
+		each(rec.Headers)
+		*next = rec.Offset + 1
+		n++
+	}
+}
