@@ -129,7 +129,7 @@ var States = []string{StateStarting, StateStreaming, StateBackoff, StateStandby,
 type Runner struct {
 	cfg         Config
 	router      *envelope.Router
-	newProducer func(system string) (Producer, error)
+	newProducer func(Source) (Producer, error)
 	log         hclog.Logger
 	clock       clock.Clock
 
@@ -185,10 +185,9 @@ type Status struct {
 }
 
 // NewRunner prepares a runner; it does not connect.
-// newProducer makes a session's producer; system is the database system's
-// identifier and timeline ("<system id>.<timeline>", IDENTIFY_SYSTEM), the
-// start of the records' stream identity (sink.Config.Stream).
-func NewRunner(cfg Config, router *envelope.Router, newProducer func(system string) (Producer, error), log hclog.Logger) *Runner {
+// newProducer makes a session's producer for the records of src (restart
+// de-duplication: sink.Config.Stream).
+func NewRunner(cfg Config, router *envelope.Router, newProducer func(Source) (Producer, error), log hclog.Logger) *Runner {
 	r := &Runner{cfg: cfg, router: router, newProducer: newProducer, log: log, clock: clock.Or(cfg.Clock), state: StateStarting}
 	r.since = r.clock.Now()
 	return r

@@ -42,11 +42,11 @@ func (r *Runner) session(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	sys, err := pglogrepl.IdentifySystem(ctx, conn)
+	src, err := readSource(ctx, conn)
 	if err != nil {
-		return fmt.Errorf("identify system: %w", err)
+		return err
 	}
-	prod, err := r.newProducer(fmt.Sprintf("%s.%d", sys.SystemID, sys.Timeline))
+	prod, err := r.newProducer(src)
 	if err != nil {
 		return Fatal(fmt.Errorf("kafka producer: %w", err))
 	}

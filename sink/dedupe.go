@@ -28,11 +28,14 @@ import (
 // it). So when a record of the stream at position P is in a partition,
 // every record of that stream routed to that partition at or below P is in
 // it too, from the session that wrote P or (skipped by that one) from an
-// earlier one. The identity (the database system, its timeline, the slot,
-// the routing) and the partition count make "routed to that partition"
-// mean the same in both sessions: after a change of any of them, or a
-// promotion (a new timeline), nothing is skipped until the partition holds
-// a record of the new identity. Records of the cut-over snapshot, of
+// earlier one. The identity (the database system, the slot, the routing)
+// and the partition count make "routed to that partition" mean the same in
+// both sessions: after a change of any of them nothing is skipped until
+// the partition holds a record of the new identity. Positions go on across
+// a promotion (PostgreSQL 17's failover slots), but WAL the old primary
+// wrote after the new one's branch point was never the new one's: a record
+// from an earlier timeline proves its position only at or before that
+// timeline's end in the current timeline's history (proof). Records of the cut-over snapshot, of
 // replay and dead-letter records carry no position: they are never
 // skipped and prove nothing. Nor do a partition's records after the broker
 // refused one of the stream there (partition.unproven): the refused
@@ -40,7 +43,7 @@ import (
 // they are.
 
 // HeaderStream is the header that carries a record's stream identity and
-// position: "<identity>;<partitions>;<commit LSN>;<index>".
+// position: "<identity>;<partitions>;<timeline>;<commit LSN>;<index>".
 const HeaderStream = "outboxd.stream"
 
 // tailState is what a partition knows of the stream's records in it.
@@ -75,42 +78,64 @@ func (p *Producer) withStream(t *topic, part *partition, r *outboxd.Record) *out
 	if !p.dedupe() || r.Pos.LSN == 0 || part.unproven {
 		return r
 	}
-	p.streamValue = appendStream(p.streamValue[:0], p.cfg.Stream, len(t.ids), r.Pos)
+	p.streamValue = appendStream(p.streamValue[:0], p.cfg.Stream, len(t.ids), p.cfg.Timeline, r.Pos)
 	p.streamHeaders = append(append(p.streamHeaders[:0], r.Headers...), outboxd.Header{Key: HeaderStream, Value: p.streamValue})
 	c := *r
 	c.Headers = p.streamHeaders
 	return &c
 }
 
-func appendStream(b []byte, identity string, partitions int, pos outboxd.Pos) []byte {
+func appendStream(b []byte, identity string, partitions int, timeline uint32, pos outboxd.Pos) []byte {
 	b = append(b, identity...)
 	b = append(b, ';')
 	b = strconv.AppendInt(b, int64(partitions), 10)
+	b = append(b, ';')
+	b = strconv.AppendUint(b, uint64(timeline), 10)
 	b = append(b, ';')
 	b = strconv.AppendUint(b, pos.LSN, 10)
 	b = append(b, ';')
 	return strconv.AppendUint(b, uint64(pos.Index), 10)
 }
 
-// parseStream is the position in a HeaderStream value written by the
-// stream identity under partitions partitions; ok false for any other.
-func parseStream(v []byte, identity string, partitions int) (pos outboxd.Pos, ok bool) {
-	prefix := appendStream(nil, identity, partitions, outboxd.Pos{})
-	prefix = prefix[:len(prefix)-len("0;0")]
+// proof is the position a HeaderStream value v proves for this session: a
+// record of the same identity, under the same partition count, of this
+// timeline or of an earlier one of its history at or before that one's end
+// (a record past it was on a branch a promotion left: the new primary
+// never had its transaction, and reuses its positions). ok false for any
+// other.
+func (p *Producer) proof(v []byte, partitions int) (pos outboxd.Pos, ok bool) {
+	tli, pos, ok := parseStream(v, p.cfg.Stream, partitions)
+	if !ok {
+		return pos, false
+	}
+	if tli == p.cfg.Timeline {
+		return pos, true
+	}
+	end, ancestor := p.cfg.TimelineEnds[tli]
+	return pos, ancestor && pos.LSN <= end
+}
+
+// parseStream is the timeline and position in a HeaderStream value written
+// by the stream identity under partitions partitions; ok false for any
+// other.
+func parseStream(v []byte, identity string, partitions int) (tli uint32, pos outboxd.Pos, ok bool) {
+	prefix := appendStream(nil, identity, partitions, 0, outboxd.Pos{})
+	prefix = prefix[:len(prefix)-len("0;0;0")]
 	rest, found := bytes.CutPrefix(v, prefix)
 	if !found {
-		return pos, false
+		return 0, pos, false
 	}
-	lsn, idx, found := bytes.Cut(rest, []byte{';'})
-	if !found {
-		return pos, false
+	f := bytes.Split(rest, []byte{';'})
+	if len(f) != 3 {
+		return 0, pos, false
 	}
-	l, err1 := strconv.ParseUint(string(lsn), 10, 64)
-	i, err2 := strconv.ParseUint(string(idx), 10, 32)
-	if err1 != nil || err2 != nil || l == 0 {
-		return pos, false
+	t, err1 := strconv.ParseUint(string(f[0]), 10, 32)
+	l, err2 := strconv.ParseUint(string(f[1]), 10, 64)
+	i, err3 := strconv.ParseUint(string(f[2]), 10, 32)
+	if err1 != nil || err2 != nil || err3 != nil || l == 0 {
+		return 0, pos, false
 	}
-	return outboxd.Pos{LSN: l, Index: uint32(i)}, true
+	return uint32(t), outboxd.Pos{LSN: l, Index: uint32(i)}, true
 }
 
 // tailReader reads the position of the last record of the stream in a

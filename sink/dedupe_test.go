@@ -39,7 +39,7 @@ func (x *tails) read(_ context.Context, _ string, _ int32, partitions int) (outb
 func dedupeProducer(t *testing.T, b *fakeBroker, x *tails, skipped *[]string, c *clocktest.Clock) *Producer {
 	t.Helper()
 	var mu sync.Mutex
-	cfg := Config{BatchSize: 1, Linger: time.Millisecond, Stream: "7000000000000000001.1/outboxd/abc", Clock: c,
+	cfg := Config{BatchSize: 1, Linger: time.Millisecond, Stream: "7000000000000000001/outboxd/abc", Timeline: 1, Clock: c,
 		Skipped: func(topic string) {
 			mu.Lock()
 			defer mu.Unlock()
@@ -85,7 +85,7 @@ func TestRestartSkipsWhatThePartitionHolds(t *testing.T) {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if got, want := b.streams["d"], "7000000000000000001.1/outboxd/abc;1;100;2"; got != want {
+	if got, want := b.streams["d"], "7000000000000000001/outboxd/abc;1;1;100;2"; got != want {
 		t.Errorf("d's %s header is %q, want %q", HeaderStream, got, want)
 	}
 	if _, has := b.streams["snap"]; has {
@@ -132,31 +132,38 @@ func TestDedupeNeedsIdempotence(t *testing.T) {
 	}
 }
 
-// TestParseStream: only the same identity under the same partition count
-// is evidence.
-func TestParseStream(t *testing.T) {
-	v := appendStream(nil, "7.1/outboxd/abc", 6, outboxd.Pos{LSN: 12345, Index: 3})
-	if pos, ok := parseStream(v, "7.1/outboxd/abc", 6); !ok || pos != (outboxd.Pos{LSN: 12345, Index: 3}) {
-		t.Errorf("parse %q: %v %v", v, pos, ok)
+// TestProof: only the same identity under the same partition count is
+// evidence, from this timeline, or from an earlier one of its history at
+// or before that one's end.
+func TestProof(t *testing.T) {
+	p := &Producer{cfg: Config{Stream: "7/outboxd/abc", Timeline: 3, TimelineEnds: map[uint32]uint64{1: 5000, 2: 9000}}}
+	at := func(tli uint32, lsn uint64) []byte {
+		return appendStream(nil, "7/outboxd/abc", 6, tli, outboxd.Pos{LSN: lsn, Index: 2})
 	}
 	for _, tc := range []struct {
-		v, id string
+		name  string
+		v     []byte
 		parts int
+		want  bool
 	}{
-		{string(v), "7.2/outboxd/abc", 6},  // another timeline
-		{string(v), "7.1/outboxd/abd", 6},  // other routing
-		{string(v), "7.1/outboxd/abc", 12}, // partitions added since
-		{string(v), "7.1/outboxd/ab", 6},   // a prefix of the identity
-		{"7.1/outboxd/abc;6;x;3", "7.1/outboxd/abc", 6},
-		{"7.1/outboxd/abc;6;12345", "7.1/outboxd/abc", 6},
-		{"7.1/outboxd/abc;6;0;0", "7.1/outboxd/abc", 6},
+		{"this timeline", at(3, 12345), 6, true},
+		{"timeline 2 before its end", at(2, 9000), 6, true},
+		{"timeline 2 past its end (the branch a promotion left)", at(2, 9001), 6, false},
+		{"timeline 1 before its end", at(1, 4999), 6, true},
+		{"timeline 1 past its end", at(1, 5001), 6, false},
+		{"a timeline not in the history", at(4, 100), 6, false},
+		{"partitions added since", at(3, 12345), 12, false},
+		{"another routing", []byte("7/outboxd/abd;6;3;12345;2"), 6, false},
+		{"a prefix of the identity", []byte("7/outboxd/ab;6;3;12345;2"), 6, false},
+		{"another system", []byte("8/outboxd/abc;6;3;12345;2"), 6, false},
+		{"no index", []byte("7/outboxd/abc;6;3;12345"), 6, false},
+		{"a bad LSN", []byte("7/outboxd/abc;6;3;x;2"), 6, false},
+		{"LSN 0", []byte("7/outboxd/abc;6;3;0;0"), 6, false},
 	} {
-		if pos, ok := parseStream([]byte(tc.v), tc.id, tc.parts); ok {
-			t.Errorf("parse %q as %s under %d partitions: %v, want no position", tc.v, tc.id, tc.parts, pos)
+		pos, ok := p.proof(tc.v, tc.parts)
+		if ok != tc.want || ok && pos != (outboxd.Pos{LSN: pos.LSN, Index: 2}) {
+			t.Errorf("%s: %q under %d partitions: %v %v, want %v", tc.name, tc.v, tc.parts, pos, ok, tc.want)
 		}
-	}
-	if !strings.HasPrefix(string(v), "7.1/outboxd/abc;6;") {
-		t.Errorf("header %q", v)
 	}
 }
 

@@ -89,6 +89,11 @@ type Config struct {
 	// holds are not produced again (Skipped is told, then their Ack).
 	Stream  string
 	Skipped func(topic string)
+	// Timeline is the source's current timeline and TimelineEnds where
+	// each earlier one of its history ended: a record of the stream from
+	// an earlier timeline proves something only at or before its end.
+	Timeline     uint32
+	TimelineEnds map[uint32]uint64
 	// Clock is what the producer reads and waits on (the linger, the
 	// backoff between attempts, a partition's idle spell: pipelineIdle);
 	// nil: clock.System.

@@ -85,7 +85,7 @@ func (p *Producer) lastOfStream(ctx context.Context, topic string, partition int
 		read, err := scanRecords(pa.RecordSet.Records, hw, &next, func(h []protocol.Header) {
 			for _, x := range h {
 				if x.Key == HeaderStream {
-					if pos, ok := parseStream(x.Value, p.cfg.Stream, partitions); ok {
+					if pos, ok := p.proof(x.Value, partitions); ok {
 						last, found = pos, true
 					}
 				}

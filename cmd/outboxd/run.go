@@ -178,9 +178,10 @@ func kafkaConfig(ctx context.Context, cfg config.Config) (sink.Config, error) {
 // session.
 func buildRunner(rc replication.Config, sc sink.Config, stream string, router *envelope.Router, log hclog.Logger) *replication.Runner {
 	sinkLog := log.Named("sink")
-	newProducer := func(system string) (replication.Producer, error) {
+	newProducer := func(src replication.Source) (replication.Producer, error) {
 		if stream != "" {
-			sc.Stream = system + "/" + stream
+			sc.Stream = src.System + "/" + stream
+			sc.Timeline, sc.TimelineEnds = src.Timeline, src.TimelineEnds
 		}
 		return sink.New(sc, sinkLog)
 	}
@@ -200,7 +201,7 @@ func newRouter(cfg config.Config, routing envelope.Routing) (*envelope.Router, e
 // streamOf is the part of the records' stream identity (sink.Config.Stream)
 // the configuration decides: the slot, and a digest of what routes a row
 // to a topic and a partition (the routes, the partitioner); the session
-// puts the database system and its timeline before it. "" when
+// puts the database system's identifier before it. "" when
 // kafka.deduplicate is off.
 func streamOf(cfg config.Config) string {
 	if !cfg.Kafka.Deduplicate {
