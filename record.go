@@ -52,16 +52,26 @@ type Record struct {
 	Ack Acker
 }
 
-// Pos is a change's place in the replication stream: its transaction's
-// commit LSN and its index among the transaction's changes. Positions grow
-// in commit order.
+// Pos is a record's place in the replication stream: its transaction's
+// commit LSN, its change's index among the transaction's changes, and the
+// route among the change's routes (a change may become several records).
+// Positions grow in commit order, and no two records share one.
 type Pos struct {
 	LSN   uint64
 	Index uint32
+	Route uint32
 }
 
 // After says whether p comes after q in the stream.
-func (p Pos) After(q Pos) bool { return p.LSN > q.LSN || p.LSN == q.LSN && p.Index > q.Index }
+func (p Pos) After(q Pos) bool {
+	if p.LSN != q.LSN {
+		return p.LSN > q.LSN
+	}
+	if p.Index != q.Index {
+		return p.Index > q.Index
+	}
+	return p.Route > q.Route
+}
 
 // Header is the value of the record's first header called key, nil when
 // it has none.

@@ -171,11 +171,12 @@ func DeadLetters(b *envelope.Binding) bool {
 // a route that stops on it, or the delivery failure that fenced the
 // producer.
 func (p *Publisher) Change(u Unit, bs []*envelope.Binding, row []envelope.Column, pos envelope.Position) error {
-	for _, b := range bs {
+	for i, b := range bs {
 		rec := &p.rec
 		var verdict envelope.Verdict
 		var err error
 		*rec, verdict, err = p.router.Build(b, row, pos, &p.sc)
+		rec.Pos.Route = uint32(i) // a change's records are told apart by their route
 		switch {
 		case err != nil:
 			if !DeadLetters(b) {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/outboxd/outboxd"
 	"github.com/outboxd/outboxd/clock"
 	"github.com/outboxd/outboxd/clock/clocktest"
@@ -304,5 +305,39 @@ func TestBadRowsAndFailures(t *testing.T) {
 	}
 	if held, _ := u.state(); held != 0 || len(u.failures) != 2 {
 		t.Fatalf("unit held %d, failures %v", held, u.failures)
+	}
+}
+
+// TestEachRecordItsOwnPosition: one change on two routes to one topic (a
+// filtered route beside the table's own, say) becomes two records of one
+// key; their positions differ by the route, so that restart
+// de-duplication (sink/dedupe.go) never takes one for the other.
+func TestEachRecordItsOwnPosition(t *testing.T) {
+	router, err := envelope.NewRouter("comandes", []envelope.Route{
+		{Schema: "public", Table: "outbox", Topic: "comandes", Columns: publishtest.Columns},
+		{Schema: "public", Table: "outbox", Topic: "comandes", Columns: publishtest.Columns},
+	}, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel := &pglogrepl.RelationMessage{Namespace: "public", RelationName: "outbox"}
+	for _, c := range []struct {
+		name string
+		oid  uint32
+	}{{"id", 2950}, {"agregat_id", 25}, {"tipus", 25}, {"versio", 23}, {"carrega", 3802}, {"creat_en", 1184}} {
+		rel.Columns = append(rel.Columns, &pglogrepl.RelationMessageColumn{Name: c.name, DataType: c.oid})
+	}
+	bs := router.Bind(rel)
+	if len(bs) != 2 {
+		t.Fatalf("%d bindings for two routes", len(bs))
+	}
+	prod := &publishtest.Producer{}
+	p := newPublisher(router, prod, clocktest.New(), 0)
+	if err := p.Change(nil, bs, publishtest.Row(1, "1"), envelope.Position{CommitLSN: 100, Index: 3}); err != nil {
+		t.Fatal(err)
+	}
+	a, b := prod.Record(t, 0), prod.Record(t, 1)
+	if a.Pos == b.Pos || a.Pos.LSN != 100 || a.Pos.Index != 3 || !b.Pos.After(a.Pos) {
+		t.Fatalf("positions %+v and %+v: want the change's, told apart by the route", a.Pos, b.Pos)
 	}
 }

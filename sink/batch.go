@@ -214,6 +214,7 @@ func (b *batch) split() (*batch, *batch, error) {
 	}
 	first, rest := newBatch(b.part, b.created), newBatch(b.part, b.created)
 	first.isolating, rest.isolating = true, true
+	first.stream, rest.stream = b.stream, b.stream
 	for i := range recs {
 		dst := first
 		if i >= len(recs)/2 {

@@ -35,7 +35,11 @@ import (
 // a promotion (PostgreSQL 17's failover slots), but WAL the old primary
 // wrote after the new one's branch point was never the new one's: a record
 // from an earlier timeline proves its position only at or before that
-// timeline's end in the current timeline's history (proof). Records of the cut-over snapshot, of
+// timeline's end in the current timeline's history (proof). A topic whose
+// partition count changes during the session (kafka.on_partition_change:
+// follow) had records routed under both counts: its records carry no
+// header from then on, and its held records are not skipped (topic.resized).
+// Records of the cut-over snapshot, of
 // replay and dead-letter records carry no position: they are never
 // skipped and prove nothing. Nor do a partition's records after the broker
 // refused one of the stream there (partition.unproven): the refused
@@ -43,7 +47,7 @@ import (
 // they are.
 
 // HeaderStream is the header that carries a record's stream identity and
-// position: "<identity>;<partitions>;<timeline>;<commit LSN>;<index>".
+// position: "<identity>;<partitions>;<timeline>;<commit LSN>;<index>;<route>".
 const HeaderStream = "outboxd.stream"
 
 // tailState is what a partition knows of the stream's records in it.
@@ -75,7 +79,7 @@ func (p *Producer) hold(part *partition, r *outboxd.Record, now time.Time, ts in
 // producer's scratch until the next call: the batch copies its bytes.
 // Called with mu held.
 func (p *Producer) withStream(t *topic, part *partition, r *outboxd.Record) *outboxd.Record {
-	if !p.dedupe() || r.Pos.LSN == 0 || part.unproven {
+	if !p.dedupe() || r.Pos.LSN == 0 || part.unproven || t.resized {
 		return r
 	}
 	p.streamValue = appendStream(p.streamValue[:0], p.cfg.Stream, len(t.ids), p.cfg.Timeline, r.Pos)
@@ -87,14 +91,11 @@ func (p *Producer) withStream(t *topic, part *partition, r *outboxd.Record) *out
 
 func appendStream(b []byte, identity string, partitions int, timeline uint32, pos outboxd.Pos) []byte {
 	b = append(b, identity...)
-	b = append(b, ';')
-	b = strconv.AppendInt(b, int64(partitions), 10)
-	b = append(b, ';')
-	b = strconv.AppendUint(b, uint64(timeline), 10)
-	b = append(b, ';')
-	b = strconv.AppendUint(b, pos.LSN, 10)
-	b = append(b, ';')
-	return strconv.AppendUint(b, uint64(pos.Index), 10)
+	for _, n := range []uint64{uint64(partitions), uint64(timeline), pos.LSN, uint64(pos.Index), uint64(pos.Route)} {
+		b = append(b, ';')
+		b = strconv.AppendUint(b, n, 10)
+	}
+	return b
 }
 
 // proof is the position a HeaderStream value v proves for this session: a
@@ -120,22 +121,30 @@ func (p *Producer) proof(v []byte, partitions int) (pos outboxd.Pos, ok bool) {
 // other.
 func parseStream(v []byte, identity string, partitions int) (tli uint32, pos outboxd.Pos, ok bool) {
 	prefix := appendStream(nil, identity, partitions, 0, outboxd.Pos{})
-	prefix = prefix[:len(prefix)-len("0;0;0")]
+	prefix = prefix[:len(prefix)-len("0;0;0;0")]
 	rest, found := bytes.CutPrefix(v, prefix)
 	if !found {
 		return 0, pos, false
 	}
 	f := bytes.Split(rest, []byte{';'})
-	if len(f) != 3 {
+	if len(f) != 4 {
 		return 0, pos, false
 	}
-	t, err1 := strconv.ParseUint(string(f[0]), 10, 32)
-	l, err2 := strconv.ParseUint(string(f[1]), 10, 64)
-	i, err3 := strconv.ParseUint(string(f[2]), 10, 32)
-	if err1 != nil || err2 != nil || err3 != nil || l == 0 {
+	var n [4]uint64
+	for i, x := range f {
+		var err error
+		bits := 32
+		if i == 1 {
+			bits = 64
+		}
+		if n[i], err = strconv.ParseUint(string(x), 10, bits); err != nil {
+			return 0, pos, false
+		}
+	}
+	if n[1] == 0 {
 		return 0, pos, false
 	}
-	return uint32(t), outboxd.Pos{LSN: l, Index: uint32(i)}, true
+	return uint32(n[0]), outboxd.Pos{LSN: n[1], Index: uint32(n[2]), Route: uint32(n[3])}, true
 }
 
 // tailReader reads the position of the last record of the stream in a
@@ -220,6 +229,9 @@ func (p *Producer) release(pt *partition, skipped []waitingRecord) []waitingReco
 		return skipped
 	}
 	t := p.topics[pt.topic]
+	if t.resized {
+		pt.tail = tailPassed // routed under another count than the tail's: nothing proven
+	}
 	for i := range pt.held {
 		w := &pt.held[i]
 		if w.rec.Pos.LSN != 0 && pt.tail == tailKnown {

@@ -303,6 +303,7 @@ func (p *Producer) applyTopic(mt *meta.ResponseTopic, now time.Time) {
 	before := len(t.ids)
 	defer func() {
 		if after := len(t.ids); after != before {
+			t.resized = t.resized || before != 0
 			p.partitionsChanged(t.name, before, after)
 		}
 	}()

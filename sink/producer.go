@@ -177,8 +177,11 @@ type topic struct {
 	name    string
 	ids     []int // partition ids, for the balancer
 	parts   map[int]*partition
-	fetched time.Time       // when its layout was last read; zero: not known yet
-	stale   bool            // a batch failed: read its leaders again now
+	fetched time.Time // when its layout was last read; zero: not known yet
+	stale   bool      // a batch failed: read its leaders again now
+	// resized: its partition count changed during this producer's life
+	// (dedupe.go: its records prove nothing from then on).
+	resized bool
 	waiting []waitingRecord // records that came before its layout was known
 	// While its layout is not known: the first answer that called it
 	// missing since the cluster last failed to answer, and how many did

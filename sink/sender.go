@@ -264,7 +264,13 @@ func (p *Producer) complete(b *batch, err error) {
 func (p *Producer) logIdleWithWork() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.rounds > 0 || !p.hasWork() {
+	held := false
+	for _, pt := range p.parts {
+		held = held || len(pt.held) > 0
+	}
+	if p.rounds > 0 || held || !p.hasWork() {
+		// Held records wait for their tail (dedupe.go), which has a timer
+		// or is read at the next pass (hold pokes the sender).
 		p.idleLogged = false
 		return
 	}
