@@ -38,11 +38,14 @@ func (r *Runner) session(ctx context.Context) (err error) {
 		_ = conn.Close(cctx)
 	}()
 
-	start, cut, err := r.prepare(ctx, conn)
+	// Before prepare: the slot it may create exports a snapshot, which
+	// the next command on this connection would end before the cut-over
+	// reads it.
+	src, err := r.readSource(ctx, conn)
 	if err != nil {
 		return err
 	}
-	src, err := readSource(ctx, conn)
+	start, cut, err := r.prepare(ctx, conn)
 	if err != nil {
 		return err
 	}

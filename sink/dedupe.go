@@ -3,12 +3,14 @@ package sink
 import (
 	"bytes"
 	"context"
+	"errors"
 	"slices"
 	"strconv"
 	"time"
 
 	"github.com/outboxd/outboxd"
 	"github.com/outboxd/outboxd/backoff"
+	"github.com/segmentio/kafka-go"
 )
 
 // Restart de-duplication. A session that starts after a crash, a broker
@@ -47,7 +49,7 @@ import (
 // they are.
 
 // HeaderStream is the header that carries a record's stream identity and
-// position: "<identity>;<partitions>;<timeline>;<commit LSN>;<index>;<route>".
+// position: "<identity>;<partitions>;<timeline>;<its start>;<commit LSN>;<index>;<route>".
 const HeaderStream = "outboxd.stream"
 
 // tailState is what a partition knows of the stream's records in it.
@@ -65,8 +67,8 @@ func (p *Producer) dedupe() bool { return p.cfg.Stream != "" && p.cfg.Idempotenc
 // it goes out: a record with a position before the tail is passed, and
 // any record behind a held one (order). It pokes the sender, which reads
 // the tail (releaseHeld). Called with mu held.
-func (p *Producer) hold(part *partition, r *outboxd.Record, now time.Time, ts int64) bool {
-	if !p.dedupe() || len(part.held) == 0 && (part.tail == tailPassed || r.Pos.LSN == 0) {
+func (p *Producer) hold(t *topic, part *partition, r *outboxd.Record, now time.Time, ts int64) bool {
+	if !p.dedupe() || len(part.held) == 0 && (part.tail == tailPassed || r.Pos.LSN == 0 || t.resized) {
 		return false
 	}
 	part.held = append(part.held, waitingRecord{rec: cloneRecord(r), now: now, ts: ts})
@@ -82,69 +84,76 @@ func (p *Producer) withStream(t *topic, part *partition, r *outboxd.Record) *out
 	if !p.dedupe() || r.Pos.LSN == 0 || part.unproven || t.resized {
 		return r
 	}
-	p.streamValue = appendStream(p.streamValue[:0], p.cfg.Stream, len(t.ids), p.cfg.Timeline, r.Pos)
+	p.streamValue = appendStream(p.streamValue[:0], p.cfg.Stream, len(t.ids), p.cfg.Timeline, p.cfg.Timelines[p.cfg.Timeline].Start, r.Pos)
 	p.streamHeaders = append(append(p.streamHeaders[:0], r.Headers...), outboxd.Header{Key: HeaderStream, Value: p.streamValue})
 	c := *r
 	c.Headers = p.streamHeaders
 	return &c
 }
 
-func appendStream(b []byte, identity string, partitions int, timeline uint32, pos outboxd.Pos) []byte {
+func appendStream(b []byte, identity string, partitions int, timeline uint32, start uint64, pos outboxd.Pos) []byte {
 	b = append(b, identity...)
-	for _, n := range []uint64{uint64(partitions), uint64(timeline), pos.LSN, uint64(pos.Index), uint64(pos.Route)} {
+	for _, n := range []uint64{uint64(partitions), uint64(timeline), start, pos.LSN, uint64(pos.Index), uint64(pos.Route)} {
 		b = append(b, ';')
 		b = strconv.AppendUint(b, n, 10)
 	}
 	return b
 }
 
-// proof is the position a HeaderStream value v proves for this session: a
-// record of the same identity, under the same partition count, of this
-// timeline or of an earlier one of its history at or before that one's end
-// (a record past it was on a branch a promotion left: the new primary
-// never had its transaction, and reuses its positions). ok false for any
-// other.
-func (p *Producer) proof(v []byte, partitions int) (pos outboxd.Pos, ok bool) {
-	tli, pos, ok := parseStream(v, p.cfg.Stream, partitions)
-	if !ok {
-		return pos, false
-	}
-	if tli == p.cfg.Timeline {
-		return pos, true
-	}
-	end, ancestor := p.cfg.TimelineEnds[tli]
-	return pos, ancestor && pos.LSN <= end
+// Timeline is one timeline of the source's history (Config.Timelines).
+type Timeline struct {
+	Start, End uint64 // where it began (its parent's switch point) and ended (0: the current one)
 }
 
-// parseStream is the timeline and position in a HeaderStream value written
-// by the stream identity under partitions partitions; ok false for any
-// other.
-func parseStream(v []byte, identity string, partitions int) (tli uint32, pos outboxd.Pos, ok bool) {
-	prefix := appendStream(nil, identity, partitions, 0, outboxd.Pos{})
-	prefix = prefix[:len(prefix)-len("0;0;0;0")]
+// proof is the position a HeaderStream value v proves for this session: a
+// record of the same identity, under the same partition count, of this
+// timeline or of an ancestor, the same branch (the same start: timeline
+// numbers repeat across branches made without a shared archive), before
+// the ancestor's end (a record at or past it was on a branch a promotion
+// left: the new primary never had its transaction, and reuses its
+// positions), and before the source's WAL position (nothing this server
+// wrote is past it). ok false for any other.
+func (p *Producer) proof(v []byte, partitions int) (pos outboxd.Pos, ok bool) {
+	tli, start, pos, ok := parseStream(v, p.cfg.Stream, partitions)
+	if !ok || pos.LSN >= p.cfg.WALEnd {
+		return pos, false
+	}
+	tl, known := p.cfg.Timelines[tli]
+	if !known || tl.Start != start {
+		return pos, false
+	}
+	return pos, tli == p.cfg.Timeline || pos.LSN < tl.End
+}
+
+// parseStream is the timeline, its start and the position in a
+// HeaderStream value written by the stream identity under partitions
+// partitions; ok false for any other.
+func parseStream(v []byte, identity string, partitions int) (tli uint32, start uint64, pos outboxd.Pos, ok bool) {
+	prefix := appendStream(nil, identity, partitions, 0, 0, outboxd.Pos{})
+	prefix = prefix[:len(prefix)-len("0;0;0;0;0")]
 	rest, found := bytes.CutPrefix(v, prefix)
 	if !found {
-		return 0, pos, false
+		return 0, 0, pos, false
 	}
 	f := bytes.Split(rest, []byte{';'})
-	if len(f) != 4 {
-		return 0, pos, false
+	if len(f) != 5 {
+		return 0, 0, pos, false
 	}
-	var n [4]uint64
+	var n [5]uint64
 	for i, x := range f {
-		var err error
 		bits := 32
-		if i == 1 {
+		if i == 1 || i == 2 {
 			bits = 64
 		}
+		var err error
 		if n[i], err = strconv.ParseUint(string(x), 10, bits); err != nil {
-			return 0, pos, false
+			return 0, 0, pos, false
 		}
 	}
-	if n[1] == 0 {
-		return 0, pos, false
+	if n[2] == 0 {
+		return 0, 0, pos, false
 	}
-	return uint32(n[0]), outboxd.Pos{LSN: n[1], Index: uint32(n[2]), Route: uint32(n[3])}, true
+	return uint32(n[0]), n[1], outboxd.Pos{LSN: n[2], Index: uint32(n[3]), Route: uint32(n[4])}, true
 }
 
 // tailReader reads the position of the last record of the stream in a
@@ -177,6 +186,14 @@ func (p *Producer) releaseHeld(now time.Time) time.Duration {
 		pos, found, err := p.tailOf(p.ctx, j.pt.topic, j.pt.id, j.parts)
 		p.mu.Lock()
 		switch {
+		case errors.Is(err, kafka.TopicAuthorizationFailed):
+			// The principal may write the topic but not read it: no
+			// de-duplication there (duplicates, never a loss), said once.
+			j.pt.tail = tailPassed
+			if !p.tailDenied {
+				p.tailDenied = true
+				p.log.Warn("cannot read the partition's tail to skip what a restart would produce again: grant the principal READ on the topic (docs/security.md); until then its records are produced again after a restart", "topic", j.pt.topic, "partition", j.pt.id, "error", err)
+			}
 		case err != nil:
 			j.pt.tailAttempts++
 			j.pt.tailRetryAt = now.Add(backoff.Delay(j.pt.tailAttempts-1, retryMin, retryMax))

@@ -89,11 +89,12 @@ type Config struct {
 	// holds are not produced again (Skipped is told, then their Ack).
 	Stream  string
 	Skipped func(topic string)
-	// Timeline is the source's current timeline and TimelineEnds where
-	// each earlier one of its history ended: a record of the stream from
-	// an earlier timeline proves something only at or before its end.
-	Timeline     uint32
-	TimelineEnds map[uint32]uint64
+	// Timeline is the source's current timeline, Timelines it and its
+	// ancestors (where each began and ended), WALEnd the source's WAL
+	// position when the session began (dedupe.go, proof).
+	Timeline  uint32
+	Timelines map[uint32]Timeline
+	WALEnd    uint64
 	// Clock is what the producer reads and waits on (the linger, the
 	// backoff between attempts, a partition's idle spell: pipelineIdle);
 	// nil: clock.System.
@@ -169,8 +170,10 @@ type Producer struct {
 	// Scratch for the outboxd.stream header (withStream), under mu.
 	streamHeaders []outboxd.Header
 	streamValue   []byte
-	// tailOf reads a partition's tail (readKafkaTail; tests replace it).
-	tailOf tailReader
+	// tailOf reads a partition's tail (readKafkaTail; tests replace it);
+	// tailDenied: a read was refused for want of READ (said once).
+	tailOf     tailReader
+	tailDenied bool
 }
 
 type topic struct {
@@ -320,7 +323,7 @@ func (p *Producer) add(r *outboxd.Record, now time.Time, ts int64) error {
 // with mu held.
 func (p *Producer) encode(t *topic, r *outboxd.Record, now time.Time, ts int64) {
 	part := t.parts[p.bal.Balance(kafka.Message{Key: r.Key}, t.ids...)]
-	if p.hold(part, r, now, ts) {
+	if p.hold(t, part, r, now, ts) {
 		return
 	}
 	p.appendRecord(t, part, r, now, ts)

@@ -181,7 +181,11 @@ func buildRunner(rc replication.Config, sc sink.Config, stream string, router *e
 	newProducer := func(src replication.Source) (replication.Producer, error) {
 		if stream != "" {
 			sc.Stream = src.System + "/" + stream
-			sc.Timeline, sc.TimelineEnds = src.Timeline, src.TimelineEnds
+			sc.Timeline, sc.WALEnd = src.Timeline, src.WALEnd
+			sc.Timelines = map[uint32]sink.Timeline{}
+			for n, tl := range src.Timelines {
+				sc.Timelines[n] = sink.Timeline{Start: tl.Start, End: tl.End}
+			}
 		}
 		return sink.New(sc, sinkLog)
 	}
@@ -200,7 +204,8 @@ func newRouter(cfg config.Config, routing envelope.Routing) (*envelope.Router, e
 
 // streamOf is the part of the records' stream identity (sink.Config.Stream)
 // the configuration decides: the slot, and a digest of what routes a row
-// to a topic and a partition (the routes, the partitioner); the session
+// to a topic and a partition (the routes, the partitioner) and of the
+// publication (which changes a transaction's index counts); the session
 // puts the database system's identifier before it. "" when
 // kafka.deduplicate is off.
 func streamOf(cfg config.Config) string {
@@ -214,5 +219,6 @@ func streamOf(cfg config.Config) string {
 	h := fnv.New64a()
 	h.Write(routes)
 	h.Write([]byte(cfg.Kafka.Partitioner))
+	h.Write([]byte(cfg.Postgres.Publication)) // what the slot decodes, so what a change's index counts
 	return fmt.Sprintf("%s/%x", cfg.Postgres.Slot, h.Sum64())
 }
