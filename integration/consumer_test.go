@@ -19,8 +19,8 @@ import (
 )
 
 // TestConsumerExactlyOnceEffect: the inventari example (consumer package)
-// decrements stock on comanda.creada. outboxd is killed (-9) mid-stream
-// until Kafka holds duplicate events; the consumer is killed between its
+// decrements stock on comanda.creada. outboxd, its restart de-duplication
+// off, is killed (-9) mid-stream until Kafka holds duplicate events; the consumer is killed between its
 // database commit and its offset commit; its database refuses connections
 // for a while (transient errors, retried with backoff); one order asks for
 // more than the stock (permanent: to the dead-letter topic). In the end
@@ -59,6 +59,9 @@ func TestConsumerExactlyOnceEffect(t *testing.T) {
 	// outboxd confirms every 3 s at most, so a kill -9 leaves events in
 	// Kafka that it produces again.
 	cfg := f.config(seedRoute(topic))
+	// The consumer's de-duplication is what is tested: outboxd's own
+	// (kafka.deduplicate, on by default) would leave it nothing to absorb.
+	cfg.Kafka["deduplicate"] = "false"
 	cfg.Postgres["status_interval"] = "3s"
 	d := f.start(cfg)
 
