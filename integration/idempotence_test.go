@@ -257,7 +257,9 @@ func noSessionRestart(t *testing.T, d *daemon) {
 // check fails its "kafka idempotence" line with the fix, and outboxd stops
 // before sending a record, naming the fix, its slot before the rows. Once
 // WRITE is granted on the topic (enough since Kafka 2.8, KIP-679), check
-// passes and the rows arrive. (A Kafka before 2.8, which wanted
+// passes and the rows arrive. Without READ, check warns that restart
+// de-duplication cannot read the tails, and outboxd says so and produces;
+// with READ the line passes. (A Kafka before 2.8, which wanted
 // IDEMPOTENT_WRITE whatever else was granted, cannot be started here.)
 func TestIdempotenceNeedsAProducerID(t *testing.T) {
 	kafkaOnly(t)
@@ -329,8 +331,21 @@ func TestIdempotenceNeedsAProducerID(t *testing.T) {
 	if l := r.line("PASS kafka idempotence:"); l == "" {
 		t.Fatalf("with WRITE on the topic, check's idempotence line does not pass:\n%s", r)
 	}
+	// Restart de-duplication reads the partitions' tails: without READ,
+	// check warns with the ACL, and outboxd says so once and produces.
+	if l := r.line("WARN kafka deduplicate:"); !strings.Contains(l, "may not READ "+topic) || !strings.Contains(l, "--operation Read") {
+		t.Fatalf("without READ, check's deduplicate line does not warn with the fix:\n%s", r)
+	}
 	d = f.start(cfg)
 	rep := w.verify(ctx, topic, "murmur2")
 	t.Logf("after WRITE was granted: %+v", rep)
+	if !strings.Contains(d.Log(), "grant the principal READ on the topic") {
+		t.Errorf("outboxd did not say that it cannot read the tails:\n%s", d.Log())
+	}
 	d.term()
+	grant(kafka.ACLOperationTypeRead)
+	r = outboxd(t, f.dsn, "check", "-c", path)
+	if l := r.line("PASS kafka deduplicate:"); l == "" {
+		t.Fatalf("with READ on the topic, check's deduplicate line does not pass:\n%s", r)
+	}
 }

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -12,6 +14,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/envelope"
 	"github.com/outboxd/outboxd/sink"
 )
@@ -88,13 +91,17 @@ func checkKafka(ctx context.Context, cfg target, sc sink.Config) []Result {
 	for _, p := range parts {
 		count[p.Topic]++
 	}
+	var existing []string
 	for _, t := range topics {
 		out = append(out, evalTopic(t, count[t], producerCreatesTopics))
+		if count[t] > 0 {
+			existing = append(existing, t)
+		}
 	}
 	for _, t := range templates {
 		out = append(out, evalTemplate(t))
 	}
-	return out
+	return append(out, dedupeLine(ctx, cfg.Config, sc, existing))
 }
 
 // routeTopics lists the fixed topics of the routes (their topics, their
@@ -203,4 +210,46 @@ func evalTopic(topic string, partitions int, producerCreates bool) Result {
 	}
 	return fail("topic "+topic, "does not exist, and outboxd's producer does not ask the broker to create topics (whatever auto.create.topics.enable says): the first event routed to it would stop outboxd",
 		fmt.Sprintf("create it first, e.g. kafka-topics.sh --create --topic %s --partitions N --replication-factor 3", topic))
+}
+
+// dedupeLine is the line of kafka.deduplicate: whether a session can read
+// the tails of the routed topics that exist (sink.ProbeTail: READ on them).
+func dedupeLine(ctx context.Context, cfg config.Config, sc sink.Config, topics []string) Result {
+	probes := map[string]error{}
+	if cfg.Kafka.Deduplicate && cfg.Kafka.Idempotence {
+		for _, t := range topics {
+			probes[t] = sink.ProbeTail(ctx, sc, t)
+		}
+	}
+	return evalDedupe(cfg.Kafka.Deduplicate, cfg.Kafka.Idempotence, probes)
+}
+
+// evalDedupe judges restart de-duplication from whether it is on, whether
+// the producer is idempotent, and each topic's tail probe.
+func evalDedupe(enabled, idempotent bool, probes map[string]error) Result {
+	const name = "kafka deduplicate"
+	switch {
+	case !enabled:
+		return pass(name, "off (kafka.deduplicate: false): a restart produces again what the slot had not confirmed")
+	case !idempotent:
+		return warn(name, "on, but kafka.idempotence is off: nothing is skipped after a restart (a partition may hold a later record without an earlier one)",
+			"set kafka.idempotence: true, or kafka.deduplicate: false to say so")
+	}
+	var denied, failed []string
+	for _, t := range slices.Sorted(maps.Keys(probes)) {
+		switch err := probes[t]; {
+		case errors.Is(err, kafka.TopicAuthorizationFailed):
+			denied = append(denied, t)
+		case err != nil && !errors.Is(err, kafka.UnknownTopicOrPartition):
+			failed = append(failed, t+" ("+oneLine(err.Error())+")")
+		}
+	}
+	switch {
+	case len(denied) > 0:
+		return warn(name, "outboxd's principal may not READ "+strings.Join(denied, ", ")+": a restart cannot see what those topics hold, and produces it again",
+			"grant READ on them, e.g. kafka-acls.sh --bootstrap-server BROKER --add --allow-principal User:outboxd --operation Read --topic "+denied[0])
+	case len(failed) > 0:
+		return warn(name, "could not read the tail of "+strings.Join(failed, ", "), "check the brokers' logs (outboxd reads the tails again at each session's start)")
+	}
+	return pass(name, "on: a restart reads each partition's tail and does not produce again what it holds (%d topic(s) readable)", len(probes))
 }

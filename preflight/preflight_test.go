@@ -2,6 +2,7 @@ package preflight
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -237,5 +238,31 @@ func TestResultLines(t *testing.T) {
 	inv := ConfigInvalid(errors.New("a: line 3: x\na: line 5: y"))
 	if inv[0].Status != Fail || strings.Contains(inv[0].String(), "\n") || inv[1].Status != Skip {
 		t.Errorf("ConfigInvalid: %v", inv)
+	}
+}
+
+// TestEvalDedupe: the kafka deduplicate line: off, on without idempotence
+// (nothing skipped: a WARN), a topic the principal may not READ (a WARN
+// with the ACL), a topic not created yet (nothing to read: no warning),
+// every tail readable.
+func TestEvalDedupe(t *testing.T) {
+	denied := fmt.Errorf("fetch: %w", kafka.TopicAuthorizationFailed)
+	for _, tc := range []struct {
+		name        string
+		on, idem    bool
+		probes      map[string]error
+		status      string
+		detail, fix string
+	}{
+		{"off", false, true, nil, Pass, "off (kafka.deduplicate: false)", ""},
+		{"without idempotence", true, false, nil, Warn, "kafka.idempotence is off", "kafka.idempotence: true"},
+		{"no READ", true, true, map[string]error{"comandes": denied, "pagaments": nil}, Warn, "may not READ comandes", "--operation Read --topic comandes"},
+		{"readable", true, true, map[string]error{"comandes": nil, "pagaments": nil}, Pass, "2 topic(s) readable", ""},
+		{"another failure", true, true, map[string]error{"comandes": errors.New("i/o timeout")}, Warn, "could not read the tail of comandes", "brokers' logs"},
+	} {
+		r := evalDedupe(tc.on, tc.idem, tc.probes)
+		if r.Status != tc.status || !strings.Contains(r.Detail, tc.detail) || !strings.Contains(r.Fix, tc.fix) {
+			t.Errorf("%s: %v %q (fix %q)", tc.name, r.Status, r.Detail, r.Fix)
+		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+
 	"github.com/outboxd/outboxd"
 	"github.com/outboxd/outboxd/clock"
 	"github.com/outboxd/outboxd/clock/clocktest"

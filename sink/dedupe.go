@@ -6,11 +6,13 @@ import (
 	"errors"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
+
+	"github.com/segmentio/kafka-go"
 
 	"github.com/outboxd/outboxd"
 	"github.com/outboxd/outboxd/backoff"
-	"github.com/segmentio/kafka-go"
 )
 
 // Restart de-duplication. A session that starts after a crash, a broker
@@ -156,6 +158,9 @@ func parseStream(v []byte, identity string, partitions int) (tli uint32, start u
 	return uint32(n[0]), n[1], outboxd.Pos{LSN: n[2], Index: uint32(n[3]), Route: uint32(n[4])}, true
 }
 
+// tailReadsAtOnce bounds the tail reads a session makes side by side.
+const tailReadsAtOnce = 8
+
 // tailReader reads the position of the last record of the stream in a
 // partition (readTail; tests replace it).
 type tailReader func(ctx context.Context, topic string, partition int32, partitions int) (pos outboxd.Pos, found bool, err error)
@@ -181,9 +186,30 @@ func (p *Producer) releaseHeld(now time.Time) time.Duration {
 		}
 	}
 	p.mu.Unlock()
+	// The tails are read side by side (a few at a time): a topic of many
+	// partitions on a slow cluster would otherwise start one round trip
+	// per partition late.
+	type answer struct {
+		pos   outboxd.Pos
+		found bool
+		err   error
+	}
+	answers := make([]answer, len(jobs))
+	var wg sync.WaitGroup
+	slots := make(chan struct{}, tailReadsAtOnce)
+	for i, j := range jobs {
+		wg.Add(1)
+		slots <- struct{}{}
+		go func() {
+			defer func() { <-slots; wg.Done() }()
+			a := &answers[i]
+			a.pos, a.found, a.err = p.tailOf(p.ctx, j.pt.topic, j.pt.id, j.parts)
+		}()
+	}
+	wg.Wait()
 	var skipped []waitingRecord
-	for _, j := range jobs {
-		pos, found, err := p.tailOf(p.ctx, j.pt.topic, j.pt.id, j.parts)
+	for i, j := range jobs {
+		pos, found, err := answers[i].pos, answers[i].found, answers[i].err
 		p.mu.Lock()
 		switch {
 		case errors.Is(err, kafka.TopicAuthorizationFailed):

@@ -9,9 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/segmentio/kafka-go"
+
 	"github.com/outboxd/outboxd"
 	"github.com/outboxd/outboxd/clock/clocktest"
-	"github.com/segmentio/kafka-go"
 )
 
 // tails is a tailReader for the unit tests: the partition's tail as

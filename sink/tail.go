@@ -12,6 +12,7 @@ import (
 	"github.com/segmentio/kafka-go/protocol/listoffsets"
 
 	"github.com/outboxd/outboxd"
+	"github.com/outboxd/outboxd/clock"
 )
 
 // tailWindows are how many records before the high watermark readTail
@@ -126,4 +127,25 @@ func scanRecords(rs protocol.RecordReader, hw int64, next *int64, each func([]pr
 		*next = rec.Offset + 1
 		n++
 	}
+}
+
+// ProbeTail reads the tail of the topic's partition 0 as a session does
+// before its first record there (restart de-duplication), for outboxd
+// check: nil, or why it cannot (TOPIC_AUTHORIZATION_FAILED: the principal
+// may not READ the topic). The topic must exist.
+func ProbeTail(ctx context.Context, cfg Config, topic string) error {
+	t := newTransport(cfg)
+	defer t.CloseIdleConnections()
+	p := &Producer{cfg: cfg, rt: t, addr: kafka.TCP(cfg.Brokers...), clock: clock.Or(cfg.Clock)}
+	ctx, cancel := context.WithTimeout(ctx, probeBudget)
+	defer cancel()
+	hw, err := p.highWatermark(ctx, topic, 0)
+	if err != nil {
+		return err
+	}
+	// One record below the high watermark, or the empty log's start: a
+	// fetch either way, which is what READ governs.
+	from := max(0, hw-1)
+	_, _, err = p.lastOfStream(ctx, topic, 0, from, max(hw, from+1), 0)
+	return err
 }

@@ -2,7 +2,7 @@
 # Finds or fetches PostgreSQL server binaries of one major version and
 # prints their bin folder (initdb, pg_ctl, postgres; pgoutput is built in).
 #
-#   pg-fetch.sh MAJOR        14, 15, 16 or 17
+#   pg-fetch.sh MAJOR        14, 15, 16, 17 or 18
 #
 # 15 is Debian's (/usr/lib/postgresql/15/bin, package postgresql-15) when
 # installed. The others, and 15 without Debian's, come from Maven Central:
@@ -24,8 +24,8 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 [[ $# -eq 1 ]] || { sed -n '2,18p' "$0" >&2; exit 2; }
 major="$1"
 
-declare -A NEWEST=([14]=14.25.0 [15]=15.20.0 [16]=16.16.0 [17]=17.12.0)
-[[ -n "${NEWEST[$major]:-}" ]] || die "PostgreSQL $major is not supported (14, 15, 16 or 17)"
+declare -A NEWEST=([14]=14.25.0 [15]=15.20.0 [16]=16.16.0 [17]=17.12.0 [18]=18.1.0)
+[[ -n "${NEWEST[$major]:-}" ]] || die "PostgreSQL $major is not supported (14, 15, 16, 17 or 18)"
 
 if [[ "$major" == 15 && -z "${PG_FETCH_VERSION:-}" && -x /usr/lib/postgresql/15/bin/initdb ]]; then
   echo /usr/lib/postgresql/15/bin
