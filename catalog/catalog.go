@@ -170,6 +170,29 @@ type Slot struct {
 	// (PostgreSQL 17+). Synced: this server is a standby's copy of a
 	// primary's failover slot (on a promoted standby it stays set).
 	Failover, Synced bool
+	// Invalidated is why PostgreSQL invalidated the slot
+	// (invalidation_reason, 17+: wal_removed, rows_removed,
+	// wal_level_insufficient; 18: idle_timeout), "" when it did not.
+	Invalidated string
+}
+
+// Unusable says why the slot can no longer be streamed from, "" when it
+// can: PostgreSQL invalidated it, or (before 17, which names no reason)
+// its wal_status is lost. The one judgement of it: the session, check,
+// readiness and the cut-over ask it.
+func (s *Slot) Unusable() string {
+	switch s.Invalidated {
+	case "":
+		if s.WALStatus == "lost" {
+			return "wal_status lost: the WAL it needed was removed (max_slot_wal_keep_size)"
+		}
+		return ""
+	case "idle_timeout":
+		return "PostgreSQL invalidated it (idle_timeout): it went unused for longer than idle_replication_slot_timeout"
+	case "wal_removed":
+		return "PostgreSQL invalidated it (wal_removed), wal_status lost: the WAL it needed was removed (max_slot_wal_keep_size)"
+	}
+	return "PostgreSQL invalidated it (" + s.Invalidated + ")"
 }
 
 // RetainedBytes is the WAL the slot makes the server keep: current − restart.
@@ -187,13 +210,14 @@ func diff(cur, l pglogrepl.LSN) int64 {
 }
 
 // ReadSlot returns the slot called name, or nil when there is none. The
-// columns of later versions (failover, synced: 17) are read through
+// columns of later versions (failover, synced, invalidation_reason: 17)
+// are read through
 // to_jsonb, so one query serves every version: absent, they are false.
 func ReadSlot(ctx context.Context, conn *pgconn.PgConn, name string) (*Slot, error) {
 	rows, err := query(ctx, conn, `SELECT s.plugin, s.slot_type, s.database, s.database = current_database(), s.active, s.active_pid,
 			r.application_name, host(r.client_addr), s.confirmed_flush_lsn, s.restart_lsn, s.wal_status, s.safe_wal_size,
 			CASE WHEN pg_catalog.pg_is_in_recovery() THEN pg_catalog.pg_last_wal_replay_lsn() ELSE pg_catalog.pg_current_wal_lsn() END,
-			to_jsonb(s) ->> 'failover', to_jsonb(s) ->> 'synced'
+			to_jsonb(s) ->> 'failover', to_jsonb(s) ->> 'synced', to_jsonb(s) ->> 'invalidation_reason'
 		FROM pg_catalog.pg_replication_slots s LEFT JOIN pg_catalog.pg_stat_replication r ON r.pid = s.active_pid
 		WHERE s.slot_name = `+QuoteLiteral(name))
 	if err != nil {
@@ -205,7 +229,7 @@ func ReadSlot(ctx context.Context, conn *pgconn.PgConn, name string) (*Slot, err
 	r := rows[0]
 	s := &Slot{Name: name, Plugin: str(r[0]), Type: str(r[1]), Database: str(r[2]), SameDatabase: str(r[3]) == "t", Active: str(r[4]) == "t",
 		Holder: str(r[6]), HolderAddr: str(r[7]), ConfirmedFlush: lsn(r[8]), Restart: lsn(r[9]), WALStatus: str(r[10]), CurrentWAL: lsn(r[12]),
-		Failover: str(r[13]) == "true", Synced: str(r[14]) == "true"}
+		Failover: str(r[13]) == "true", Synced: str(r[14]) == "true", Invalidated: str(r[15])}
 	if pid, err := strconv.ParseInt(str(r[5]), 10, 32); err == nil {
 		s.ActivePID = int32(pid)
 	}

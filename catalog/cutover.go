@@ -37,7 +37,7 @@ import (
 // invalidated) or not a logical pgoutput slot of this database cannot be
 // streamed from: the cut-over starts over with a new slot.
 func CutoverKeeps(slot *Slot) bool {
-	return slot != nil && slot.Type == "logical" && slot.Plugin == "pgoutput" && slot.SameDatabase && slot.WALStatus != "lost"
+	return slot != nil && slot.Type == "logical" && slot.Plugin == "pgoutput" && slot.SameDatabase && slot.Unusable() == ""
 }
 
 // CutoverMarker is the name of the marker slot of slot.

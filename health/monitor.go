@@ -27,6 +27,10 @@ type SlotInfo struct {
 	RestartLSN        string `json:"restart_lsn"`
 	WALStatus         string `json:"wal_status"`
 	SafeWALSize       *int64 `json:"safe_wal_size"`
+	// InvalidationReason is why PostgreSQL invalidated the slot (17+;
+	// 18 adds idle_timeout); Unusable, why it cannot be streamed from.
+	InvalidationReason string `json:"invalidation_reason,omitempty"`
+	Unusable           string `json:"unusable,omitempty"`
 }
 
 // Snapshot is what one poll of PostgreSQL and the brokers found.
@@ -190,7 +194,8 @@ func (p *poller) read(ctx context.Context, cfg MonitorConfig, snap *Snapshot) er
 	if s == nil {
 		return p.currentLSN(ctx, snap)
 	}
-	info := &SlotInfo{Name: s.Name, Plugin: s.Plugin, Active: s.Active, WALStatus: s.WALStatus, SafeWALSize: s.SafeWALSize}
+	info := &SlotInfo{Name: s.Name, Plugin: s.Plugin, Active: s.Active, WALStatus: s.WALStatus, SafeWALSize: s.SafeWALSize,
+		InvalidationReason: s.Invalidated, Unusable: s.Unusable()}
 	if s.ActivePID != 0 {
 		pid := s.ActivePID
 		info.ActivePID = &pid

@@ -159,10 +159,12 @@ func (s *Server) view(now time.Time) view {
 		v.problems["retained_wal"] = fmt.Sprintf("the slot retains %d bytes of WAL, over health.max_retained_wal_bytes %d", v.snap.RetainedBytes, s.limits.MaxRetainedWALBytes)
 	}
 	if sl := v.snap.Slot; sl != nil {
-		switch sl.WALStatus {
-		case "unreserved":
+		switch {
+		case sl.InvalidationReason != "":
+			v.problems["wal_status"] = "the slot cannot be streamed from: " + sl.Unusable + "; events are missing; reconcile the outbox, then drop and recreate the slot (outboxd slot drop)"
+		case sl.WALStatus == "unreserved":
 			v.problems["wal_status"] = "slot wal_status is unreserved: its WAL is past max_slot_wal_keep_size and will be removed at the next checkpoint unless outboxd catches up now; check Kafka and the lag"
-		case "lost":
+		case sl.WALStatus == "lost":
 			v.problems["wal_status"] = "slot wal_status is lost: WAL it needed was removed and events are missing; reconcile the outbox, then drop and recreate the slot (outboxd slot drop)"
 		}
 	} else if v.snap.Err == "" && judged {
@@ -350,11 +352,16 @@ var (
 	descWALStatus = prometheus.NewDesc("outboxd_slot_wal_status",
 		"1 for the slot's wal_status in pg_replication_slots (reserved, extended, unreserved, lost), 0 for the others.", []string{"slot", "status"}, nil)
 	walStatuses = []string{"reserved", "extended", "unreserved", "lost"}
+	// 1 while PostgreSQL says the slot is invalidated, with why (17+: a
+	// wal_status may stay "reserved" for a slot invalidated for another
+	// reason than removed WAL, 18's idle_timeout).
+	descInvalidated = prometheus.NewDesc("outboxd_slot_invalidated",
+		"1 when PostgreSQL invalidated the slot (pg_replication_slots.invalidation_reason, PostgreSQL 17+), with the reason.", []string{"slot", "reason"}, nil)
 )
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descState, descReady, descRetained, descUnconfirmed, descSlotActive, descSafeWAL, descLag,
-		descInFlightEv, descInFlightB, descTxns, descDead, descDropped, descBrokers, descConfirmed, descWALStatus} {
+		descInFlightEv, descInFlightB, descTxns, descDead, descDropped, descBrokers, descConfirmed, descWALStatus, descInvalidated} {
 		ch <- d
 	}
 }
@@ -384,6 +391,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		if !known && sl.WALStatus != "" {
 			// A value a later PostgreSQL may add: shown rather than hidden.
 			ch <- prometheus.MustNewConstMetric(descWALStatus, prometheus.GaugeValue, 1, sl.Name, sl.WALStatus)
+		}
+		if sl.InvalidationReason != "" {
+			ch <- prometheus.MustNewConstMetric(descInvalidated, prometheus.GaugeValue, 1, sl.Name, sl.InvalidationReason)
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(descLag, prometheus.GaugeValue, v.lag.Seconds())

@@ -90,6 +90,11 @@ func TestEndpoints(t *testing.T) {
 			s.Slot.WALStatus = "lost"
 			return s
 		}, 200, 503, "events are missing"},
+		{"invalidated for idleness (PostgreSQL 18), wal_status reserved", func() replication.Status { return streaming }, func() Snapshot {
+			s := healthySnap()
+			s.Slot.InvalidationReason, s.Slot.Unusable = "idle_timeout", "PostgreSQL invalidated it (idle_timeout)"
+			return s
+		}, 200, 503, "cannot be streamed from: PostgreSQL invalidated it (idle_timeout)"},
 		{"no broker reachable", func() replication.Status { return streaming }, func() Snapshot {
 			s := healthySnap()
 			s.BrokersReachable = 0

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pglogrepl"
+
+	"github.com/outboxd/outboxd/testenv"
 )
 
 // TestSlotHoldsWhileBrokerDown: with the broker stopped, new rows must not
@@ -206,4 +208,52 @@ func loseSlot(t *testing.T, f *fixture) {
 		return status == "lost"
 	})
 	reset()
+}
+
+// TestSlotInvalidatedForIdleness (PostgreSQL 18+): a slot left unused for
+// longer than idle_replication_slot_timeout is invalidated at the next
+// checkpoint (invalidation_reason idle_timeout) while its wal_status can
+// still read reserved. check FAILs the slot line naming the reason and the
+// setting, and outboxd refuses to stream from it instead of retrying for
+// ever. Its own PostgreSQL: the setting invalidates every idle slot.
+func TestSlotInvalidatedForIdleness(t *testing.T) {
+	needEnv(t)
+	major, err := env.PGMajor()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if major < 18 {
+		t.Skipf("SKIPPED: PostgreSQL %d has no idle_replication_slot_timeout (18+); run it with OUTBOXD_PG_VERSION=18 (18 is not supported yet: docs/postgres-versions.md)", major)
+	}
+	pg := startEnv(t, "a PostgreSQL of its own", testenv.Options{NoKafka: true})
+	f := newFixtureOn(t, &testenv.Env{Dir: pg.Dir, PGDSN: pg.PGDSN, KafkaBrokers: env.KafkaBrokers}, seedSchema, map[string]int{"comandes": 1})
+	dc := f.config(seedRoute(f.topic("comandes")))
+	f.start(dc).term()
+	for _, sql := range []string{"ALTER SYSTEM SET idle_replication_slot_timeout = '1s'", "SELECT pg_reload_conf()"} {
+		mustExec(f, sql)
+	}
+	ctx := context.Background()
+	eventually(t, 60*time.Second, "the slot invalidated for idleness", func() bool {
+		time.Sleep(1100 * time.Millisecond)
+		mustExec(f, "CHECKPOINT")
+		var reason string
+		if err := f.mon.QueryRow(ctx, "SELECT coalesce(invalidation_reason, '') FROM pg_replication_slots WHERE slot_name = $1", f.name).Scan(&reason); err != nil {
+			t.Fatal(err)
+		}
+		return reason == "idle_timeout"
+	})
+	for _, sql := range []string{"ALTER SYSTEM RESET idle_replication_slot_timeout", "SELECT pg_reload_conf()"} {
+		mustExec(f, sql)
+	}
+	r := outboxd(t, f.dsn, "check", "-c", f.configFile(dc))
+	if l := r.line("FAIL slot:"); !strings.Contains(l, "idle_timeout") || !strings.Contains(l, "idle_replication_slot_timeout") {
+		t.Fatalf("check does not fail the slot naming idle_timeout and the setting:\n%s", r)
+	}
+	bad := f.spawn(dc)
+	if err := bad.exited(30 * time.Second); err == nil {
+		t.Fatal("outboxd exited 0 on a slot invalidated for idleness")
+	}
+	if log := bad.Log(); !strings.Contains(log, "idle_timeout") || !strings.Contains(log, "events are missing") {
+		t.Fatalf("the error does not explain the invalidated slot:\n%s", log)
+	}
 }

@@ -165,6 +165,9 @@ func TestEvalSlot(t *testing.T) {
 		{"physical", pg, with(func(s *catalog.Slot) { s.Type, s.Plugin = "physical", "" }), cutover{}, Fail, []string{"physical"}},
 		{"other database", pg, with(func(s *catalog.Slot) { s.SameDatabase, s.Database = false, "other" }), cutover{}, Fail, []string{"belongs to database other"}},
 		{"lost", pg, with(func(s *catalog.Slot) { s.WALStatus = "lost" }), cutover{}, Fail, []string{"wal_status lost"}},
+		// PostgreSQL 18: invalidated for idleness, wal_status still reserved.
+		{"idle_timeout", pg, with(func(s *catalog.Slot) { s.Invalidated = "idle_timeout" }), cutover{}, Fail,
+			[]string{"cannot be streamed from", "idle_timeout", "idle_replication_slot_timeout"}},
 		{"unreserved", pg, with(func(s *catalog.Slot) { s.WALStatus = "unreserved" }), cutover{}, Fail, []string{"unreserved", "warning", "max_slot_wal_keep_size"}},
 		// A running outboxd holds its slot: the normal state, a pass that names the holder.
 		{"active, held by outboxd", pg, with(func(s *catalog.Slot) {

@@ -184,9 +184,12 @@ func evalSlot(pg config.Postgres, s *catalog.Slot, c cutover) Result {
 	case !s.SameDatabase:
 		return fail("slot", fmt.Sprintf("replication slot %s belongs to database %s, not the DSN's", name, s.Database),
 			"point postgres.dsn at that database or choose another postgres.slot name")
-	case s.WALStatus == "lost":
-		return fail("slot", fmt.Sprintf("replication slot %s has wal_status lost: WAL it needed was removed, events are missing", name),
-			"reconcile the outbox (outboxd replay --from the time of the last delivered event), then outboxd slot drop --yes and start with postgres.create_slot: true")
+	case s.Unusable() != "":
+		fix := "reconcile the outbox (outboxd replay --from the time of the last delivered event), then outboxd slot drop --yes and start with postgres.create_slot: true"
+		if s.Invalidated == "idle_timeout" {
+			fix += "; raise idle_replication_slot_timeout (or 0) above the longest time outboxd may be stopped"
+		}
+		return fail("slot", fmt.Sprintf("replication slot %s cannot be streamed from: %s; events are missing", name, s.Unusable()), fix)
 	case s.WALStatus == "unreserved":
 		return fail("slot", fmt.Sprintf("replication slot %s has wal_status unreserved: it is past max_slot_wal_keep_size and its WAL will be removed at the next checkpoint (warning: events may be lost)", name),
 			"start outboxd now so the slot advances, or raise max_slot_wal_keep_size")

@@ -140,8 +140,8 @@ func (r *Runner) ensureSlot(ctx context.Context, conn *pgconn.PgConn, srv catalo
 		return 0, nil, Fatal(fmt.Errorf("replication slot %q is a %s slot with plugin %q; outboxd needs a logical pgoutput slot: use another slot name", name, slot.Type, slot.Plugin))
 	case !slot.SameDatabase:
 		return 0, nil, Fatal(fmt.Errorf("replication slot %q belongs to database %s, not postgres.dsn's", name, slot.Database))
-	case slot.WALStatus == "lost":
-		return 0, nil, Fatal(fmt.Errorf("replication slot %q has wal_status lost: the WAL it needed was removed (max_slot_wal_keep_size); events are missing; drop and recreate the slot after reconciling the outbox", name))
+	case slot.Unusable() != "":
+		return 0, nil, Fatal(fmt.Errorf("replication slot %q cannot be streamed from: %s; events are missing; drop and recreate the slot after reconciling the outbox", name, slot.Unusable()))
 	}
 	if err := r.alignFailover(ctx, conn, srv, slot); err != nil {
 		return 0, nil, err
