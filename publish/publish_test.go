@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pglogrepl"
-
 	"github.com/outboxd/outboxd"
 	"github.com/outboxd/outboxd/clock"
 	"github.com/outboxd/outboxd/clock/clocktest"
@@ -321,14 +319,7 @@ func TestEachRecordItsOwnPosition(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rel := &pglogrepl.RelationMessage{Namespace: "public", RelationName: "outbox"}
-	for _, c := range []struct {
-		name string
-		oid  uint32
-	}{{"id", 2950}, {"agregat_id", 25}, {"tipus", 25}, {"versio", 23}, {"carrega", 3802}, {"creat_en", 1184}} {
-		rel.Columns = append(rel.Columns, &pglogrepl.RelationMessageColumn{Name: c.name, DataType: c.oid})
-	}
-	bs := router.Bind(rel)
+	bs := router.Bind(publishtest.Relation())
 	if len(bs) != 2 {
 		t.Fatalf("%d bindings for two routes", len(bs))
 	}

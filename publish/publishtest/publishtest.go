@@ -152,6 +152,12 @@ func Outbox(t testing.TB, dlq string) (*envelope.Router, []*envelope.Binding) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return router, router.Bind(Relation())
+}
+
+// Relation is public.outbox as pgoutput describes it: Columns, with their
+// types' OIDs.
+func Relation() *pglogrepl.RelationMessage {
 	rel := &pglogrepl.RelationMessage{Namespace: "public", RelationName: "outbox"}
 	for _, c := range []struct {
 		name string
@@ -159,7 +165,7 @@ func Outbox(t testing.TB, dlq string) (*envelope.Router, []*envelope.Binding) {
 	}{{"id", 2950}, {"agregat_id", 25}, {"tipus", 25}, {"versio", 23}, {"carrega", 3802}, {"creat_en", 1184}} {
 		rel.Columns = append(rel.Columns, &pglogrepl.RelationMessageColumn{Name: c.name, DataType: c.oid})
 	}
-	return router, router.Bind(rel)
+	return rel
 }
 
 // Row is outbox row i of the aggregate P-1, as its table holds it: a
