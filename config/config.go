@@ -118,9 +118,17 @@ type Kafka struct {
 	Idempotence bool `yaml:"idempotence"`
 	// Deduplicate: after a restart, records a partition already holds are
 	// not produced again (sink.Config.Stream; needs Idempotence).
-	Deduplicate bool      `yaml:"deduplicate"`
-	TLS         KafkaTLS  `yaml:"tls"`
-	SASL        KafkaSASL `yaml:"sasl"`
+	Deduplicate bool `yaml:"deduplicate"`
+	// Transactions: records go out in Kafka transactions (needs
+	// Idempotence), acknowledged once committed, at most
+	// TransactionInterval after their transaction began; an instance with
+	// the same TransactionalID (default outboxd-<system id>-<slot>) is
+	// fenced. For read_committed consumers.
+	Transactions        bool          `yaml:"transactions"`
+	TransactionalID     string        `yaml:"transactional_id"`
+	TransactionInterval time.Duration `yaml:"transaction_interval"`
+	TLS                 KafkaTLS      `yaml:"tls"`
+	SASL                KafkaSASL     `yaml:"sasl"`
 }
 
 // KafkaTLS secures every connection to the brokers.
@@ -345,6 +353,9 @@ func Default() Config {
 			OnPartitionChange: sink.PartitionsFollow,
 			Idempotence:       true,
 			Deduplicate:       true,
+			// A commit costs a round trip to the coordinator and a marker
+			// in every partition of the transaction.
+			TransactionInterval: 100 * time.Millisecond,
 		},
 		Pipeline: Pipeline{
 			MaxInFlightEvents: 1500,
@@ -430,4 +441,16 @@ func Parse(data []byte, lookupEnv func(string) (string, bool), readFile func(str
 		return Config{}, errors.Join(errs...)
 	}
 	return cfg, nil
+}
+
+// TransactionalID is the producer's transactional id (kafka.transactions)
+// for the database system whose identifier is given:
+// kafka.transactional_id, or outboxd-<system id>-<slot>, one per slot of a
+// database, so that the instance that takes a slot over fences the one
+// that held it.
+func (c Config) TransactionalID(system string) string {
+	if c.Kafka.TransactionalID != "" {
+		return c.Kafka.TransactionalID
+	}
+	return "outboxd-" + system + "-" + c.Postgres.Slot
 }

@@ -84,7 +84,7 @@ func TestDefault(t *testing.T) {
 			DeliveryTimeout:   30 * time.Second,
 			OnPartitionChange: "follow",
 			Idempotence:       true,
-			Deduplicate:       true,
+			Deduplicate:       true, TransactionInterval: 100 * time.Millisecond,
 		},
 		Pipeline: config.Pipeline{
 			MaxInFlightEvents: 1500,
@@ -197,7 +197,7 @@ func TestParseExamples(t *testing.T) {
 				DeliveryTimeout:   30 * time.Second,
 				OnPartitionChange: "follow",
 				Idempotence:       true,
-				Deduplicate:       true,
+				Deduplicate:       true, TransactionInterval: 100 * time.Millisecond,
 			}
 			if !reflect.DeepEqual(c.Kafka, wantKafka) {
 				t.Errorf("kafka =\n%+v\nwant\n%+v", c.Kafka, wantKafka)

@@ -91,6 +91,15 @@ func (v *validator) kafka(k Kafka) {
 	v.positive("kafka.linger", k.Linger)
 	v.positive("kafka.write_timeout", k.WriteTimeout)
 	v.positive("kafka.delivery_timeout", k.DeliveryTimeout)
+	if k.Transactions {
+		v.positive("kafka.transaction_interval", k.TransactionInterval)
+		if !k.Idempotence {
+			v.add("kafka.transactions", "needs kafka.idempotence: true (a transactional producer is an idempotent one)")
+		}
+		if k.TransactionInterval >= k.DeliveryTimeout {
+			v.add("kafka.transaction_interval", "%s is not shorter than delivery_timeout %s: records wait for their transaction's commit", k.TransactionInterval, k.DeliveryTimeout)
+		}
+	}
 	if k.BatchSize <= 0 {
 		v.add("kafka.batch_size", "must be > 0, got %d", k.BatchSize)
 	}

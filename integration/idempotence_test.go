@@ -275,19 +275,20 @@ func TestIdempotenceNeedsAProducerID(t *testing.T) {
 	}
 	f := newFixtureOn(t, &testenv.Env{Dir: acl.Dir, PGDSN: env.PGDSN, KafkaBrokers: acl.KafkaBrokers}, seedSchema, map[string]int{"comandes": 2})
 	topic := f.topic("comandes")
-	grant := func(op kafka.ACLOperationType) {
+	grantOn := func(rt kafka.ResourceType, name string, op kafka.ACLOperationType) {
 		t.Helper()
 		c := &kafka.Client{Addr: kafka.TCP(acl.KafkaBrokers), Timeout: 10 * time.Second} // PLAINTEXT: the super user
 		res, err := c.CreateACLs(context.Background(), &kafka.CreateACLsRequest{ACLs: []kafka.ACLEntry{{
-			ResourceType: kafka.ResourceTypeTopic, ResourceName: topic, ResourcePatternType: kafka.PatternTypeLiteral,
+			ResourceType: rt, ResourceName: name, ResourcePatternType: kafka.PatternTypeLiteral,
 			Principal: "User:" + user, Host: "*", Operation: op, PermissionType: kafka.ACLPermissionTypeAllow}}})
 		if err == nil && len(res.Errors) > 0 {
 			err = res.Errors[0]
 		}
 		if err != nil {
-			t.Fatalf("grant %v on %s: %v", op, topic, err)
+			t.Fatalf("grant %v on %s: %v", op, name, err)
 		}
 	}
+	grant := func(op kafka.ACLOperationType) { t.Helper(); grantOn(kafka.ResourceTypeTopic, topic, op) }
 	grant(kafka.ACLOperationTypeDescribe)
 	cfg := f.config(seedRoute(topic))
 	cfg.Brokers = saslAddr
@@ -356,4 +357,42 @@ func TestIdempotenceNeedsAProducerID(t *testing.T) {
 	if l := r.line("PASS kafka deduplicate:"); l == "" {
 		t.Fatalf("with READ on the topic, check's deduplicate line does not pass:\n%s", r)
 	}
+
+	// kafka.transactions: the principal needs DESCRIBE and WRITE on the
+	// transactional id. Without them check FAILs with the ACL, and
+	// outboxd stops at its first record, the slot where it was.
+	cfg.Kafka["transactions"] = "true"
+	cfg.Kafka["transactional_id"] = f.name
+	path = f.configFile(cfg)
+	r = outboxd(t, f.dsn, "check", "-c", path)
+	if l := r.line("FAIL kafka transactions:"); !strings.Contains(l, "--transactional-id "+f.name) || !strings.Contains(l, "--operation Write --operation Describe") {
+		t.Fatalf("without ACLs on the transactional id, check's transactions line does not fail with the fix:\n%s", r)
+	}
+	d = f.start(cfg)
+	before := len(w.committed)
+	if err := w.txn(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.exited(90 * time.Second); err == nil {
+		t.Fatal("outboxd exited 0 without the transactional id")
+	}
+	if last := lastLine(d.Log()); !strings.Contains(last, "--transactional-id "+f.name) {
+		t.Fatalf("outboxd's last line does not name the transactional id's ACL: %s", last)
+	}
+	if passed := f.slotPassed(w.committed[before:]...); len(passed) > 0 {
+		t.Fatalf("the slot passed rows %v that never reached Kafka", passed)
+	}
+	grantOn(kafka.ResourceTypeTransactionalID, f.name, kafka.ACLOperationTypeDescribe)
+	grantOn(kafka.ResourceTypeTransactionalID, f.name, kafka.ACLOperationTypeWrite)
+	r = outboxd(t, f.dsn, "check", "-c", path)
+	if l := r.line("PASS kafka transactions:"); !strings.Contains(l, "transactional id "+f.name) {
+		t.Fatalf("with the ACLs, check's transactions line does not pass:\n%s", r)
+	}
+	d = f.start(cfg)
+	w.load(ctx)
+	eventually(t, 60*time.Second, "every row read_committed", func() bool {
+		reads, err := testenv.ReadTopic(ctx, acl.KafkaBrokers, topic, "read_committed")
+		return err == nil && judgeReads(w, reads).missing == 0
+	})
+	d.term()
 }

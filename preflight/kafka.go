@@ -76,6 +76,7 @@ func checkKafka(ctx context.Context, cfg target, sc sink.Config) []Result {
 		probe = sink.ProbeIdempotence(ctx, sc)
 	}
 	out = append(out, evalIdempotence(cfg.Kafka.Idempotence, probe))
+	out = append(out, transactionsLine(ctx, cfg, sc))
 
 	// All topics, not the routed ones by name: a metadata request naming a
 	// topic may make the broker create it.
@@ -193,6 +194,38 @@ func evalIdempotence(enabled bool, probe error) Result {
 	}
 	return warn(name, "could not ask the brokers for a producer id: "+oneLine(probe.Error()),
 		"check the brokers' logs (outboxd asks again at its first record, and stops if they refuse)")
+}
+
+// transactionsLine is the line of kafka.transactions: whether the
+// brokers name a coordinator for the transactional id to outboxd's
+// principal (sink.ProbeTransactions; DESCRIBE on the id). WRITE on it is
+// asked at the first record, by InitProducerId, which check does not
+// send: it would fence an outboxd running with the id.
+func transactionsLine(ctx context.Context, cfg target, sc sink.Config) Result {
+	if !cfg.Kafka.Transactions {
+		return evalTransactions(false, "", -1, nil)
+	}
+	if cfg.Kafka.TransactionalID == "" && cfg.system == "" {
+		return skipped("kafka transactions", "the database's system identifier, which the transactional id names, was not read")
+	}
+	id := cfg.TransactionalID(cfg.system)
+	node, err := sink.ProbeTransactions(ctx, sc, id)
+	return evalTransactions(true, id, node, err)
+}
+
+func evalTransactions(enabled bool, id string, node int32, probe error) Result {
+	const name = "kafka transactions"
+	var ie *sink.IdempotenceError
+	switch {
+	case !enabled:
+		return pass(name, "off (kafka.transactions: false): records are visible at once; an outboxd frozen while another took its slot over may produce again what it held (docs/guarantees.md)")
+	case probe == nil:
+		return pass(name, "transactional id %s, coordinator broker %d (the principal needs WRITE on it too, asked at the first record)", id, node)
+	case errors.As(probe, &ie):
+		return fail(name, ie.Why+" ("+oneLine(ie.Err.Error())+")", ie.Fix)
+	}
+	return warn(name, "no coordinator for transactional id "+id+": "+oneLine(probe.Error()),
+		"check the brokers' logs and transaction.state.log settings (outboxd asks again at its first record)")
 }
 
 // producerCreatesTopics says whether outboxd's producer asks the broker to

@@ -25,7 +25,8 @@ func Connect(ctx context.Context, pg config.Postgres) (*pgx.Conn, error) {
 	return postgres.ConnectPgx(ctx, cc, postgres.Session{})
 }
 
-func checkPostgres(ctx context.Context, cfg target) []Result {
+func checkPostgres(ctx context.Context, t *target) []Result {
+	cfg := *t
 	pg := cfg.Postgres
 	ctx, cancel := context.WithTimeout(ctx, pg.ConnectTimeout+30*time.Second)
 	defer cancel()
@@ -47,6 +48,9 @@ func checkPostgres(ctx context.Context, cfg target) []Result {
 		return []Result{fail("database", "connected, but a query failed: "+err.Error(), "check the role's privileges")}
 	}
 	out := []Result{pass("database", "connected to %s (PostgreSQL %s, database %s, role %s)", pg.RedactedDSN(), version, db, user)}
+	// pg_control_system() is PUBLIC's; the same identifier as the
+	// replication protocol's IDENTIFY_SYSTEM.
+	_ = conn.QueryRow(ctx, "SELECT system_identifier::text FROM pg_control_system()").Scan(&t.system)
 	out = append(out, checkTLS(pg)...)
 	for _, check := range []func(context.Context, *pgx.Conn, target) []Result{
 		checkWalLevel, checkCapacity, checkRole, checkTables, checkPublication, checkSlot, checkFailover,

@@ -48,7 +48,7 @@ func (r Result) String() string {
 func Run(ctx context.Context, cfg config.Config, kafka sink.Config) []Result {
 	t := newTarget(cfg)
 	out := []Result{{Name: "config", Status: Pass, Detail: fmt.Sprintf("%d route(s), slot %s, publication %s", len(t.routing.Routes), cfg.Postgres.Slot, cfg.Postgres.Publication)}}
-	out = append(out, checkPostgres(ctx, t)...)
+	out = append(out, checkPostgres(ctx, &t)...)
 	out = append(out, checkKafka(ctx, t, kafka)...)
 	return out
 }
@@ -58,6 +58,10 @@ func Run(ctx context.Context, cfg config.Config, kafka sink.Config) []Result {
 type target struct {
 	config.Config
 	routing envelope.Routing
+	// system is the database system's identifier, once the database
+	// checks read it ("" if they could not): the default transactional id
+	// names it.
+	system string
 }
 
 func newTarget(cfg config.Config) target { return target{Config: cfg, routing: cfg.Routing()} }

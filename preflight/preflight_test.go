@@ -269,3 +269,24 @@ func TestEvalDedupe(t *testing.T) {
 		}
 	}
 }
+
+func TestEvalTransactions(t *testing.T) {
+	refused := &sink.IdempotenceError{Why: "the brokers refused outboxd's principal the transactional id \"x\"", Fix: "--transactional-id x", Err: kafka.TransactionalIDAuthorizationFailed}
+	for _, tc := range []struct {
+		name        string
+		on          bool
+		probe       error
+		status      string
+		detail, fix string
+	}{
+		{"off", false, nil, Pass, "off (kafka.transactions: false)", ""},
+		{"coordinator", true, nil, Pass, "transactional id x, coordinator broker 3", ""},
+		{"no ACL", true, refused, Fail, "refused outboxd's principal the transactional id", "--transactional-id x"},
+		{"no coordinator", true, errors.New("i/o timeout"), Warn, "no coordinator for transactional id x", "brokers' logs"},
+	} {
+		r := evalTransactions(tc.on, "x", 3, tc.probe)
+		if r.Status != tc.status || !strings.Contains(r.Detail, tc.detail) || !strings.Contains(r.Fix, tc.fix) {
+			t.Errorf("%s: %v %q (fix %q)", tc.name, r.Status, r.Detail, r.Fix)
+		}
+	}
+}

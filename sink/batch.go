@@ -104,6 +104,7 @@ type batch struct {
 	pid   int64
 	epoch int16
 	seq   int32
+	txn   bool // part of a transaction (transaction.go)
 
 	// Its send state (sender.go), changed by the sender goroutine only,
 	// under the producer's mu.
@@ -225,8 +226,8 @@ func (b *batch) split() (*batch, *batch, error) {
 	// The halves keep the sequences of their records: the batches after
 	// them were numbered after the whole.
 	if b.pid >= 0 {
-		first.pid, first.epoch, first.seq = b.pid, b.epoch, b.seq
-		rest.pid, rest.epoch, rest.seq = b.pid, b.epoch, addSeq(b.seq, first.count)
+		first.pid, first.epoch, first.seq, first.txn = b.pid, b.epoch, b.seq, b.txn
+		rest.pid, rest.epoch, rest.seq, rest.txn = b.pid, b.epoch, addSeq(b.seq, first.count), b.txn
 	}
 	b.release()
 	return first, rest, nil
@@ -336,6 +337,9 @@ func (b *batch) encode(codec compress.Codec, out *bytes.Buffer) ([]byte, error) 
 		}
 		raw = out.Bytes()
 	}
+	if b.txn {
+		attributes |= 1 << 4 // transactional
+	}
 	h := raw[sizePrefix:batchHeaderLen]
 	be := binary.BigEndian
 	be.PutUint32(raw[0:], uint32(len(raw)-sizePrefix))  // the record set's size
@@ -343,7 +347,7 @@ func (b *batch) encode(codec compress.Codec, out *bytes.Buffer) ([]byte, error) 
 	be.PutUint32(h[8:], uint32(len(raw)-sizePrefix-12)) // batch length: after this field
 	be.PutUint32(h[12:], 0xffffffff)                    // partition leader epoch: -1
 	h[16] = 2                                           // magic
-	be.PutUint16(h[21:], uint16(attributes))            // compression, CreateTime, not transactional
+	be.PutUint16(h[21:], uint16(attributes))            // compression, CreateTime, transactional
 	be.PutUint32(h[23:], uint32(b.count-1))             // last offset delta
 	be.PutUint64(h[27:], uint64(b.baseTime))            // base timestamp
 	be.PutUint64(h[35:], uint64(b.maxTime))             // max timestamp

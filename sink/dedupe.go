@@ -174,6 +174,12 @@ func (p *Producer) releaseHeld(now time.Time) time.Duration {
 	if !p.dedupe() {
 		return 0
 	}
+	p.mu.Lock()
+	early := p.transactional() && p.pid < 0
+	p.mu.Unlock()
+	if early {
+		return 0 // producerID fences an earlier holder first (transaction.go)
+	}
 	type job struct {
 		pt    *partition
 		parts int

@@ -76,8 +76,10 @@ func retriable(err error) bool {
 	var kerr kafka.Error
 	if errors.As(err, &kerr) {
 		// REPLICA_NOT_AVAILABLE is stale metadata, retriable for the Java
-		// client, though kafka-go does not list it.
-		return kerr.Temporary() || kerr == kafka.ReplicaNotAvailable
+		// client, though kafka-go does not list it; so is
+		// CONCURRENT_TRANSACTIONS: the coordinator still completes the
+		// transaction before (transaction.go).
+		return kerr.Temporary() || kerr == kafka.ReplicaNotAvailable || kerr == kafka.ConcurrentTransactions
 	}
 	// Transport errors (a refused or reset connection, a timeout): the
 	// outcome is unknown, a retry may duplicate but never reorders.

@@ -20,7 +20,9 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/protocol"
+	"github.com/segmentio/kafka-go/protocol/addpartitionstotxn"
 	"github.com/segmentio/kafka-go/protocol/describeconfigs"
+	"github.com/segmentio/kafka-go/protocol/endtxn"
 	"github.com/segmentio/kafka-go/protocol/initproducerid"
 	"github.com/segmentio/kafka-go/protocol/metadata"
 	"github.com/segmentio/kafka-go/protocol/produce"
@@ -133,6 +135,11 @@ type fakeBroker struct {
 	// retry refused. retryRefused lists those records.
 	refuseRetry  func() int16
 	retryRefused []string
+
+	// txn, when set, is the transaction coordinator of a transactional
+	// producer (transaction.go), and the leaders check that a
+	// transactional batch's partition was added to its transaction.
+	txn *fakeCoordinator
 
 	metaN int
 	addrs []string // the address of every request, in order
@@ -479,6 +486,11 @@ func (b *fakeBroker) RoundTrip(ctx context.Context, addr net.Addr, req protocol.
 			}
 		}
 		return &initproducerid.Response{ProducerID: 1000 + int64(n), ProducerEpoch: 0}, nil
+	case *initproducerid.Request, *addpartitionstotxn.Request, *endtxn.Request:
+		if b.txn == nil {
+			return nil, fmt.Errorf("fake broker: %T without a coordinator", req)
+		}
+		return b.txn.roundTrip(ctx, req)
 	case *rawproduce.Request:
 		arrival := int(b.arrived.Add(1) - 1)
 		select {
@@ -582,6 +594,9 @@ func (b *fakeBroker) RoundTrip(ctx context.Context, addr net.Addr, req protocol.
 				}
 				if code == 0 {
 					code = seqCode
+				}
+				if code == 0 && b.txn != nil && pid >= 0 {
+					code = b.txn.produced(r.TransactionalID, p.id, pid, epoch, raw[offAttributes+1]&(1<<4) != 0, msgs, dup)
 				}
 				switch {
 				case code == 0 && dup && b.dupCode:

@@ -103,9 +103,15 @@ func (r *initProducerIDRequest) TypeKey() protocol.OverrideTypeKey { return over
 // fields (the current id and epoch, to bump it) do not apply to a producer
 // without a transactional id: the broker gives a new id each time.
 func newProducerID(ctx context.Context, rt kafka.RoundTripper, addr net.Addr, timeout time.Duration) (int64, int16, error) {
+	return initProducerID(ctx, rt, addr, timeout, &initProducerIDRequest{ProducerID: -1, ProducerEpoch: -1})
+}
+
+// initProducerID sends an InitProducerId request (without a transactional
+// id, or with one: transactionalProducerID) and reads its answer.
+func initProducerID(ctx context.Context, rt kafka.RoundTripper, addr net.Addr, timeout time.Duration, req protocol.Message) (int64, int16, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	res, err := rt.RoundTrip(ctx, addr, &initProducerIDRequest{ProducerID: -1, ProducerEpoch: -1})
+	res, err := rt.RoundTrip(ctx, addr, req)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -140,15 +146,27 @@ func (p *Producer) producerID(now time.Time) time.Duration {
 	if wait > 0 {
 		return wait
 	}
-	pid, epoch, err := newProducerID(p.ctx, p.rt, p.bootstrap(), p.cfg.WriteTimeout)
+	var pid int64
+	var epoch int16
+	var err error
+	if p.transactional() {
+		pid, epoch, err = p.transactionalProducerID(p.ctx, p.lastPid, p.lastEpoch)
+	} else {
+		pid, epoch, err = newProducerID(p.ctx, p.rt, p.bootstrap(), p.cfg.WriteTimeout)
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if err == nil {
 		p.pid, p.epoch, p.pidAttempts, p.pidRetryAt = pid, epoch, 0, time.Time{}
+		p.lastPid, p.lastEpoch = pid, epoch
 		for _, pt := range p.parts {
 			pt.nextSeq, pt.pipelined = 0, false
 		}
 		p.log.Debug("producer id", "producer_id", pid, "epoch", epoch)
+		return 0
+	}
+	if p.transactional() && !retriable(err) && authFailure(err) == nil {
+		p.fence(txnFailure("get a producer id", p.cfg.TransactionalID, err))
 		return 0
 	}
 	if ie := idempotenceRefused(err); ie != nil {
@@ -178,11 +196,11 @@ func (p *Producer) hasWork() bool {
 // stamp gives b the producer's id and epoch and the next sequences of its
 // partition, unless it has them already. Called with mu held.
 func (p *Producer) stamp(b *batch) {
-	if !p.cfg.Idempotence || b.pid == p.pid && b.pid >= 0 {
+	if !p.cfg.Idempotence || b.pid == p.pid && b.epoch == p.epoch && b.pid >= 0 {
 		return
 	}
 	pt := b.part
-	b.pid, b.epoch, b.seq = p.pid, p.epoch, pt.nextSeq
+	b.pid, b.epoch, b.seq, b.txn = p.pid, p.epoch, pt.nextSeq, p.transactional()
 	pt.nextSeq = addSeq(pt.nextSeq, b.count)
 }
 

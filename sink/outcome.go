@@ -64,6 +64,8 @@ func (p *Producer) outcome(b *batch, err error, now time.Time) {
 		// (or its batch was already split from one that did) it is the
 		// record's.
 		p.isolate(b, err, now)
+	case p.transactional() && (fencedByAnother(err) || txnStateError(err) || errors.Is(err, kafka.TransactionalIDAuthorizationFailed)):
+		p.fail(b, txnFailure("produce", p.cfg.TransactionalID, err))
 	case stamped && sequenceError(err):
 		p.resequence(b, err, now)
 	case retriable(err):
@@ -104,7 +106,7 @@ func (p *Producer) retryLater(b *batch, err error, at time.Time) {
 // with mu held.
 func (p *Producer) resequence(b *batch, err error, now time.Time) {
 	pt := b.part
-	if b.pid != p.pid {
+	if b.pid != p.pid || b.epoch != p.epoch {
 		// Stamped with an id the producer has left: stamped again.
 		b.pid = -1
 		p.retryLater(b, err, now)
@@ -159,18 +161,8 @@ func (pt *partition) openBefore(b *batch) bool {
 // (Producer.reset): producerID then asks for a new one, and those batches
 // are stamped with it when sent again. Called with mu held.
 func (p *Producer) resetProducerID() {
-	if !p.reset || p.inFlight > 0 {
-		return
-	}
-	for _, pt := range p.parts {
-		for _, b := range pt.sent {
-			if b.reseq {
-				break
-			}
-			if b.state == retrying {
-				return // settled under the old id first
-			}
-		}
+	if !p.resetReady() || !p.txn.started.IsZero() {
+		return // a transaction open under the old id commits first (transact)
 	}
 	p.pid, p.epoch, p.reset = -1, -1, false
 	for _, pt := range p.parts {
@@ -180,6 +172,26 @@ func (p *Producer) resetProducerID() {
 			}
 		}
 	}
+}
+
+// resetReady says whether the producer is to reset and every batch
+// stamped with its id is settled but those refused for their sequence.
+// Called with mu held.
+func (p *Producer) resetReady() bool {
+	if !p.reset || p.inFlight > 0 {
+		return false
+	}
+	for _, pt := range p.parts {
+		for _, b := range pt.sent {
+			if b.reseq {
+				break
+			}
+			if b.state == retrying {
+				return false // settled under the old id first
+			}
+		}
+	}
+	return true
 }
 
 // isolate handles b refused by the broker for the content of its records
@@ -277,9 +289,11 @@ func cloneHeaders(hs []outboxd.Header) []outboxd.Header {
 // mu held.
 func (p *Producer) fail(b *batch, err error) {
 	var re *RecordError
+	var te *TransactionError
+	var ie *IdempotenceError
 	if ae := authFailure(err); ae != nil {
 		err = ae
-	} else if reason := permanent(err); reason != "" && !errors.As(err, &re) {
+	} else if reason := permanent(err); reason != "" && !errors.As(err, &re) && !errors.As(err, &te) && !errors.As(err, &ie) {
 		err = &RecordError{Topic: b.part.topic, Reason: reason, Err: err}
 	}
 	p.fence(err)
@@ -290,7 +304,16 @@ func (p *Producer) fail(b *batch, err error) {
 // returned, not logged: the batch's Ackers get it, which ends the stream
 // (the runner logs it once). Called with mu held.
 func (p *Producer) fence(err error) {
-	if p.fenced == nil {
-		p.fenced = fenceError(err)
+	if p.fenced != nil {
+		return
+	}
+	p.fenced = fenceError(err)
+	if fencedByAnother(err) && p.transactional() {
+		// Said here too: the session whose records fail may have ended
+		// already (its replication connection lost, as an instance
+		// frozen while another took its slot over finds it).
+		p.log.Warn("fenced: another outboxd took this slot's transactional id over (or the coordinator aborted this one's transaction, open past its timeout); "+
+			"the transaction this one held open is aborted, nothing of it reaches a read_committed consumer",
+			"transactional_id", p.cfg.TransactionalID, "error", codeName(err))
 	}
 }

@@ -20,17 +20,17 @@
 // partition, records are acknowledged in their partition's order, and once
 // a batch fails for good the producer is fenced and sends nothing more.
 //
-// The files follow the path of a record: producer.go (Produce, batching),
-// metadata.go (topic layout), round.go (what the next round takes),
+// The files follow the path of a record: config.go (Config), producer.go
+// (Produce, batching), metadata.go (topic layout), dedupe.go and tail.go
+// (restart de-duplication), round.go (what the next round takes),
 // sender.go (sending rounds), outcome.go (what an answer does to a batch),
-// idempotence.go (producer id, sequences), batch.go (the v2 record batch),
-// codec.go, errors.go (what fails for good), dial.go (every connection to
-// Kafka).
+// idempotence.go (producer id, sequences), transaction.go (Kafka
+// transactions), batch.go (the v2 record batch), codec.go, errors.go (what
+// fails for good), dial.go (every connection to Kafka).
 package sink
 
 import (
 	"context"
-	"crypto/tls"
 	"fmt"
 	"net"
 	"slices"
@@ -40,66 +40,10 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/compress"
-	"github.com/segmentio/kafka-go/sasl"
 
 	"github.com/outboxd/outboxd"
 	"github.com/outboxd/outboxd/clock"
 )
-
-// Config is the producer's configuration.
-type Config struct {
-	Brokers      []string
-	Partitioner  string // one of Partitioners
-	Compression  string // one of Compressions
-	Linger       time.Duration
-	BatchSize    int   // records per partition batch
-	BatchBytes   int64 // bytes per partition batch, as encoded (before compression)
-	MaxAttempts  int
-	WriteTimeout time.Duration
-	ClientID     string
-	// Idempotence makes the producer idempotent (idempotence.go): retries
-	// never duplicate a record, and up to five batches of a partition are
-	// in flight at once. Brokers of 0.11 and later take it; those before
-	// 2.8 want IDEMPOTENT_WRITE on the cluster for the principal.
-	Idempotence bool
-	// TLS and SASL secure every connection to the brokers; nil: plaintext,
-	// no authentication (BuildTLS, BuildSASL).
-	TLS  *tls.Config
-	SASL sasl.Mechanism
-	// OnPartitionChange is what a topic whose partition count changes while
-	// records flow does: PartitionsFollow (the Java producer's behaviour:
-	// keys are hashed over the new count from the next record on, so some
-	// aggregates move to another partition, said by a warning) or
-	// PartitionsStop (the producer is fenced with a RecordError before any
-	// record takes the new layout: outboxd stops, having confirmed what was
-	// acknowledged, and an operator decides).
-	OnPartitionChange string
-	// Partitions, when set, is told a topic's partition count when the
-	// producer first learns it (from 0) and whenever it changes.
-	Partitions func(topic string, from, to int)
-	// Observe, when set, is told the outcome of every partition batch, and
-	// of every record failed before it reached a batch: its topic, records,
-	// key and value bytes, the time since its first record was handed over,
-	// and the error. Every record is observed once, before its Ack.
-	Observe func(topic string, records int, bytes int64, latency time.Duration, err error)
-	// Stream, when set with Idempotence, names the replication stream the
-	// records come from (dedupe.go): every record with a position carries
-	// it in the outboxd.stream header, and after a restart a partition's
-	// records at or below the last position of the stream it already
-	// holds are not produced again (Skipped is told, then their Ack).
-	Stream  string
-	Skipped func(topic string)
-	// Timeline is the source's current timeline, Timelines it and its
-	// ancestors (where each began and ended), WALEnd the source's WAL
-	// position when the session began (dedupe.go, proof).
-	Timeline  uint32
-	Timelines map[uint32]Timeline
-	WALEnd    uint64
-	// Clock is what the producer reads and waits on (the linger, the
-	// backoff between attempts, a partition's idle spell: pipelineIdle);
-	// nil: clock.System.
-	Clock clock.Clock
-}
 
 // Producer sends records asynchronously; each record's Acker learns its
 // outcome. A Producer is used for one replication session: after a failure
@@ -156,6 +100,12 @@ type Producer struct {
 	// pid -1: none yet, or given up after a sequence error (reset).
 	pid   int64
 	epoch int16
+	// lastPid, lastEpoch: the last the producer had (-1: none yet), which
+	// a transactional producer names when it asks again after a reset.
+	lastPid   int64
+	lastEpoch int16
+	// txn: the open transaction (transaction.go).
+	txn txnState
 	// reset: a partition's leader refused a batch for its sequence or
 	// epoch (batch.reseq), or a record for its content (a gap in its
 	// sequences: resetAfterRefusal); the producer takes a new id once the
@@ -193,36 +143,6 @@ type topic struct {
 	missingAnswers int
 }
 
-// partitioners are the Config.Partitioner values and their balancers.
-var partitioners = []option[func() kafka.Balancer]{
-	// The Java client's default partitioner for keyed records.
-	{"murmur2", func() kafka.Balancer { return &kafka.Murmur2Balancer{Consistent: true} }},
-	// librdkafka's "consistent_random" for keyed records.
-	{"crc32", func() kafka.Balancer { return &kafka.CRC32Balancer{Consistent: true} }},
-}
-
-// Partitioners lists the Config.Partitioner values (kafka.partitioner).
-func Partitioners() []string { return names(partitioners) }
-
-// balancer returns the kafka-go balancer for a partitioner name.
-func balancer(name string) (kafka.Balancer, error) {
-	if b, ok := lookup(partitioners, name); ok {
-		return b(), nil
-	}
-	return nil, fmt.Errorf("unknown partitioner %q (want %s)", name, either(Partitioners()))
-}
-
-// What a producer does when a topic's partition count changes
-// (Config.OnPartitionChange).
-const (
-	PartitionsFollow = "follow"
-	PartitionsStop   = "stop"
-)
-
-// PartitionChanges lists the Config.OnPartitionChange values
-// (kafka.on_partition_change).
-func PartitionChanges() []string { return []string{PartitionsFollow, PartitionsStop} }
-
 // New builds a producer for cfg.Brokers. It does not connect until the
 // first record.
 func New(cfg Config, log hclog.Logger) (*Producer, error) {
@@ -237,6 +157,9 @@ func NewWithTransport(cfg Config, log hclog.Logger, rt kafka.RoundTripper) (*Pro
 	if err != nil {
 		return nil, err
 	}
+	if cfg.TransactionalID != "" && (!cfg.Idempotence || cfg.TransactionInterval <= 0) {
+		return nil, fmt.Errorf("a transactional producer needs idempotence and a transaction interval")
+	}
 	if !slices.Contains(PartitionChanges(), cfg.OnPartitionChange) {
 		return nil, fmt.Errorf("unknown partition change policy %q (want %s)", cfg.OnPartitionChange, either(PartitionChanges()))
 	}
@@ -246,7 +169,7 @@ func NewWithTransport(cfg Config, log hclog.Logger, rt kafka.RoundTripper) (*Pro
 	}
 	p := &Producer{cfg: cfg, rt: rt, addr: kafka.TCP(cfg.Brokers...), bal: bal, codec: cd, log: log, clock: clock.Or(cfg.Clock),
 		kick: make(chan struct{}, 1), done: make(chan struct{}), topics: map[string]*topic{}, topicWait: topicWait, metadataTTL: metadataTTL,
-		finished: make(chan *round, maxRounds), pid: -1, epoch: -1}
+		finished: make(chan *round, maxRounds), pid: -1, epoch: -1, lastPid: -1, lastEpoch: -1}
 	p.tailOf = p.readKafkaTail
 	if rt == nil {
 		p.transport = newTransport(cfg)

@@ -25,6 +25,9 @@ func (p *Producer) takeRound(now time.Time) (rd *round, wait time.Duration, drop
 	if p.fenced != nil {
 		return nil, 0, p.dropAll(), p.closing && p.rounds == 0
 	}
+	if p.txn.committing {
+		return nil, 0, nil, false // transact commits first
+	}
 	ready, wait, exit := p.roundReady(now)
 	if !ready {
 		return nil, wait, nil, exit
@@ -38,7 +41,7 @@ func (p *Producer) takeRound(now time.Time) (rd *round, wait time.Duration, drop
 // settled at the head of each partition, to be completed in that order.
 // Called with mu held.
 func (p *Producer) dropAll() *dropped {
-	drop := &dropped{err: p.fenced}
+	drop := &dropped{err: p.fenced, batches: p.uncommitted(p.fenced)}
 	for _, pt := range p.parts {
 		for _, b := range pt.sent {
 			if b.state == retrying {
@@ -60,6 +63,15 @@ func (p *Producer) dropAll() *dropped {
 		drop.records = append(drop.records, t.waiting...)
 		t.waiting = nil
 	}
+	if p.transactional() {
+		// Acknowledged by their leaders behind a batch still open when
+		// the fence came: in a transaction that will never commit.
+		for _, b := range drop.batches {
+			if b.state == acked {
+				b.state, b.err = failed, p.fenced
+			}
+		}
+	}
 	return drop
 }
 
@@ -71,7 +83,7 @@ func (p *Producer) roundReady(now time.Time) (ready bool, wait time.Duration, ex
 	for _, t := range p.topics {
 		waiting = waiting || len(t.waiting) > 0
 	}
-	if p.closing && !waiting && p.rounds == 0 && !p.hasWork() {
+	if p.closing && !waiting && p.rounds == 0 && !p.hasWork() && p.txn.started.IsZero() {
 		return false, 0, true
 	}
 	if p.rounds >= p.maxRounds() {
@@ -180,6 +192,9 @@ func (p *Producer) collectRound(now time.Time) *round {
 // limit are in flight. A partition recovering from a failure thus has one
 // batch in flight at a time. Called with mu held.
 func (p *Producer) nextBatch(pt *partition, now time.Time) (b *batch, fresh bool, at time.Time) {
+	if p.transactional() && !p.txn.parts[pt] {
+		return nil, false, time.Time{} // joinTransaction adds it first
+	}
 	if p.cfg.Idempotence && p.pid < 0 {
 		return nil, false, time.Time{} // waits for a producer id
 	}

@@ -58,18 +58,20 @@ func (p *Producer) run() {
 		for settled := false; !settled; {
 			select {
 			case rd := <-p.finished:
-				p.completeAll(p.settle(rd))
+				p.finish(p.settle(rd))
 			default:
 				settled = true
 			}
 		}
 		now := p.clock.Now()
 		retry := p.resolveTopics(now)
-		if w := p.producerID(now); w > 0 && (retry == 0 || w < retry) {
-			retry = w
-		}
-		if w := p.releaseHeld(now); w > 0 && (retry == 0 || w < retry) {
-			retry = w
+		// In this order: a commit before a reset's new epoch, the tails
+		// read once the producer id has fenced an earlier holder of its
+		// transactional id, partitions added once their batches may go.
+		for _, w := range [...]time.Duration{p.transact(now), p.producerID(now), p.releaseHeld(now), p.joinTransaction(now)} {
+			if w > 0 && (retry == 0 || w < retry) {
+				retry = w
+			}
 		}
 		p.mu.Lock()
 		rd, wait, drop, exit := p.takeRound(p.clock.Now())
@@ -104,7 +106,7 @@ func (p *Producer) run() {
 		case <-p.kick:
 		case <-timer:
 		case rd := <-p.finished:
-			p.completeAll(p.settle(rd))
+			p.finish(p.settle(rd))
 		case <-ctxDone:
 		}
 	}
@@ -155,7 +157,9 @@ var outPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 // request sends the batches todo[idx] (one leader) in one produce request
 // and writes each one's outcome into errs.
 func (p *Producer) request(todo []*batch, idx []int, errs []error) {
-	req := &rawproduce.Request{Acks: int16(kafka.RequireAll), Timeout: int32(p.cfg.WriteTimeout / time.Millisecond)}
+	// A transactional batch travels in a request naming its transactional
+	// id (the broker authorizes WRITE on it).
+	req := &rawproduce.Request{Acks: int16(kafka.RequireAll), Timeout: int32(p.cfg.WriteTimeout / time.Millisecond), TransactionalID: p.cfg.TransactionalID}
 	byTopic := map[string]int{}
 	var outs []*bytes.Buffer
 	defer func() {

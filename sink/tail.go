@@ -1,10 +1,12 @@
 package sink
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/protocol"
@@ -25,9 +27,12 @@ const tailFetchBytes = 1 << 20
 
 // readKafkaTail is the tailReader: the position of the last record of the
 // stream (Config.Stream, under partitions partitions) below the
-// partition's high watermark, from its leader, within WriteTimeout. Only
-// what every in-sync replica holds counts (the high watermark): a record
-// above it may still be truncated.
+// partition's last stable offset, from its leader, within WriteTimeout,
+// read as a read_committed consumer reads it. Only what every in-sync
+// replica holds counts (the last stable offset is at or below the high
+// watermark: a record above that may still be truncated), and only what
+// was committed (a record of a transaction left open or aborted, by an
+// instance the transaction coordinator fenced, proves nothing).
 func (p *Producer) readKafkaTail(ctx context.Context, topic string, partition int32, partitions int) (outboxd.Pos, bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.WriteTimeout)
 	defer cancel()
@@ -46,7 +51,7 @@ func (p *Producer) readKafkaTail(ctx context.Context, topic string, partition in
 }
 
 func (p *Producer) highWatermark(ctx context.Context, topic string, partition int32) (int64, error) {
-	res, err := p.rt.RoundTrip(ctx, p.bootstrap(), &listoffsets.Request{ReplicaID: -1,
+	res, err := p.rt.RoundTrip(ctx, p.bootstrap(), &listoffsets.Request{ReplicaID: -1, IsolationLevel: readCommitted,
 		Topics: []listoffsets.RequestTopic{{Topic: topic, Partitions: []listoffsets.RequestPartition{{Partition: partition, CurrentLeaderEpoch: -1, Timestamp: -1}}}}})
 	if err != nil {
 		return 0, fmt.Errorf("list offsets: %w", err)
@@ -66,7 +71,7 @@ func (p *Producer) highWatermark(ctx context.Context, topic string, partition in
 // of the stream in it.
 func (p *Producer) lastOfStream(ctx context.Context, topic string, partition int32, from, hw int64, partitions int) (last outboxd.Pos, found bool, err error) {
 	for next := from; next < hw; {
-		res, err := p.rt.RoundTrip(ctx, p.bootstrap(), &fetch.Request{ReplicaID: -1, MaxBytes: tailFetchBytes,
+		res, err := p.rt.RoundTrip(ctx, p.bootstrap(), &fetch.Request{ReplicaID: -1, MaxBytes: tailFetchBytes, IsolationLevel: readCommitted,
 			Topics: []fetch.RequestTopic{{Topic: topic, Partitions: []fetch.RequestPartition{{Partition: partition, CurrentLeaderEpoch: -1, FetchOffset: next, LogStartOffset: -1, PartitionMaxBytes: tailFetchBytes}}}}})
 		if err != nil {
 			return last, false, fmt.Errorf("fetch: %w", err)
@@ -83,7 +88,7 @@ func (p *Producer) lastOfStream(ctx context.Context, topic string, partition int
 			}
 			return last, false, fmt.Errorf("fetch: %w", kafka.Error(pa.ErrorCode))
 		}
-		read, err := scanRecords(pa.RecordSet.Records, hw, &next, func(h []protocol.Header) {
+		read, err := scanRecords(committedBatches(&pa), hw, &next, func(h []protocol.Header) {
 			for _, x := range h {
 				if x.Key == HeaderStream {
 					if pos, ok := p.proof(x.Value, partitions); ok {
@@ -102,31 +107,85 @@ func (p *Producer) lastOfStream(ctx context.Context, topic string, partition int
 	return last, found, nil
 }
 
-// scanRecords calls each with the headers of every record of rs below hw,
-// moves *next past them and returns how many it read.
-func scanRecords(rs protocol.RecordReader, hw int64, next *int64, each func([]protocol.Header)) (int, error) {
-	if rs == nil {
-		return 0, nil
+// readCommitted is the isolation level of a read_committed consumer.
+const readCommitted = 1
+
+// tailBatch is a batch of a fetch answer and whether a read_committed
+// consumer reads its records.
+type tailBatch struct {
+	records protocol.RecordReader
+	visible bool
+}
+
+// committedBatches says which batches of a fetch answer a read_committed
+// consumer reads: not the transactional batches of the transactions the
+// answer calls aborted (from each one's first offset to its producer's
+// next control batch, its abort marker), nor the control batches.
+func committedBatches(pa *fetch.ResponsePartition) []tailBatch {
+	stream, ok := pa.RecordSet.Records.(*protocol.RecordStream)
+	if !ok {
+		if pa.RecordSet.Records == nil {
+			return nil
+		}
+		return []tailBatch{{pa.RecordSet.Records, true}}
 	}
+	aborted := slices.Clone(pa.AbortedTransactions)
+	slices.SortFunc(aborted, func(a, b fetch.ResponseTransaction) int { return cmp.Compare(a.FirstOffset, b.FirstOffset) })
+	open := map[int64]bool{} // producers inside an aborted transaction
+	out := make([]tailBatch, 0, len(stream.Records))
+	for _, r := range stream.Records {
+		base := int64(-1)
+		switch b := r.(type) {
+		case *protocol.RecordBatch:
+			base = b.BaseOffset
+		case *protocol.ControlBatch:
+			base = b.BaseOffset
+		}
+		for len(aborted) > 0 && aborted[0].FirstOffset <= base {
+			open[aborted[0].ProducerID] = true
+			aborted = aborted[1:]
+		}
+		switch b := r.(type) {
+		case *protocol.ControlBatch:
+			delete(open, b.ProducerID)
+			out = append(out, tailBatch{b, false})
+		case *protocol.RecordBatch:
+			out = append(out, tailBatch{b, !b.Attributes.Transactional() || !open[b.ProducerID]})
+		default:
+			out = append(out, tailBatch{r, true}) // a v0 or v1 message set: never transactional
+		}
+	}
+	return out
+}
+
+// scanRecords calls each with the headers of every record below hw of
+// the visible batches, moves *next past every record below hw and returns
+// how many it passed.
+func scanRecords(batches []tailBatch, hw int64, next *int64, each func([]protocol.Header)) (int, error) {
 	n := 0
-	for {
-		rec, err := rs.ReadRecord()
-		if errors.Is(err, io.EOF) {
-			return n, nil
+	for _, b := range batches {
+		for {
+			rec, err := b.records.ReadRecord()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				return n, fmt.Errorf("read the partition's tail: %w", err)
+			}
+			if rec.Offset < *next {
+				continue // a batch starts before the offset asked for
+			}
+			if rec.Offset >= hw {
+				return n, nil
+			}
+			if b.visible {
+				each(rec.Headers)
+			}
+			*next = rec.Offset + 1
+			n++
 		}
-		if err != nil {
-			return n, fmt.Errorf("read the partition's tail: %w", err)
-		}
-		if rec.Offset < *next {
-			continue // a batch starts before the offset asked for
-		}
-		if rec.Offset >= hw {
-			return n, nil
-		}
-		each(rec.Headers)
-		*next = rec.Offset + 1
-		n++
 	}
+	return n, nil
 }
 
 // ProbeTail reads the tail of the topic's partition 0 as a session does

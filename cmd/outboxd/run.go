@@ -74,7 +74,7 @@ func run(ctx context.Context, path string, proc *process) error {
 		return usageError{err}
 	}
 	tableParts := onTables(cfg, routing.Tables(), conn, router, &rc, log)
-	runner := buildRunner(rc, sc, streamOf(cfg), router, log)
+	runner := buildRunner(rc, sc, streamOf(cfg), transactionalID(cfg), router, log)
 	if mon != nil {
 		// Bound now, so a port clash fails at start.
 		srv, err = health.Listen(cfg.Health.Listen, runner, mon, metrics,
@@ -170,15 +170,18 @@ func kafkaConfig(ctx context.Context, cfg config.Config) (sink.Config, error) {
 		Brokers: k.Brokers, Partitioner: k.Partitioner, Compression: k.Compression,
 		Linger: k.Linger, BatchSize: k.BatchSize, BatchBytes: k.BatchBytes,
 		MaxAttempts: k.MaxAttempts, WriteTimeout: k.WriteTimeout, ClientID: k.ClientID, Idempotence: k.Idempotence,
-		OnPartitionChange: k.OnPartitionChange, TLS: tlsc, SASL: mech,
+		OnPartitionChange: k.OnPartitionChange, TLS: tlsc, SASL: mech, TransactionInterval: k.TransactionInterval,
 	}, nil
 }
 
 // buildRunner makes the replication runner, with a Kafka producer per
 // session.
-func buildRunner(rc replication.Config, sc sink.Config, stream string, router *envelope.Router, log hclog.Logger) *replication.Runner {
+func buildRunner(rc replication.Config, sc sink.Config, stream string, txnID func(system string) string, router *envelope.Router, log hclog.Logger) *replication.Runner {
 	sinkLog := log.Named("sink")
 	newProducer := func(src replication.Source) (replication.Producer, error) {
+		if txnID != nil {
+			sc.TransactionalID = txnID(src.System)
+		}
 		if stream != "" {
 			sc.Stream = src.System + "/" + stream
 			sc.Timeline, sc.WALEnd = src.Timeline, src.WALEnd
@@ -200,6 +203,16 @@ func newRouter(cfg config.Config, routing envelope.Routing) (*envelope.Router, e
 		return nil, fmt.Errorf("routes: %w", err)
 	}
 	return router, nil
+}
+
+// transactionalID is the producer's transactional id for a database
+// system (config.Config.TransactionalID); nil when kafka.transactions is
+// off.
+func transactionalID(cfg config.Config) func(system string) string {
+	if !cfg.Kafka.Transactions {
+		return nil
+	}
+	return cfg.TransactionalID
 }
 
 // streamOf is the part of the records' stream identity (sink.Config.Stream)

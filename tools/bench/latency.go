@@ -116,6 +116,11 @@ func startConsumer(brokers, topic string, partitions int) (*consumer, error) {
 			MinBytes:  1,
 			MaxBytes:  16 << 20,
 			MaxWait:   500 * time.Millisecond,
+			// What a read_committed consumer sees, when: with
+			// kafka.transactions a record once its transaction commits (a
+			// transaction's markers are read too, and have no cell). The
+			// same as read_uncommitted without transactions.
+			IsolationLevel: kafka.ReadCommitted,
 		})
 		if err := r.SetOffset(kafka.FirstOffset); err != nil {
 			cancel()

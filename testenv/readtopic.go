@@ -1,0 +1,49 @@
+package testenv
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+)
+
+// Read is one record a consumer read.
+type Read struct {
+	Partition int
+	Offset    int64
+	ID        string // its id_esdeveniment header, "-" without one
+}
+
+// ReadTopic reads topic from its beginning to its end with the Apache
+// Kafka Java consumer at isolation (read_committed or read_uncommitted;
+// java/ReadTopic.java, run from source with the broker's jars): the
+// records it read, in each partition's order. kafka-go's reader, which the
+// Verifier uses, returns a transaction's markers as records.
+func ReadTopic(ctx context.Context, brokers, topic, isolation string) ([]Read, error) {
+	_, here, _, _ := runtime.Caller(0)
+	dir := filepath.Dir(here)
+	lib, err := exec.CommandContext(ctx, "bash", filepath.Join(dir, "kafka-fetch.sh")).Output()
+	if err != nil {
+		return nil, fmt.Errorf("kafka-fetch.sh: %w", err)
+	}
+	cmd := exec.CommandContext(ctx, "java", "-cp", strings.TrimSpace(string(lib))+"/*",
+		"-Dorg.slf4j.simpleLogger.defaultLogLevel=warn", filepath.Join(dir, "java", "ReadTopic.java"), brokers, topic, isolation)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("%s consumer: %w\n%s", isolation, err, stderr.String())
+	}
+	var reads []Read
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		var r Read
+		if _, err := fmt.Sscan(line, &r.Partition, &r.Offset, &r.ID); err != nil {
+			continue
+		}
+		reads = append(reads, r)
+	}
+	return reads, nil
+}
