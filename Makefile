@@ -13,11 +13,11 @@ build:
 # Unit tests and the integration tests against a real PostgreSQL 15 and a
 # real Apache Kafka, both started (and removed) by the test environment
 # (testenv/: its Go package and its scripts); then the integration tests
-# again on PostgreSQL 17 (testenv/pg-fetch.sh fetches it once).
+# again on PostgreSQL 18 (testenv/pg-fetch.sh fetches it once).
 test: test-kubernetes
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 20m ./...
-	OUTBOXD_PG_VERSION=17 $(GO) test -count=1 -timeout 20m ./integration/
+	OUTBOXD_PG_VERSION=18 $(GO) test -count=1 -timeout 20m ./integration/
 
 # deploy/kubernetes/*.yaml decoded strictly into the Kubernetes API types, in
 # a module of its own (outboxd's module does not depend on them).
@@ -94,10 +94,10 @@ bench-cost:
 chaos:
 	$(GO) run ./tools/chaos -keep-logs $(CHAOS_ARGS)
 
-# PostgreSQL 14, 15, 16 and 17 (testenv/pg-fetch.sh fetches 14, 16 and 17
+# PostgreSQL 14, 15, 16, 17 and 18 (testenv/pg-fetch.sh fetches 14, 16, 17 and 18
 # once): the integration suite (the failover test included) and the chaos
 # suite's PostgreSQL restarts (scenario 3) on each; writes docs/reports/MATRIX.md.
-# About 20 minutes. MATRIX_ARGS="-versions 16,17 -chaos 3,1" for others.
+# About 30 minutes. MATRIX_ARGS="-versions 16,17 -chaos 3,1" for others.
 .PHONY: matrix
 matrix:
 	$(GO) run ./tools/matrix $(MATRIX_ARGS)

@@ -76,3 +76,59 @@ func drainKillScenario(ctx context.Context, h *Harness, res *Result) error {
 	}
 	return f.check(ctx, txns, true)
 }
+
+// 1c: ten kill -9 through one full-speed drain (issue 21: 0 duplicates, 0
+// lost, order kept, for a read_uncommitted consumer, default settings). A
+// 200,000-row backlog of 10-row transactions is written while outboxd is
+// stopped; each session is killed once it has delivered another fifteenth
+// of it, so every kill lands mid-drain and the drain still advances; the
+// eleventh session drains the rest.
+func drainKillsScenario(ctx context.Context, h *Harness, res *Result) error {
+	rows, kills := 200000, 10
+	if h.Short {
+		rows, kills = 40000, 2
+	}
+	f, err := h.setup(ctx, "drainkills", res)
+	if err != nil {
+		return err
+	}
+	defer f.daemon.Close()
+	if err := f.startDaemon(ctx); err != nil {
+		return err
+	}
+	if err := f.daemon.Term(40 * time.Second); err != nil {
+		return fmt.Errorf("stop after creating the slot: %w", err)
+	}
+	load := &Load{DSN: f.dsn, Writers: 4, Aggregates: 300, Total: rows, TxnRows: 10, Prefix: "K-"}
+	if err := load.Run(ctx); err != nil {
+		return fmt.Errorf("backlog: %w", err)
+	}
+	var killedAt time.Time
+	for k := 0; k < kills; k++ {
+		if err := f.startDaemon(ctx); err != nil {
+			return err
+		}
+		// A session's own count: what it delivered since its start.
+		for {
+			if st, err := f.daemon.Status(ctx); err == nil && st.Counters.Events >= uint64(rows/15) {
+				break
+			}
+			if err := sleepCtx(ctx, 2*time.Millisecond); err != nil {
+				return err
+			}
+		}
+		killedAt = time.Now()
+		f.daemon.Kill()
+		res.Runs++
+	}
+	if err := f.startDaemon(ctx); err != nil {
+		return err
+	}
+	at, err := f.ver.WaitSeen(ctx, ids(load.Txns()), 3*time.Minute)
+	if err != nil {
+		return err
+	}
+	f.res.recovery(at.Sub(killedAt))
+	f.res.note("%d kill -9 through one %d-row drain: %d duplicates", kills, rows, f.ver.Dups())
+	return f.check(ctx, load.Txns(), true)
+}

@@ -92,6 +92,7 @@ func Scenarios() []Scenario {
 	return []Scenario{
 		{"1", "kill -9 under load", true, killScenario},
 		{"1b", "kill -9 half-way through a full-speed drain", false, drainKillScenario},
+		{"1c", "10 kill -9 through one 200,000-row drain", false, drainKillsScenario},
 		{"2", "broker killed, down >=30 s", false, brokerScenario(35 * time.Second)},
 		{"2b", "broker killed, down 3 min under load", false, brokerScenario(3 * time.Minute)},
 		{"3", "PostgreSQL restarted fast/immediate", true, pgRestartScenario},

@@ -726,7 +726,7 @@ func TestCutoverUnfinishedWithoutAUsableSlot(t *testing.T) {
 	}{{"lost", "lost"}, {"no slot", "none"}, {"failover slot", "failover"}} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.slot == "failover" && major < 17 {
-				t.Skipf("SKIPPED: PostgreSQL %d has no failover slots; this case runs in the suite's PostgreSQL 17 pass (make test, make matrix)", major)
+				t.Skipf("SKIPPED: PostgreSQL %d has no failover slots; this case runs on 17 and 18 (make test's PostgreSQL 18 pass, make matrix)", major)
 			}
 			f := newFixture(t, seedSchema+"CREATE TABLE soroll (id bigserial PRIMARY KEY, farciment text);", map[string]int{"comandes": 2})
 			ctx := context.Background()

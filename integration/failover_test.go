@@ -420,7 +420,7 @@ func TestFailoverSlotSetting(t *testing.T) {
 		t.Fatal(err)
 	}
 	if major < 17 {
-		t.Skipf("SKIPPED: PostgreSQL %d has no failover slots; this test runs in the suite's PostgreSQL 17 pass (make test, make matrix)", major)
+		t.Skipf("SKIPPED: PostgreSQL %d has no failover slots; this test runs on 17 and 18 (make test's PostgreSQL 18 pass, make matrix)", major)
 	}
 	mustExec(f, fmt.Sprintf("SELECT pg_create_logical_replication_slot('%s', 'pgoutput')", f.name))
 	failover := func() bool {
@@ -567,7 +567,7 @@ func TestFailoverDuringCutover(t *testing.T) {
 		t.Fatal(err)
 	}
 	if major < 17 {
-		t.Skipf("SKIPPED: PostgreSQL %d has no failover slots, so no standby keeps a copy of the slot during the cut-over (TestFailover covers the lost slot there); this test runs in the suite's PostgreSQL 17 pass (make test, make matrix)", major)
+		t.Skipf("SKIPPED: PostgreSQL %d has no failover slots, so no standby keeps a copy of the slot during the cut-over (TestFailover covers the lost slot there); this test runs on 17 and 18 (make test's PostgreSQL 18 pass, make matrix)", major)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()

@@ -10,7 +10,7 @@ import (
 )
 
 // These tests run the real outboxd binary against a real PostgreSQL (15, or
-// the major version OUTBOXD_PG_VERSION names: 14 to 17) and a real Apache
+// the major version OUTBOXD_PG_VERSION names: 14 to 18) and a real Apache
 // Kafka broker, both started by the test environment (testenv), and assert
 // on what a consumer reads.
 
@@ -18,7 +18,7 @@ var (
 	env        *testenv.Env
 	seedSchema string // sql/001_outbox.sql
 	// secondPass: OUTBOXD_PG_VERSION names a version (make test's
-	// PostgreSQL 17 pass, make matrix): kafkaOnly tests are skipped.
+	// PostgreSQL 18 pass, make matrix): kafkaOnly tests are skipped.
 	secondPass = os.Getenv("OUTBOXD_PG_VERSION") != ""
 )
 
@@ -90,7 +90,7 @@ func startEnv(t *testing.T, what string, o testenv.Options) *testenv.Env {
 // health server, the consumer package), in which the PostgreSQL version
 // plays no part: it runs in the suite's first pass (PostgreSQL 15) and is
 // skipped, saying so, in a pass on another version (OUTBOXD_PG_VERSION:
-// make test's PostgreSQL 17 pass, make matrix), which keeps make test
+// make test's PostgreSQL 18 pass, make matrix), which keeps make test
 // within its time.
 func kafkaOnly(t *testing.T) {
 	t.Helper()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -198,6 +199,16 @@ func serverMessage(msg pgproto3.BackendMessage) error {
 			return Fatal(fmt.Errorf("replication stream: %w", err))
 		}
 		return fmt.Errorf("replication stream: %w", err)
+	case *pgproto3.NoticeResponse:
+		if m.Code == "55000" && strings.Contains(m.Message, "publication") {
+			// PostgreSQL 18 skips a publication missing at a change's
+			// WAL position with this warning ('skipped loading
+			// publication "name"', 55000) and streams on (before 18 it
+			// is the ERROR above): the rows it then leaves out would be
+			// confirmed as passed. The warning comes before any keepalive
+			// past that change: stopping here confirms nothing beyond it.
+			return Fatal(fmt.Errorf("replication stream: %s: %s", m.Message, m.Detail))
+		}
 	case *pgproto3.CopyDone:
 		return errors.New("the server ended the replication stream")
 	}

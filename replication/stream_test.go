@@ -3,9 +3,11 @@ package replication
 import (
 	"encoding/binary"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgproto3"
 
 	"github.com/outboxd/outboxd"
 	"github.com/outboxd/outboxd/envelope"
@@ -108,5 +110,22 @@ func TestReplaceRefusedFailsEveryRefusalWhenTheProducerStops(t *testing.T) {
 	}
 	if st, fl := s.tracker.State(), s.pub.State(); !st.Settled || fl.Refused != 0 || st.Confirmed != 0x100 {
 		t.Fatalf("after the producer refused the dead letters: %+v %+v (a transaction still waits for a record nobody will send)", st, fl)
+	}
+}
+
+// TestMissingPublicationWarningStops: PostgreSQL 18 skips a publication
+// missing at a change's WAL position with a WARNING (55000, as 18.1
+// sends it) and streams
+// on; the stream stops on it (fatal, as the ERROR before 18), before any
+// keepalive past the change it left out could be confirmed. Other notices
+// pass.
+func TestMissingPublicationWarningStops(t *testing.T) {
+	err := serverMessage(&pgproto3.NoticeResponse{Severity: "WARNING", Code: "55000",
+		Message: `skipped loading publication "km0"`, Detail: "The publication does not exist at this point in the WAL."})
+	if !IsFatal(err) || !strings.Contains(err.Error(), `publication "km0"`) || !strings.Contains(err.Error(), "does not exist") {
+		t.Fatalf("want a fatal error naming the publication, got %v", err)
+	}
+	if err := serverMessage(&pgproto3.NoticeResponse{Severity: "WARNING", Code: "01000", Message: "something else"}); err != nil {
+		t.Fatalf("another notice: %v", err)
 	}
 }

@@ -9,7 +9,7 @@ import (
 	"strings"
 )
 
-// PGMajor is the major version of the Env's PostgreSQL (14 to 17), read
+// PGMajor is the major version of the Env's PostgreSQL (14 to 18), read
 // from its data directory.
 func (e *Env) PGMajor() (int, error) {
 	return pgMajor(e.Dir)

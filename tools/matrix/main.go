@@ -3,7 +3,7 @@
 // (testenv/pg-fetch.sh) and writes what it found to docs/reports/MATRIX.md:
 // `make matrix`.
 //
-//	go run ./tools/matrix [-versions 14,15,16,17] [-chaos 3] [-out docs/reports/MATRIX.md]
+//	go run ./tools/matrix [-versions 14,15,16,17,18] [-chaos 3] [-out docs/reports/MATRIX.md]
 package main
 
 import (
@@ -38,7 +38,7 @@ type result struct {
 }
 
 func run() int {
-	versions := flag.String("versions", "14,15,16,17", "PostgreSQL major versions")
+	versions := flag.String("versions", "14,15,16,17,18", "PostgreSQL major versions")
 	scenarios := flag.String("chaos", "3", "chaos scenarios to run on each version (CHAOS_SCENARIOS); empty: none")
 	out := flag.String("out", "docs/reports/MATRIX.md", "where the results go")
 	flag.Parse()
