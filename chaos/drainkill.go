@@ -19,19 +19,11 @@ func drainKillScenario(ctx context.Context, h *Harness, res *Result) error {
 	if h.Short {
 		rows, kills = 40000, 1
 	}
-	f, err := h.setup(ctx, "drainkill", res)
+	f, err := h.setupDrain(ctx, "drainkill", res)
 	if err != nil {
 		return err
 	}
 	defer f.daemon.Close()
-	// The slot first: a backlog written before it exists is the cut-over
-	// snapshot's, published from the table, not a drain of the slot.
-	if err := f.startDaemon(ctx); err != nil {
-		return err
-	}
-	if err := f.daemon.Term(40 * time.Second); err != nil {
-		return fmt.Errorf("stop after creating the slot: %w", err)
-	}
 	var txns []testenv.Txn
 	for k := 0; k < kills; k++ {
 		// The backlog, written with outboxd stopped.
@@ -45,13 +37,8 @@ func drainKillScenario(ctx context.Context, h *Harness, res *Result) error {
 		}
 		// Half-way through the drain, by outboxd's own count (the
 		// verifier reads behind it).
-		for {
-			if st, err := f.daemon.Status(ctx); err == nil && st.Counters.Events >= uint64(rows/2) {
-				break
-			}
-			if err := sleepCtx(ctx, 2*time.Millisecond); err != nil {
-				return err
-			}
+		if err := f.waitDelivered(ctx, rows/2); err != nil {
+			return err
 		}
 		killedAt := time.Now()
 		f.daemon.Kill()
@@ -88,17 +75,11 @@ func drainKillsScenario(ctx context.Context, h *Harness, res *Result) error {
 	if h.Short {
 		rows, kills = 40000, 2
 	}
-	f, err := h.setup(ctx, "drainkills", res)
+	f, err := h.setupDrain(ctx, "drainkills", res)
 	if err != nil {
 		return err
 	}
 	defer f.daemon.Close()
-	if err := f.startDaemon(ctx); err != nil {
-		return err
-	}
-	if err := f.daemon.Term(40 * time.Second); err != nil {
-		return fmt.Errorf("stop after creating the slot: %w", err)
-	}
 	load := &Load{DSN: f.dsn, Writers: 4, Aggregates: 300, Total: rows, TxnRows: 10, Prefix: "K-"}
 	if err := load.Run(ctx); err != nil {
 		return fmt.Errorf("backlog: %w", err)
@@ -109,13 +90,8 @@ func drainKillsScenario(ctx context.Context, h *Harness, res *Result) error {
 			return err
 		}
 		// A session's own count: what it delivered since its start.
-		for {
-			if st, err := f.daemon.Status(ctx); err == nil && st.Counters.Events >= uint64(rows/15) {
-				break
-			}
-			if err := sleepCtx(ctx, 2*time.Millisecond); err != nil {
-				return err
-			}
+		if err := f.waitDelivered(ctx, rows/15); err != nil {
+			return err
 		}
 		killedAt = time.Now()
 		f.daemon.Kill()
@@ -131,4 +107,37 @@ func drainKillsScenario(ctx context.Context, h *Harness, res *Result) error {
 	f.res.recovery(at.Sub(killedAt))
 	f.res.note("%d kill -9 through one %d-row drain: %d duplicates", kills, rows, f.ver.Dups())
 	return f.check(ctx, load.Txns(), true)
+}
+
+// setupDrain is setup for a drain scenario: outboxd started once and
+// stopped, so that the slot exists before the backlog (a backlog written
+// before it is the cut-over snapshot's, published from the table, not a
+// drain of the slot). The caller closes f.daemon.
+func (h *Harness) setupDrain(ctx context.Context, id string, res *Result) (*fixture, error) {
+	f, err := h.setup(ctx, id, res)
+	if err != nil {
+		return nil, err
+	}
+	if err := f.startDaemon(ctx); err != nil {
+		f.daemon.Close()
+		return nil, err
+	}
+	if err := f.daemon.Term(40 * time.Second); err != nil {
+		f.daemon.Close()
+		return nil, fmt.Errorf("stop after creating the slot: %w", err)
+	}
+	return f, nil
+}
+
+// waitDelivered waits until the running outboxd has delivered n events
+// since its start, by its own count.
+func (f *fixture) waitDelivered(ctx context.Context, n int) error {
+	for {
+		if st, err := f.daemon.Status(ctx); err == nil && st.Counters.Events >= uint64(n) {
+			return nil
+		}
+		if err := sleepCtx(ctx, 2*time.Millisecond); err != nil {
+			return err
+		}
+	}
 }
