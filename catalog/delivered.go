@@ -2,7 +2,6 @@ package catalog
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/jackc/pglogrepl"
@@ -61,14 +60,7 @@ func BeginDelivery(ctx context.Context, conn *pgconn.PgConn, readOnly bool) (pgl
 	if _, err := conn.Exec(ctx, begin).ReadAll(); err != nil {
 		return 0, err
 	}
-	rows, err := query(ctx, conn, "SELECT pg_catalog.pg_current_wal_insert_lsn()")
-	if err != nil {
-		return 0, err
-	}
-	if len(rows) != 1 || rows[0][0] == nil {
-		return 0, errors.New("pg_current_wal_insert_lsn: no row")
-	}
-	return pglogrepl.ParseLSN(*rows[0][0])
+	return InsertLSN(ctx, conn)
 }
 
 // ReadDelivery reads, in the transaction BeginDelivery began at at,

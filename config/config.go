@@ -299,12 +299,24 @@ func (p Pipeline) SoftMemoryLimit() (int64, bool) {
 // Retention is the optional job that deletes outbox rows older than MaxAge
 // (by creat_en) once the slot has confirmed them: small batches, every
 // Interval, each waiting at most ConfirmTimeout for the slot.
+//
+// Mode drop_partitions drops a partitioned outbox's partitions whose whole
+// range is older than MaxAge instead, each once the slot has confirmed its
+// rows, waiting at most LockTimeout for a lock.
 type Retention struct {
+	Mode           string        `yaml:"mode"`    // delete | drop_partitions
 	MaxAge         time.Duration `yaml:"max_age"` // 0: off
 	Interval       time.Duration `yaml:"interval"`
 	BatchSize      int           `yaml:"batch_size"`
 	ConfirmTimeout time.Duration `yaml:"confirm_timeout"`
+	LockTimeout    time.Duration `yaml:"lock_timeout"`
 }
+
+// The retention modes.
+const (
+	RetentionDelete         = "delete"
+	RetentionDropPartitions = "drop_partitions"
+)
 
 // Health is the HTTP server for /healthz /readyz /status /metrics.
 type Health struct {
@@ -364,7 +376,7 @@ func Default() Config {
 			BackoffMin:        500 * time.Millisecond,
 			BackoffMax:        30 * time.Second,
 		},
-		Retention: Retention{Interval: time.Minute, BatchSize: 1000, ConfirmTimeout: 30 * time.Second},
+		Retention: Retention{Mode: RetentionDelete, Interval: time.Minute, BatchSize: 1000, ConfirmTimeout: 30 * time.Second, LockTimeout: 2 * time.Second},
 		Health:    Health{Listen: "127.0.0.1:9597", PollInterval: 5 * time.Second, MaxLag: time.Minute, MaxRetainedWALBytes: 1 << 30},
 		Log:       Log{Level: "info", Format: "text"},
 	}

@@ -93,7 +93,7 @@ func TestDefault(t *testing.T) {
 			BackoffMin:        500 * time.Millisecond,
 			BackoffMax:        30 * time.Second,
 		},
-		Retention: config.Retention{Interval: time.Minute, BatchSize: 1000, ConfirmTimeout: 30 * time.Second},
+		Retention: config.Retention{Mode: config.RetentionDelete, Interval: time.Minute, BatchSize: 1000, ConfirmTimeout: 30 * time.Second, LockTimeout: 2 * time.Second},
 		Health:    config.Health{Listen: "127.0.0.1:9597", PollInterval: 5 * time.Second, MaxLag: time.Minute, MaxRetainedWALBytes: 1 << 30},
 		Log:       config.Log{Level: "info", Format: "text"},
 	}

@@ -126,12 +126,19 @@ func (v *validator) retention(rt Retention, m envelope.Routing) {
 	}
 	v.positive("retention.interval", rt.Interval)
 	v.positive("retention.confirm_timeout", rt.ConfirmTimeout)
-	if rt.BatchSize <= 0 {
-		v.add("retention.batch_size", "must be > 0, got %d", rt.BatchSize)
+	switch rt.Mode {
+	case RetentionDelete:
+		if rt.BatchSize <= 0 {
+			v.add("retention.batch_size", "must be > 0, got %d", rt.BatchSize)
+		}
+	case RetentionDropPartitions:
+		v.positive("retention.lock_timeout", rt.LockTimeout)
+	default:
+		v.add("retention.mode", "must be %s or %s, got %q", RetentionDelete, RetentionDropPartitions, rt.Mode)
 	}
 	for _, s := range m.Sources {
 		if k := s.Routes[0]; s.Prefix == "" && m.Routes[k].Columns.CreatEn == "" {
-			v.add(fmt.Sprintf("routes[%d].columns.creat_en", k), "retention.max_age is set, but %s has no creat_en column (\"-\"): retention deletes rows by their creat_en; name the column, or turn retention off (max_age: 0)", s.Table)
+			v.add(fmt.Sprintf("routes[%d].columns.creat_en", k), "retention.max_age is set, but %s has no creat_en column (\"-\"): retention deletes rows (or drops partitions) by their creat_en; name the column, or turn retention off (max_age: 0)", s.Table)
 		}
 	}
 }

@@ -17,10 +17,7 @@ import (
 // as pg_partman lays out a busy one: the primary key holds the partition
 // key, and there is one partition per month (outbox_pYYYYMM) from three
 // months ago to next month.
-const partitionedOutbox = `CREATE TABLE outbox (
-    id UUID NOT NULL, agregat TEXT NOT NULL, agregat_id TEXT NOT NULL, tipus TEXT NOT NULL,
-    versio INTEGER NOT NULL DEFAULT 1, carrega JSONB NOT NULL, creat_en TIMESTAMPTZ NOT NULL DEFAULT now(),
-    publicat_en TIMESTAMPTZ, PRIMARY KEY (id, creat_en)) PARTITION BY RANGE (creat_en);
+const partitionedOutbox = dropSchema + `
 DO $$ BEGIN
 	FOR m IN -3..1 LOOP
 		EXECUTE format('CREATE TABLE %I PARTITION OF outbox FOR VALUES FROM (%L) TO (%L)',

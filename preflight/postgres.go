@@ -53,7 +53,7 @@ func checkPostgres(ctx context.Context, t *target) []Result {
 	_ = conn.QueryRow(ctx, "SELECT system_identifier::text FROM pg_control_system()").Scan(&t.system)
 	out = append(out, checkTLS(pg)...)
 	for _, check := range []func(context.Context, *pgx.Conn, target) []Result{
-		checkWalLevel, checkCapacity, checkRole, checkTables, checkPublication, checkSlot, checkFailover,
+		checkWalLevel, checkCapacity, checkRole, checkTables, checkPartitions, checkPublication, checkSlot, checkFailover,
 	} {
 		out = append(out, check(ctx, conn, cfg)...)
 	}

@@ -30,6 +30,9 @@
 //
 // If the slot does not reach L in time (Kafka is down, outboxd is stopped or
 // behind), the batch deletes nothing and the job tries again later.
+//
+// With DropPartitions the job drops a partitioned outbox's old
+// partitions instead, by the same proof (partitions.go).
 package retention
 
 import (
@@ -51,13 +54,20 @@ import (
 
 // Config is the job's configuration; durations and BatchSize are positive.
 type Config struct {
-	Conn           *pgconn.Config
-	Slot           string
-	Tables         []envelope.Table // each by its first route's creat_en
+	Conn   *pgconn.Config
+	Slot   string
+	Tables []envelope.Table // each by its first route's creat_en
+	// DropPartitions drops old partitions whole instead of deleting old
+	// rows (retention.mode drop_partitions).
+	DropPartitions bool
 	MaxAge         time.Duration
 	Interval       time.Duration
 	BatchSize      int
 	ConfirmTimeout time.Duration
+	// LockTimeout bounds each wait for a partition's or the outbox's lock
+	// (DropPartitions).
+	LockTimeout time.Duration
+	Observer    Observer
 	// Poll is how often the slot is read while a batch waits (default
 	// 100ms).
 	Poll time.Duration
@@ -95,7 +105,11 @@ func (e *notYet) Error() string {
 // Run deletes old rows every Interval until ctx ends. Failures are logged
 // (once per change) and the next pass tries again.
 func (j *Job) Run(ctx context.Context) {
-	j.log.Info("retention: deleting delivered outbox rows older than max_age", "max_age", j.cfg.MaxAge, "interval", j.cfg.Interval, "batch_size", j.cfg.BatchSize)
+	if j.cfg.DropPartitions {
+		j.log.Info("retention: dropping partitions older than max_age once Kafka has their rows", "max_age", j.cfg.MaxAge, "interval", j.cfg.Interval, "lock_timeout", j.cfg.LockTimeout)
+	} else {
+		j.log.Info("retention: deleting delivered outbox rows older than max_age", "max_age", j.cfg.MaxAge, "interval", j.cfg.Interval, "batch_size", j.cfg.BatchSize)
+	}
 	var conn *pgconn.PgConn
 	defer func() {
 		if conn != nil {
@@ -153,30 +167,16 @@ func (j *Job) connect(ctx context.Context) (*pgconn.PgConn, error) {
 	return conn, nil
 }
 
-// pass deletes batches from each table until one comes back short. A
-// table that fails does not keep the others from being pruned; a reason to
+// pass prunes each table (deletePass or dropPass). A table that fails does not keep the others from being pruned; a reason to
 // wait (notYet) holds for every table, and ends the pass.
 func (j *Job) pass(ctx context.Context, conn *pgconn.PgConn) error {
 	var errs []error
 	for _, t := range j.cfg.Tables {
-		total, conflicts := 0, 0
 		var err error
-		for {
-			var n int
-			n, err = j.batch(ctx, conn, t)
-			total += n
-			if hasCode(err, "40001") && conflicts < 5 {
-				// A row of the snapshot changed since (postgres.mark_published
-				// marked it): a new snapshot sees the new version.
-				conflicts++
-				continue
-			}
-			if err != nil || n < j.cfg.BatchSize {
-				break
-			}
-		}
-		if total > 0 {
-			j.log.Info("retention: deleted old rows", "table", t.Schema+"."+t.Name, "rows", total, "older_than", j.cfg.MaxAge)
+		if j.cfg.DropPartitions {
+			_, err = j.dropPass(ctx, conn, t)
+		} else {
+			err = j.deletePass(ctx, conn, t)
 		}
 		var ny *notYet
 		switch {
@@ -187,6 +187,34 @@ func (j *Job) pass(ctx context.Context, conn *pgconn.PgConn) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// deletePass deletes t's old rows in batches until one comes back short.
+func (j *Job) deletePass(ctx context.Context, conn *pgconn.PgConn, t envelope.Table) error {
+	total, conflicts := 0, 0
+	var err error
+	for {
+		var n int
+		n, err = j.batch(ctx, conn, t)
+		total += n
+		if hasCode(err, "40001") && conflicts < 5 {
+			// A row of the snapshot changed since (postgres.mark_published
+			// marked it): a new snapshot sees the new version.
+			conflicts++
+			continue
+		}
+		if err != nil || n < j.cfg.BatchSize {
+			break
+		}
+	}
+	if total > 0 {
+		name := catalog.Table{Schema: t.Schema, Name: t.Name}.String()
+		j.log.Info("retention: deleted old rows", "table", name, "rows", total, "older_than", j.cfg.MaxAge)
+		if j.cfg.Observer != nil {
+			j.cfg.Observer.Deleted(name, total)
+		}
+	}
+	return err
 }
 
 // batch deletes at most BatchSize old rows of t that the slot has

@@ -58,3 +58,7 @@ GRANT SELECT ON TABLE public.outbox TO outboxd;
 -- GRANT UPDATE (publicat_en) ON TABLE public.outbox TO outboxd;
 -- Only with retention.max_age set (outboxd deletes delivered old rows):
 -- GRANT DELETE ON TABLE public.outbox TO outboxd;
+-- With retention.mode: drop_partitions instead (outboxd detaches and drops
+-- old partitions, which only their owner may do): membership of the role
+-- that owns the outbox and its partitions, e.g.
+-- GRANT service_owner TO outboxd;

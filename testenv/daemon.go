@@ -250,11 +250,17 @@ func (d *Daemon) Signal(sig os.Signal) error {
 // Metric reads one sample of outboxd's /metrics, name{topic="topic"}; 0
 // when absent or unreadable.
 func (d *Daemon) Metric(ctx context.Context, name, topic string) float64 {
+	return d.MetricBy(ctx, name, "topic", topic)
+}
+
+// MetricBy reads one sample of outboxd's /metrics, name{label="value"}; 0
+// when absent or unreadable.
+func (d *Daemon) MetricBy(ctx context.Context, name, label, value string) float64 {
 	code, body, err := d.Get(ctx, "/metrics")
 	if err != nil || code != http.StatusOK {
 		return 0
 	}
-	want := fmt.Sprintf("%s{topic=%q} ", name, topic)
+	want := fmt.Sprintf("%s{%s=%q} ", name, label, value)
 	sc := bufio.NewScanner(bytes.NewReader(body))
 	sc.Buffer(nil, 1<<20)
 	for sc.Scan() {

@@ -73,7 +73,7 @@ func run(ctx context.Context, path string, proc *process) error {
 	if err != nil {
 		return usageError{err}
 	}
-	tableParts := onTables(cfg, routing.Tables(), conn, router, &rc, log)
+	tableParts := onTables(cfg, routing.Tables(), conn, router, &rc, metrics, log)
 	runner := buildRunner(rc, sc, streamOf(cfg), transactionalID(cfg), router, log)
 	if mon != nil {
 		// Bound now, so a port clash fails at start.
@@ -115,7 +115,7 @@ func warnInsecure(cfg config.Config, log hclog.Logger) {
 // onTables wires what works on the routed tables themselves: the marks
 // (postgres.mark_published) and the cut-over snapshot go into rc; the
 // parts returned run beside the stream (the marker, retention).
-func onTables(cfg config.Config, tables []envelope.Table, conn *pgconn.Config, router *envelope.Router, rc *replication.Config, log hclog.Logger) []part {
+func onTables(cfg config.Config, tables []envelope.Table, conn *pgconn.Config, router *envelope.Router, rc *replication.Config, metrics *health.Metrics, log hclog.Logger) []part {
 	var parts []part
 	var marker *republish.Marker
 	if cfg.Postgres.MarkPublished {
@@ -133,8 +133,9 @@ func onTables(cfg config.Config, tables []envelope.Table, conn *pgconn.Config, r
 		}
 	}
 	if rt := cfg.Retention; rt.MaxAge > 0 {
-		job := retention.New(retention.Config{Conn: conn, Slot: cfg.Postgres.Slot, Tables: tables, MaxAge: rt.MaxAge,
-			Interval: rt.Interval, BatchSize: rt.BatchSize, ConfirmTimeout: rt.ConfirmTimeout}, log.Named("retention"))
+		job := retention.New(retention.Config{Conn: conn, Slot: cfg.Postgres.Slot, Tables: tables, DropPartitions: rt.Mode == config.RetentionDropPartitions, MaxAge: rt.MaxAge,
+			Interval: rt.Interval, BatchSize: rt.BatchSize, ConfirmTimeout: rt.ConfirmTimeout, LockTimeout: rt.LockTimeout,
+			Observer: metrics.Retention(rt.Interval)}, log.Named("retention"))
 		parts = append(parts, part{name: "retention", run: func(ctx context.Context) error { job.Run(ctx); return nil }})
 	}
 	return parts
