@@ -185,8 +185,10 @@ type Route struct {
 	// drops it on purpose.
 	Overrides []Override `yaml:"overrides"`
 	Columns   Columns    `yaml:"columns"` // column names in the outbox table
-	// Value: "" (the envelope) or "payload" (the payload column alone).
-	Value string `yaml:"value"`
+	// Value: "" (the envelope), "payload" (the payload column alone) or
+	// "cloudevents" (a CloudEvent, shaped by CloudEvents).
+	Value       string      `yaml:"value"`
+	CloudEvents CloudEvents `yaml:"cloudevents"`
 	// KeyConverter and ValueConverter: "" (string: the text as it is) or
 	// "json" (a JSON string, as Kafka Connect's JsonConverter writes one).
 	KeyConverter   string  `yaml:"key_converter"`
@@ -203,6 +205,15 @@ type Route struct {
 	// DeadLetterTopic and goes on.
 	OnError         string `yaml:"on_error"`
 	DeadLetterTopic string `yaml:"dead_letter_topic"`
+}
+
+// CloudEvents is the CloudEvent a route with value: cloudevents writes:
+// its content mode (binary: ce_ headers and carrega as the value;
+// structured: the event as JSON) and its source attribute ({origen}: the
+// service's name).
+type CloudEvents struct {
+	Mode   string `yaml:"mode"`   // binary (default) | structured
+	Source string `yaml:"source"` // default /km0/{origen}
 }
 
 // Match is a condition on a row, written as a mapping of column names to a

@@ -95,7 +95,8 @@ func (c Config) Routing() envelope.Routing {
 func (r Route) envelope() envelope.Route {
 	er := envelope.Route{Schema: r.Schema, Table: r.Name, Prefix: r.Message, Topic: r.Topic, TopicFallback: r.TopicFallback,
 		Filter: conditions(r.Filter), Preset: r.Preset, Value: r.Value, KeyJSON: r.KeyConverter == ConverterJSON, ValueJSON: r.ValueConverter == ConverterJSON,
-		Trace: envelope.Trace(r.Trace), Position: r.PositionHeaders, Timestamp: r.Timestamp, Columns: envelope.Columns(r.Columns)}
+		Trace: envelope.Trace(r.Trace), Position: r.PositionHeaders, Timestamp: r.Timestamp, Columns: envelope.Columns(r.Columns),
+		CloudEvents: envelope.CloudEvents(r.CloudEvents)}
 	if r.Message != "" {
 		er.Schema, er.Table = "", ""
 	}

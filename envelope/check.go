@@ -68,6 +68,7 @@ func (r *Route) Problems() []Problem {
 		ps.add("value_converter", "json writes the payload as a JSON string: it needs value: payload (the envelope is JSON already)")
 	}
 	ps.fields(r)
+	ps.cloudEvents(r)
 	switch t := r.Trace; {
 	case t.SpanContext != "" && (t.Traceparent != "" || t.Tracestate != ""):
 		ps.add("trace.span_context", "either span_context (a serialized Properties holding both) or traceparent and tracestate, not both")

@@ -37,6 +37,10 @@ type route struct {
 	fields   []field
 	debezium bool
 	payload  bool // ValuePayload
+	// ce: a CloudEvent (ValueCloudEvents), structured or binary, from
+	// source (NewRouter renders it).
+	ce, ceStructured bool
+	ceSource         []byte
 	// payloadEnvelope: a payload value with envelope fields.
 	payloadEnvelope bool
 }
@@ -84,7 +88,8 @@ func (rt *route) ref(name string, optional bool) int {
 // compile resolves every column r reads. r has no Problems: the only
 // errors left are those of a template that Problems would have named.
 func compile(r *Route) (*route, error) {
-	rt := &route{Route: r, debezium: r.Preset == PresetDebezium, payload: r.Value == ValuePayload, fallback: r.TopicFallback}
+	rt := &route{Route: r, debezium: r.Preset == PresetDebezium, payload: r.Value == ValuePayload, fallback: r.TopicFallback,
+		ce: r.Value == ValueCloudEvents, ceStructured: r.CloudEvents.Mode == CEStructured}
 	for _, c := range r.Filter {
 		rt.filter = append(rt.filter, rt.condition(c))
 	}

@@ -125,9 +125,18 @@ func (v *view) headers(id, tipus []byte, pos Position, sc *Scratch) ([]outboxd.H
 	rt := v.b.rt
 	hs := sc.headers[:0]
 	hdr := sc.hdr[:0]
-	if rt.debezium {
+	switch {
+	case rt.ce && rt.ceStructured:
+		hs = append(hs, outboxd.Header{Key: HeaderContentType, Value: ceStructured})
+	case rt.ce:
+		a, err := v.ceAttrs(id, tipus, pos)
+		if err != nil {
+			return nil, err
+		}
+		hs, hdr = ceHeaderList(hs, hdr, rt.ceSource, a)
+	case rt.debezium:
 		hs = append(hs, outboxd.Header{Key: HeaderDebeziumID, Value: id})
-	} else {
+	default:
 		hs = append(hs, outboxd.Header{Key: HeaderTipus, Value: tipus}, outboxd.Header{Key: HeaderID, Value: id})
 	}
 	for k := range rt.fields {
@@ -179,7 +188,7 @@ func (v *view) headers(id, tipus []byte, pos Position, sc *Scratch) ([]outboxd.H
 	// A row read from the table (cut-over snapshot, replay) has no WAL
 	// position: no position headers, rather than a position that would
 	// sort before everything.
-	if rt.Position && pos.CommitLSN != 0 {
+	if rt.Position && pos.CommitLSN != 0 && !rt.ce {
 		at := len(hdr)
 		hdr = strconv.AppendUint(hdr, uint64(pos.CommitLSN), 10)
 		lsn := hdr[at:len(hdr):len(hdr)]

@@ -21,7 +21,9 @@ type Route struct {
 
 	Columns Columns
 	Preset  string // "" (the contract's record) or PresetDebezium
-	Value   string // ValueEnvelope ("" too) or ValuePayload
+	Value   string // ValueEnvelope ("" too), ValuePayload or ValueCloudEvents
+	// CloudEvents: the CloudEvent's mode and source (ValueCloudEvents).
+	CloudEvents CloudEvents
 	// KeyJSON and ValueJSON write the key and the payload as JSON strings,
 	// as Kafka Connect's JsonConverter (schemas.enable=false) does.
 	KeyJSON, ValueJSON bool
@@ -98,7 +100,7 @@ const (
 // The values Route.Preset and Route.Value take besides "".
 var (
 	presets = []string{PresetDebezium}
-	values  = []string{ValueEnvelope, ValuePayload}
+	values  = []string{ValueEnvelope, ValuePayload, ValueCloudEvents}
 )
 
 // DefaultColumns are the column names of the contract's outbox table: a
@@ -139,7 +141,10 @@ func (r *Route) NeedsCreatEn() bool { return r.Prefix == "" && r.Value != ValueP
 // take their names).
 func (r *Route) headers() []string {
 	hs := []string{HeaderTraceparent, HeaderTracestate, HeaderCommitLSN, HeaderTxnIndex}
-	if r.Preset == PresetDebezium {
+	switch {
+	case r.Value == ValueCloudEvents:
+		return append(hs, ceHeaders...)
+	case r.Preset == PresetDebezium:
 		return append(hs, HeaderDebeziumID)
 	}
 	return append(hs, HeaderTipus, HeaderID)

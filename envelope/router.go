@@ -32,6 +32,9 @@ func NewRouter(origen string, routes []Route, maxRecordBytes int) (*Router, erro
 		if err != nil {
 			return nil, fmt.Errorf("route %d: %w", i, err)
 		}
+		if rt.ce {
+			rt.ceSource = []byte(ceSource(routes[i].CloudEvents, origen))
+		}
 		compiled[i] = rt
 	}
 	for _, s := range sources(routes) {

@@ -20,6 +20,8 @@ func (r *Router) value(v *view, id, tipus []byte, pos Position, sc *Scratch) ([]
 	}
 	var val []byte
 	switch {
+	case rt.ce:
+		return v.ceValue(id, tipus, carrega, pos, sc)
 	case rt.payload && !rt.payloadEnvelope:
 		return v.payload(ci, carrega, null, sc)
 	case rt.payload:
@@ -90,26 +92,15 @@ func (r *Router) envelope(v *view, id, tipus, carrega []byte, pos Position, val 
 	if !v.isJSON(ci) && !json.Valid(carrega) {
 		return nil, v.rowError(ci, "the value is not valid JSON")
 	}
-	versio := int64(1)
-	if i := rt.role[roleVersio]; i >= 0 {
-		raw, null, err := v.value(i, v.b.message)
-		if err != nil {
-			return nil, err
-		}
-		if !null {
-			var ok bool
-			if versio, ok = parseInt(raw); !ok {
-				return nil, v.rowError(i, "not an integer")
-			}
-		}
+	versio, err := v.versio()
+	if err != nil {
+		return nil, err
 	}
-	ms := pos.CommitTime / 1000
-	if i := rt.role[roleCreatEn]; i >= 0 {
-		var err error
-		if ms, err = v.millis(i); err != nil {
-			return nil, err
-		}
+	us, err := v.created(pos)
+	if err != nil {
+		return nil, err
 	}
+	ms := us / 1000
 	if need := len(id) + len(tipus) + len(carrega) + len(r.origen) + 96; cap(val) < need {
 		val = make([]byte, 0, need)
 	}
@@ -125,6 +116,55 @@ func (r *Router) envelope(v *view, id, tipus, carrega []byte, pos Position, val 
 	val = append(val, r.origen...)
 	val = append(val, `,"dades":`...)
 	return append(val, v.rawJSON(ci, carrega)...), nil
+}
+
+// versio is the event's version: its column's integer, 1 when the route
+// has no versio column or a message leaves it out.
+func (v *view) versio() (int64, error) {
+	i := v.b.rt.role[roleVersio]
+	if i < 0 {
+		return 1, nil
+	}
+	raw, null, err := v.value(i, v.b.message)
+	if err != nil || null {
+		return 1, err
+	}
+	n, ok := parseInt(raw)
+	if !ok {
+		return 0, v.rowError(i, "not an integer")
+	}
+	return n, nil
+}
+
+// created is when the event was created, in µs since the epoch: its
+// creat_en, or (a message, which has none) its transaction's commit time.
+func (v *view) created(pos Position) (int64, error) {
+	if i := v.b.rt.role[roleCreatEn]; i >= 0 {
+		return v.micros(i)
+	}
+	return pos.CommitTime, nil
+}
+
+// ceValue is a CloudEvent's value in sc.value: carrega (binary mode), or
+// the whole event as JSON (structured).
+func (v *view) ceValue(id, tipus, carrega []byte, pos Position, sc *Scratch) ([]byte, error) {
+	ci := v.b.rt.role[roleCarrega]
+	if !v.isJSON(ci) && !json.Valid(carrega) {
+		return nil, v.rowError(ci, "the value is not valid JSON")
+	}
+	data := v.rawJSON(ci, carrega)
+	if !v.b.rt.ceStructured {
+		// Appended, as a payload is: the record's value is sc's memory.
+		sc.value = append(sc.value[:0], data...)
+		return sc.value, nil
+	}
+	a, err := v.ceAttrs(id, tipus, pos)
+	if err != nil {
+		return nil, err
+	}
+	val := ceStructuredValue(sc.value[:0], v.b.rt.ceSource, a, data)
+	sc.value = append(val, '}')
+	return sc.value, nil
 }
 
 // rawJSON is column i's JSON text: a message member's own JSON (a string
@@ -167,11 +207,18 @@ func (v *view) appendJSON(dst []byte, i int, embed bool) ([]byte, error) {
 	return appendConnectString(dst, val), nil
 }
 
-// millis reads column i as milliseconds since the epoch: a timestamptz, a
+// millis reads column i as milliseconds since the epoch (micros),
+// truncated toward zero, as the relay's data_ms is.
+func (v *view) millis(i int) (int64, error) {
+	us, err := v.micros(i)
+	return us / 1000, err
+}
+
+// micros reads column i as microseconds since the epoch: a timestamptz, a
 // timestamp without time zone (UTC, as Debezium reads it), an integer of
 // milliseconds; a message member as a number of milliseconds or a
-// timestamp string. Truncated toward zero, as the relay's data_ms is.
-func (v *view) millis(i int) (int64, error) {
+// timestamp string.
+func (v *view) micros(i int) (int64, error) {
 	raw, _, err := v.value(i, false)
 	if err != nil {
 		return 0, err
@@ -183,7 +230,7 @@ func (v *view) millis(i int) (int64, error) {
 		if !ok {
 			return 0, v.rowError(i, "not an integer number of milliseconds")
 		}
-		return ms, nil
+		return ms * 1000, nil
 	case v.b.message:
 		us, err = parseTime(raw, timeMember)
 	case v.b.kind[i] == kindInteger:
@@ -191,7 +238,7 @@ func (v *view) millis(i int) (int64, error) {
 		if !ok {
 			return 0, v.rowError(i, "not an integer")
 		}
-		return ms, nil
+		return ms * 1000, nil
 	case v.b.kind[i] == kindTimestamp:
 		us, err = parseTime(raw, timeNoZone)
 	default:
@@ -200,7 +247,7 @@ func (v *view) millis(i int) (int64, error) {
 	if err != nil {
 		return 0, v.rowError(i, err.Error())
 	}
-	return us / 1000, nil
+	return us, nil
 }
 
 // appendBytea decodes PostgreSQL's hex output of a bytea ("\x0a1b...")
