@@ -82,10 +82,16 @@ func ReadPartitionedTable(ctx context.Context, conn *pgconn.PgConn, t Table, max
 		ps.HasDefault = ps.HasDefault || p.Default
 		ps.Parts = append(ps.Parts, p)
 	}
-	if ps.RangeOn(ps.Column) != nil {
+	if !ps.timeRange() {
 		return ps, nil
 	}
 	return ps, ps.readRanges(ctx, conn, maxAge)
+}
+
+// timeRange: partitioned by RANGE on one column of a date or time type,
+// whose bounds readRanges can compare with now().
+func (ps *PartitionedTable) timeRange() bool {
+	return ps.Strategy == "r" && ps.Keys == 1 && ps.Column != "" && (strings.HasPrefix(ps.Type, "timestamp") || ps.Type == "date")
 }
 
 // RangeOn says why retention cannot drop ps's partitions by column: nil
@@ -94,8 +100,10 @@ func (ps *PartitionedTable) RangeOn(column string) error {
 	switch {
 	case ps.Strategy != "r":
 		return fmt.Errorf("%s is partitioned by %s, not by RANGE (%s): retention.mode drop_partitions drops partitions by the range of their %s", ps.Table, strategyName(ps.Strategy), column, column)
-	case ps.Keys != 1 || ps.Column != column:
+	case ps.Keys != 1 || ps.Column == "" || ps.Column != column:
 		return fmt.Errorf("%s is partitioned by RANGE on something other than %s alone: retention.mode drop_partitions drops partitions by the range of their %s", ps.Table, column, column)
+	case !ps.timeRange():
+		return fmt.Errorf("%s is partitioned by RANGE on %s of type %s: retention.mode drop_partitions needs a timestamp or date", ps.Table, column, ps.Type)
 	}
 	return nil
 }
@@ -188,8 +196,8 @@ func epoch(v *string) time.Time {
 		return time.Time{}
 	}
 	f, err := strconv.ParseFloat(*v, 64)
-	if err != nil {
-		return time.Time{}
+	if err != nil || math.IsInf(f, 0) || math.IsNaN(f) {
+		return time.Time{} // ±infinity: no bound, as MINVALUE and MAXVALUE
 	}
 	sec, frac := math.Modf(f)
 	return time.Unix(int64(sec), int64(frac*1e9)).UTC()

@@ -251,17 +251,57 @@ func TestBuildWithScratch(t *testing.T) {
 	}
 }
 
-func BenchmarkBuild(b *testing.B) {
-	r := newRouter(b, "comandes", []envelope.Route{{Schema: "public", Table: "outbox", Topic: "t", Columns: seedCols}}, 0)
-	bd := bind(r, relation("id", "agregat", "agregat_id", "tipus", "versio", "carrega", "creat_en", "publicat_en"))
-	row := tuple(s("6f1c9e2a-0a4b-4c8e-9d1f-2b3c4d5e6f70"), s("comanda"), s("P-2026-000123"), s("comanda.creada"), s("1"),
+// valueShapes are the record shapes BenchmarkBuild and
+// TestWarmBuildsDoNotAllocate build: the contract's envelope (the first:
+// and a CloudEvent in each mode.
+var valueShapes = []struct {
+	name  string
+	route envelope.Route
+}{
+	{"envelope", envelope.Route{Schema: "public", Table: "outbox", Topic: "t", Columns: seedCols}},
+	{"cloudevents_binary", envelope.Route{Schema: "public", Table: "outbox", Topic: "t", Columns: seedCols, Value: envelope.ValueCloudEvents}},
+	{"cloudevents_structured", envelope.Route{Schema: "public", Table: "outbox", Topic: "t", Columns: seedCols, Value: envelope.ValueCloudEvents,
+		CloudEvents: envelope.CloudEvents{Mode: envelope.CEStructured}}},
+}
+
+// benchRow is a typical order event.
+func benchRow() []envelope.Column {
+	return tuple(s("6f1c9e2a-0a4b-4c8e-9d1f-2b3c4d5e6f70"), s("comanda"), s("P-2026-000123"), s("comanda.creada"), s("1"),
 		s(`{"id": "P-2026-000123", "client": "anna", "mercat": "girona", "linies": [{"producte": "formatge-curat", "quantitat": 2, "preu_centims": 1450}, {"producte": "mel-de-romani", "quantitat": 1, "preu_centims": 890}]}`),
 		s("2026-09-10 09:33:20.123999+02"), nil)
-	var sc envelope.Scratch
-	b.ReportAllocs()
-	for i := 0; i < b.N; i++ {
-		if _, err := build(r, bd, row, &sc); err != nil {
-			b.Fatal(err)
+}
+
+// BenchmarkBuild: ns per row of each shape (BenchmarkBuild/envelope,
+// .../cloudevents_binary, .../cloudevents_structured).
+func BenchmarkBuild(b *testing.B) {
+	for _, shape := range valueShapes {
+		bench := func(b *testing.B) {
+			r := newRouter(b, "comandes", []envelope.Route{shape.route}, 0)
+			bd := bind(r, relation("id", "agregat", "agregat_id", "tipus", "versio", "carrega", "creat_en", "publicat_en"))
+			row := benchRow()
+			pos := envelope.Position{CommitLSN: 0x16B3748, Index: 3, CommitTime: 1789000000000000}
+			var sc envelope.Scratch
+			b.ReportAllocs()
+			for i := 0; i < b.N; i++ {
+				if _, _, err := r.Build(bd, row, pos, &sc); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+		b.Run(shape.name, bench)
+	}
+}
+
+// TestWarmBuildsDoNotAllocate: with a warm Scratch, no shape allocates.
+func TestWarmBuildsDoNotAllocate(t *testing.T) {
+	for _, shape := range valueShapes {
+		r := newRouter(t, "comandes", []envelope.Route{shape.route}, 0)
+		bd := bind(r, relation("id", "agregat", "agregat_id", "tipus", "versio", "carrega", "creat_en", "publicat_en"))
+		row := benchRow()
+		pos := envelope.Position{CommitLSN: 0x16B3748, Index: 3}
+		var sc envelope.Scratch
+		if n := testing.AllocsPerRun(100, func() { _, _, _ = r.Build(bd, row, pos, &sc) }); n != 0 {
+			t.Errorf("%q: %.1f allocations per warm build, want 0", shape.name, n)
 		}
 	}
 }

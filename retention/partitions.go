@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -16,35 +17,38 @@ import (
 // retention.mode drop_partitions: a partition of a partitioned outbox
 // (RANGE on creat_en) whose whole range is older than MaxAge goes with
 // DROP TABLE, once the slot has confirmed every row it holds. The proof is
-// the DELETE's (package comment), taken on the partition itself:
+// the DELETE's (package comment), taken on the partition, and no table
+// lock is held while the slot is awaited (postgres.mark_published's
+// UPDATEs through the outbox lock every partition):
 //
-//  1. BEGIN; LOCK TABLE the partition IN SHARE MODE. A writer's locks are
-//     released after its commit record is inserted, so once the lock is
-//     held every transaction that wrote into the partition has committed
-//     (or aborted) and none can write into it until the transaction ends.
-//     Inserts into the other partitions do not wait: they lock only the
-//     partition their row goes to.
-//  2. L = pg_current_wal_insert_lsn(), read after the lock: every row the
-//     partition holds was committed before L. Then, as for the DELETE,
+//  1. The partition's fingerprint (its rows' count and the sum of a hash
+//     of their ids), then L = pg_current_wal_insert_lsn(): every row the
+//     fingerprint counts was committed before L. Then, as for the DELETE,
 //     the cut-over lock shared and no marker, no replay hold, and the
 //     slot's confirmed_flush_lsn at L or past it (at most ConfirmTimeout):
-//     Kafka has every row of the partition.
-//  3. With a default partition (which DETACH ... CONCURRENTLY refuses):
-//     DETACH PARTITION and DROP TABLE in that same transaction, which takes
-//     the outbox's ACCESS EXCLUSIVE lock for a moment (LockTimeout bounds
-//     the wait, and so the inserts queued behind it). Without one: the
-//     partition is marked with a comment, the transaction commits, and
-//     DETACH PARTITION ... CONCURRENTLY detaches it without blocking the
-//     outbox's inserts; then 2 again on the detached table (a row may have
-//     gone in between the two; the detach waited for its transaction), and
-//     DROP TABLE.
+//     Kafka has every row the fingerprint counts.
+//  2. With a default partition (which DETACH ... CONCURRENTLY refuses):
+//     DETACH PARTITION, the fingerprint again, and DROP TABLE, in one
+//     transaction, which takes the outbox's ACCESS EXCLUSIVE lock for a
+//     moment (LockTimeout bounds the wait, and so the inserts queued
+//     behind it). A fingerprint that changed (a row with an old creat_en
+//     went in since 1) rolls back: the next pass proves it.
+//  3. Without one: the partition gets a comment holding the fingerprint,
+//     and DETACH PARTITION ... CONCURRENTLY detaches it without blocking
+//     the outbox's inserts. Then, under an ACCESS EXCLUSIVE lock, the
+//     detached table's fingerprint must still be the comment's: a row that
+//     went in between (which pgoutput may never send, if its transaction
+//     wrote while the partition was "detach pending", and which a later
+//     cut-over would not see) keeps the table, and the job says how to
+//     publish it. Then DROP TABLE.
 //
-// A detached table the job has not dropped yet (Kafka went down between,
-// outboxd stopped) keeps its comment, and each pass finishes it first; an
-// interrupted DETACH ... CONCURRENTLY leaves the partition "detach
-// pending", which the pass completes (DETACH PARTITION ... FINALIZE). A
-// running `outboxd replay` reads the outbox in one transaction: the locks
-// above wait for it to end (at most LockTimeout, then the next pass).
+// A detached table the job has not dropped yet keeps its comment, and each
+// pass finishes it first; an interrupted DETACH ... CONCURRENTLY leaves the
+// partition "detach pending" (which blocks every other concurrent detach
+// of the outbox), and the pass completes it (DETACH PARTITION ...
+// FINALIZE) when the comment is outboxd's, or says how when it is not. A
+// running `outboxd replay` reads the outbox in one transaction: both
+// detaches wait for it (at most LockTimeout, then the next pass).
 
 // Observer is told what retention removed and what it keeps; nil: no one.
 type Observer interface {
@@ -58,12 +62,35 @@ type Observer interface {
 	Partitions(table string, oldest, dueSince time.Time)
 }
 
-// detachedComment marks a partition the job detaches, until it drops it.
-func detachedComment(parent catalog.Table) string {
-	return "outboxd retention: detached from " + parent.String() + "; dropped once the replication slot has confirmed its rows"
+// detachedPrefix starts the comment of a partition the job detaches from
+// parent; the fingerprint the proof covered follows it.
+func detachedPrefix(parent catalog.Table) string {
+	return "outboxd retention: detached from " + parent.String() + " once the replication slot had confirmed its rows; "
 }
 
-// dropPass drops t's due partitions, oldest first.
+// fingerprint is a partition's rows as the proof covered them: their count
+// and the sum of a 64-bit hash of their ids.
+type fingerprint struct {
+	rows int64
+	sum  string
+}
+
+func (f fingerprint) String() string { return fmt.Sprintf("rows %d, id hash sum %s", f.rows, f.sum) }
+
+// parseFingerprint reads the fingerprint at the end of a detached table's
+// comment.
+func parseFingerprint(comment, prefix string) (fingerprint, bool) {
+	var f fingerprint
+	rest, ok := strings.CutPrefix(comment, prefix)
+	if !ok {
+		return f, false
+	}
+	_, err := fmt.Sscanf(rest, "rows %d, id hash sum %s", &f.rows, &f.sum)
+	return f, err == nil
+}
+
+// dropPass drops t's due partitions, oldest first, after what an earlier
+// pass left half done.
 func (j *Job) dropPass(ctx context.Context, conn *pgconn.PgConn, t envelope.Table) (dropped int, err error) {
 	parent := catalog.Table{Schema: t.Schema, Name: t.Name}
 	ps, err := catalog.ReadPartitionedTable(ctx, conn, parent, j.cfg.MaxAge)
@@ -84,24 +111,51 @@ func (j *Job) dropPass(ctx context.Context, conn *pgconn.PgConn, t envelope.Tabl
 		}
 		j.observePartitions(ps)
 	}()
-	// What an earlier pass began: detached tables, then pending detaches.
-	left, err := j.detachedLeft(ctx, conn, parent)
-	if err != nil {
-		return 0, err
-	}
-	for _, d := range left {
-		if err := j.dropDetached(ctx, conn, parent, d); err != nil {
+	id := catalog.QuoteIdent(t.Route.Columns.ID)
+	prefix := detachedPrefix(parent)
+	// An interrupted detach blocks every other: finished first, due or not.
+	for _, p := range ps.Parts {
+		if !p.DetachPending {
+			continue
+		}
+		if _, ours, err := j.comment(ctx, conn, p.Table, prefix); err != nil {
 			return dropped, err
+		} else if !ours {
+			return dropped, fmt.Errorf("partition %s of %s is detach pending (a DETACH PARTITION ... CONCURRENTLY that did not finish, not outboxd's), and no other partition can be detached concurrently until it is finished: ALTER TABLE %s DETACH PARTITION %s FINALIZE",
+				p.Name(), parent, parent.Quoted(), p.Table.Quoted())
+		}
+		if err := j.detach(ctx, conn, parent, p.Table, "FINALIZE"); err != nil {
+			return dropped, err
+		}
+		if err := j.dropDetached(ctx, conn, parent, p.Table, id); err != nil {
+			return dropped, err
+		}
+		dropped++
+	}
+	left, err := j.detachedLeft(ctx, conn, prefix)
+	if err != nil {
+		return dropped, fmt.Errorf("look for partitions detached from %s: %w", parent, err)
+	}
+	// A detached table kept for its unproven rows does not hold the
+	// others back.
+	var kept []error
+	for _, d := range left {
+		if err := j.dropDetached(ctx, conn, parent, d, id); err != nil {
+			kept = append(kept, err)
+			continue
 		}
 		dropped++
 	}
 	for _, p := range ps.Due() {
-		if err := j.dropPartition(ctx, conn, ps, p); err != nil {
-			return dropped, err
+		if p.DetachPending {
+			continue // finished above
+		}
+		if err := j.dropPartition(ctx, conn, ps, p, id); err != nil {
+			return dropped, errors.Join(append(kept, err)...)
 		}
 		dropped++
 	}
-	return dropped, nil
+	return dropped, errors.Join(kept...)
 }
 
 func (j *Job) observePartitions(ps *catalog.PartitionedTable) {
@@ -118,15 +172,15 @@ func (j *Job) observePartitions(ps *catalog.PartitionedTable) {
 	j.cfg.Observer.Partitions(ps.Table.String(), oldest, dueSince)
 }
 
-// detachedLeft is the tables the job detached from parent and has not
-// dropped yet.
-func (j *Job) detachedLeft(ctx context.Context, conn *pgconn.PgConn, parent catalog.Table) ([]catalog.Table, error) {
+// detachedLeft is the tables the job detached (their comment starts with
+// prefix) and has not dropped yet.
+func (j *Job) detachedLeft(ctx context.Context, conn *pgconn.PgConn, prefix string) ([]catalog.Table, error) {
 	res := conn.ExecParams(ctx, `SELECT n.nspname, c.relname FROM pg_catalog.pg_description d
 		JOIN pg_catalog.pg_class c ON c.oid = d.objoid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-		WHERE d.classoid = 'pg_catalog.pg_class'::regclass AND d.objsubid = 0 AND d.description = $1 AND NOT c.relispartition`,
-		[][]byte{[]byte(detachedComment(parent))}, nil, nil, nil).Read()
+		WHERE d.classoid = 'pg_catalog.pg_class'::regclass AND d.objsubid = 0 AND starts_with(d.description, $1) AND NOT c.relispartition`,
+		[][]byte{[]byte(prefix)}, nil, nil, nil).Read()
 	if res.Err != nil {
-		return nil, fmt.Errorf("look for partitions detached from %s: %w", parent, res.Err)
+		return nil, res.Err
 	}
 	var out []catalog.Table
 	for _, r := range res.Rows {
@@ -135,39 +189,110 @@ func (j *Job) detachedLeft(ctx context.Context, conn *pgconn.PgConn, parent cata
 	return out, nil
 }
 
-// dropPartition drops p, a due partition of ps (see above).
-func (j *Job) dropPartition(ctx context.Context, conn *pgconn.PgConn, ps *catalog.PartitionedTable, p catalog.Partition) error {
-	parent, name := ps.Table, p.Table.Quoted()
-	if p.DetachPending {
-		// An interrupted DETACH ... CONCURRENTLY: no row can go in any more.
-		if err := j.exec(ctx, conn, "COMMENT ON TABLE "+name+" IS "+catalog.QuoteLiteral(detachedComment(parent))); err != nil {
-			return err
-		}
-		if err := j.detach(ctx, conn, parent, p.Table, "FINALIZE"); err != nil {
-			return err
-		}
-		return j.dropDetached(ctx, conn, parent, p.Table)
+// comment reads t's comment, and whether it is the job's.
+func (j *Job) comment(ctx context.Context, conn *pgconn.PgConn, t catalog.Table, prefix string) (string, bool, error) {
+	res := conn.ExecParams(ctx, "SELECT COALESCE(obj_description($1::regclass, 'pg_class'), '')", [][]byte{[]byte(t.Quoted())}, nil, nil, nil).Read()
+	if res.Err != nil {
+		return "", false, fmt.Errorf("read the comment of %s: %w", t, res.Err)
 	}
-	rows, err := j.proven(ctx, conn, p.Table, "SHARE", true, func() error {
-		if !ps.HasDefault {
-			return j.exec(ctx, conn, "COMMENT ON TABLE "+name+" IS "+catalog.QuoteLiteral(detachedComment(parent)))
+	c := ""
+	if len(res.Rows) == 1 {
+		c = string(res.Rows[0][0])
+	}
+	return c, strings.HasPrefix(c, prefix), nil
+}
+
+// fingerprint reads part's fingerprint (id: its id column, quoted).
+func (j *Job) fingerprint(ctx context.Context, conn *pgconn.PgConn, part catalog.Table, id string) (fingerprint, error) {
+	res := conn.ExecParams(ctx, fmt.Sprintf("SELECT count(*), COALESCE(sum(hashtextextended(%s::text, 0)), 0)::text FROM %s", id, part.Quoted()), nil, nil, nil, nil).Read()
+	if res.Err != nil {
+		return fingerprint{}, fmt.Errorf("read the rows of %s: %w", part, res.Err)
+	}
+	var f fingerprint
+	if len(res.Rows) == 1 {
+		f.rows, _ = strconv.ParseInt(string(res.Rows[0][0]), 10, 64)
+		f.sum = string(res.Rows[0][1])
+	}
+	return f, nil
+}
+
+// proven reads part's fingerprint and returns it once the slot has
+// confirmed every row it counts (see above); it holds no table lock.
+func (j *Job) proven(ctx context.Context, conn *pgconn.PgConn, part catalog.Table, id string) (fingerprint, error) {
+	f, err := j.fingerprint(ctx, conn, part, id)
+	if err != nil {
+		return f, err
+	}
+	defer func() { _, _ = conn.Exec(context.Background(), "ROLLBACK").ReadAll() }()
+	if err := j.exec(ctx, conn, "BEGIN"); err != nil {
+		return f, err
+	}
+	l, err := catalog.InsertLSN(ctx, conn)
+	if err != nil {
+		return f, err
+	}
+	return f, j.waitConfirmed(ctx, conn, l)
+}
+
+// dropPartition drops p, a due partition of ps (see above).
+func (j *Job) dropPartition(ctx context.Context, conn *pgconn.PgConn, ps *catalog.PartitionedTable, p catalog.Partition, id string) error {
+	parent, name := ps.Table, p.Table.Quoted()
+	f, err := j.proven(ctx, conn, p.Table, id)
+	if err != nil {
+		return err
+	}
+	if !ps.HasDefault {
+		if err := j.inTransaction(ctx, conn, func() error {
+			return j.exec(ctx, conn, "COMMENT ON TABLE "+name+" IS "+catalog.QuoteLiteral(detachedPrefix(parent)+f.String()))
+		}); err != nil {
+			return j.privilege(err, "comment on "+p.Name())
 		}
+		if err := j.detach(ctx, conn, parent, p.Table, "CONCURRENTLY"); err != nil {
+			return err
+		}
+		return j.dropDetached(ctx, conn, parent, p.Table, id)
+	}
+	err = j.inTransaction(ctx, conn, func() error {
 		if err := j.exec(ctx, conn, fmt.Sprintf("ALTER TABLE %s DETACH PARTITION %s", parent.Quoted(), name)); err != nil {
 			return j.privilege(err, "detach "+p.Name()+" from "+parent.String())
+		}
+		now, err := j.fingerprint(ctx, conn, p.Table, id)
+		if err != nil {
+			return err
+		}
+		if now != f {
+			return &notYet{reason: fmt.Sprintf("rows went into %s after the slot was seen to confirm its rows; the next pass proves them", p.Name()),
+				detail: fmt.Sprintf("%s, then %s", f, now)}
 		}
 		return j.exec(ctx, conn, "DROP TABLE "+name)
 	})
 	if err != nil {
 		return err
 	}
-	if ps.HasDefault {
-		j.dropped(parent, p.Table, rows)
-		return nil
-	}
-	if err := j.detach(ctx, conn, parent, p.Table, "CONCURRENTLY"); err != nil {
+	j.dropped(parent, p.Table, f.rows)
+	return nil
+}
+
+// inTransaction runs do in a transaction with the lock timeout, and
+// commits it when do succeeds.
+func (j *Job) inTransaction(ctx context.Context, conn *pgconn.PgConn, do func() error) error {
+	committed := false
+	defer func() {
+		if !committed {
+			_, _ = conn.Exec(context.Background(), "ROLLBACK").ReadAll()
+		}
+	}()
+	if err := j.exec(ctx, conn, "BEGIN; SET LOCAL lock_timeout = "+j.lockTimeout()); err != nil {
 		return err
 	}
-	return j.dropDetached(ctx, conn, parent, p.Table)
+	if err := do(); err != nil {
+		return err
+	}
+	if err := j.exec(ctx, conn, "COMMIT"); err != nil {
+		return err
+	}
+	committed = true
+	return nil
 }
 
 // detach runs ALTER TABLE parent DETACH PARTITION part how, outside a
@@ -186,16 +311,37 @@ func (j *Job) detach(ctx context.Context, conn *pgconn.PgConn, parent, part cata
 	return nil
 }
 
-// dropDetached drops d, a table the job detached from parent, once the
-// slot has confirmed every row it holds.
-func (j *Job) dropDetached(ctx context.Context, conn *pgconn.PgConn, parent, d catalog.Table) error {
-	rows, err := j.proven(ctx, conn, d, "ACCESS EXCLUSIVE", false, func() error {
+// dropDetached drops d, a table the job detached from parent, when it
+// holds the rows its comment's fingerprint says the slot had confirmed.
+func (j *Job) dropDetached(ctx context.Context, conn *pgconn.PgConn, parent, d catalog.Table, id string) error {
+	prefix := detachedPrefix(parent)
+	var proven fingerprint
+	err := j.inTransaction(ctx, conn, func() error {
+		if err := j.exec(ctx, conn, "LOCK TABLE "+d.Quoted()+" IN ACCESS EXCLUSIVE MODE"); err != nil {
+			return j.privilege(err, "lock "+d.String())
+		}
+		c, _, err := j.comment(ctx, conn, d, prefix)
+		if err != nil {
+			return err
+		}
+		var ok bool
+		if proven, ok = parseFingerprint(c, prefix); !ok {
+			return fmt.Errorf("%s was detached by outboxd, but its comment holds no fingerprint of the rows the slot confirmed: kept; drop it by hand once its rows are in Kafka", d)
+		}
+		now, err := j.fingerprint(ctx, conn, d, id)
+		if err != nil {
+			return err
+		}
+		if now != proven {
+			return fmt.Errorf("%s holds rows outboxd did not see confirmed by the slot (%s; when proven: %s): a writer added rows with an old creat_en while it was being detached, and they may never reach Kafka. It is kept: publish its rows again (INSERT INTO %s SELECT * FROM %s), then DROP TABLE %s",
+				d, now, proven, parent.Quoted(), d.Quoted(), d.Quoted())
+		}
 		return j.exec(ctx, conn, "DROP TABLE "+d.Quoted())
 	})
 	if err != nil {
 		return err
 	}
-	j.dropped(parent, d, rows)
+	j.dropped(parent, d, proven.rows)
 	return nil
 }
 
@@ -204,66 +350,6 @@ func (j *Job) dropped(parent, part catalog.Table, rows int64) {
 	if j.cfg.Observer != nil {
 		j.cfg.Observer.Dropped(parent.String(), rows)
 	}
-}
-
-// proven runs then, in one transaction, once the slot has confirmed every
-// row of part, with part locked in mode to the commit: an attached
-// partition from before the position the slot must reach (lockFirst), so
-// that no writer can add a row the proof does not cover; a detached table
-// after it. DETACH ... CONCURRENTLY has waited for every transaction that
-// could write into the detached table through the outbox, and an ACCESS
-// EXCLUSIVE lock is WAL-logged (for standbys) in this transaction, whose
-// record nothing flushes while the outbox is idle: taken first, the slot
-// could not reach the position read after it. It returns part's rows.
-func (j *Job) proven(ctx context.Context, conn *pgconn.PgConn, part catalog.Table, mode string, lockFirst bool, then func() error) (int64, error) {
-	committed := false
-	defer func() {
-		if !committed {
-			_, _ = conn.Exec(context.Background(), "ROLLBACK").ReadAll()
-		}
-	}()
-	if err := j.exec(ctx, conn, "BEGIN; SET LOCAL lock_timeout = "+j.lockTimeout()); err != nil {
-		return 0, err
-	}
-	lock := func() error {
-		if err := j.exec(ctx, conn, fmt.Sprintf("LOCK TABLE %s IN %s MODE", part.Quoted(), mode)); err != nil {
-			return j.privilege(err, "lock "+part.String())
-		}
-		return nil
-	}
-	if lockFirst {
-		if err := lock(); err != nil {
-			return 0, err
-		}
-	}
-	l, err := catalog.InsertLSN(ctx, conn)
-	if err != nil {
-		return 0, err
-	}
-	if err := j.waitConfirmed(ctx, conn, l); err != nil {
-		return 0, err
-	}
-	if !lockFirst {
-		if err := lock(); err != nil {
-			return 0, err
-		}
-	}
-	res := conn.ExecParams(ctx, "SELECT count(*) FROM "+part.Quoted(), nil, nil, nil, nil).Read()
-	if res.Err != nil {
-		return 0, fmt.Errorf("count the rows of %s: %w", part, res.Err)
-	}
-	var rows int64
-	if len(res.Rows) == 1 {
-		rows, _ = strconv.ParseInt(string(res.Rows[0][0]), 10, 64)
-	}
-	if err := then(); err != nil {
-		return 0, err
-	}
-	if err := j.exec(ctx, conn, "COMMIT"); err != nil {
-		return 0, err
-	}
-	committed = true
-	return rows, nil
 }
 
 func (j *Job) exec(ctx context.Context, conn *pgconn.PgConn, sql string) error {

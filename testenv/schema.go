@@ -19,3 +19,12 @@ func SeedSchema() (string, error) {
 	}
 	return string(b), nil
 }
+
+// PartitionedOutbox is the contract's outbox partitioned by RANGE
+// (creat_en), as a busy service keeps it (pg_partman's layout: the primary
+// key holds the partition key), with no partition yet: the caller makes
+// them, as pg_partman would.
+const PartitionedOutbox = `CREATE TABLE outbox (
+    id UUID NOT NULL, agregat TEXT NOT NULL, agregat_id TEXT NOT NULL, tipus TEXT NOT NULL,
+    versio INTEGER NOT NULL DEFAULT 1, carrega JSONB NOT NULL, creat_en TIMESTAMPTZ NOT NULL DEFAULT now(),
+    publicat_en TIMESTAMPTZ, PRIMARY KEY (id, creat_en)) PARTITION BY RANGE (creat_en);`
