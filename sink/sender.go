@@ -272,7 +272,9 @@ func (p *Producer) logIdleWithWork() {
 	for _, pt := range p.parts {
 		held = held || len(pt.held) > 0
 	}
-	if p.rounds > 0 || held || !p.hasWork() {
+	// A kick pending: records came (appendRecord pokes under mu) after the
+	// round was taken, and the select wakes at once.
+	if p.rounds > 0 || held || !p.hasWork() || len(p.kick) > 0 {
 		// Held records wait for their tail (dedupe.go), which has a timer
 		// or is read at the next pass (hold pokes the sender).
 		p.idleLogged = false
