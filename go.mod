@@ -10,6 +10,7 @@ require (
 	github.com/pierrec/lz4/v4 v4.1.15
 	github.com/prometheus/client_golang v1.23.2
 	github.com/prometheus/common v0.66.1
+	github.com/santhosh-tekuri/jsonschema/v6 v6.0.2
 	github.com/segmentio/kafka-go v0.4.51
 	github.com/segmentio/kafka-go/sasl/aws_msk_iam_v2 v0.1.0
 	go.yaml.in/yaml/v3 v3.0.6

@@ -189,6 +189,9 @@ type Route struct {
 	// "cloudevents" (a CloudEvent, shaped by CloudEvents).
 	Value       string      `yaml:"value"`
 	CloudEvents CloudEvents `yaml:"cloudevents"`
+	// Registry writes the value in a schema registry's wire format, after
+	// validating it against its schema (off while Registry.URL is "").
+	Registry SchemaRegistry `yaml:"schema"`
 	// KeyConverter and ValueConverter: "" (string: the text as it is) or
 	// "json" (a JSON string, as Kafka Connect's JsonConverter writes one).
 	KeyConverter   string  `yaml:"key_converter"`
@@ -214,6 +217,26 @@ type Route struct {
 type CloudEvents struct {
 	Mode   string `yaml:"mode"`   // binary (default) | structured
 	Source string `yaml:"source"` // default /km0/{origen}
+}
+
+// SchemaRegistry is a route's schema registry: its URL (Confluent's API, or
+// Apicurio's /apis/ccompat/v7), the format, how subjects are named, and the
+// schemas: a file per tipus (or tipus/versio), registered at start with
+// AutoRegister, else looked up; none: the subject's latest version (or
+// Version) for every row.
+type SchemaRegistry struct {
+	URL             string            `yaml:"registry"`
+	Format          string            `yaml:"format"`           // json_schema
+	SubjectStrategy string            `yaml:"subject_strategy"` // topic (default) | record | topic_record
+	AutoRegister    bool              `yaml:"auto_register"`
+	Schemas         map[string]string `yaml:"schemas"` // tipus[/versio]: file
+	Version         int               `yaml:"version"` // without schemas: 0 the latest
+	Username        string            `yaml:"username"`
+	Password        string            `yaml:"password"`
+	PasswordFile    string            `yaml:"password_file"`
+	CAFile          string            `yaml:"ca_file"`
+	// Texts: each of Schemas' files as read at load time.
+	Texts map[string]string `yaml:"-"`
 }
 
 // Match is a condition on a row, written as a mapping of column names to a
@@ -456,6 +479,9 @@ func Parse(data []byte, lookupEnv func(string) (string, bool), readFile func(str
 		if err := readSecretFile(cfg.lines, secret.fileField, secret.file, secret.passwordField, secret.password, readFile); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	for i := range cfg.Routes {
+		errs = append(errs, cfg.Routes[i].Registry.load(cfg.lines, fmt.Sprintf("routes[%d].schema", i), readFile)...)
 	}
 	if verr := cfg.Validate(); verr != nil {
 		errs = append(errs, verr)

@@ -207,6 +207,22 @@ func (d *decoder) decode(n *yaml.Node, v reflect.Value, path string) {
 			d.decode(item, elem, p)
 		}
 		v.Set(s)
+	case reflect.Map:
+		// map[string]string: a mapping of names to single values.
+		if n.Kind != yaml.MappingNode {
+			d.fail(n, path, "expected a mapping of names to values")
+			return
+		}
+		m := reflect.MakeMap(v.Type())
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, val := n.Content[i], n.Content[i+1]
+			p := path + "." + k.Value
+			d.lines[p] = k.Line
+			elem := reflect.New(v.Type().Elem()).Elem()
+			d.decode(val, elem, p)
+			m.SetMapIndex(reflect.ValueOf(k.Value), elem)
+		}
+		v.Set(m)
 	case reflect.String, reflect.Bool, reflect.Int, reflect.Int64:
 		if n.Kind != yaml.ScalarNode {
 			d.fail(n, path, "expected a single value, not a %s", kindName(n.Kind))

@@ -117,6 +117,32 @@ func readSecretFile(lines map[string]int, field, file, passwordField string, pas
 	return nil
 }
 
+// load reads the schema files and the password file of a route's
+// registry, at load time: a file that cannot be read names its line.
+func (s *SchemaRegistry) load(lines map[string]int, at string, readFile func(string) ([]byte, error)) []error {
+	var errs []error
+	if err := readSecretFile(lines, at+".password_file", s.PasswordFile, at+".password", &s.Password, readFile); err != nil {
+		errs = append(errs, err)
+	}
+	for key, file := range s.Schemas {
+		field := at + ".schemas." + key
+		if readFile == nil {
+			errs = append(errs, fmt.Errorf("line %d: %s: %s: no file can be read (Parse was given no readFile)", lines[field], field, file))
+			continue
+		}
+		data, err := readFile(file)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("line %d: %s: %w", lines[field], field, err))
+			continue
+		}
+		if s.Texts == nil {
+			s.Texts = map[string]string{}
+		}
+		s.Texts[key] = string(data)
+	}
+	return errs
+}
+
 // ---- TLS ----
 
 // withTLS adds postgres.tls to the DSN as libpq's settings, where pgconn

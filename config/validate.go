@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/outboxd/outboxd/envelope"
+	"github.com/outboxd/outboxd/schemareg"
 	"github.com/outboxd/outboxd/sink"
 )
 
@@ -30,6 +31,7 @@ func (c Config) Validate() error {
 	m := c.Routing()
 	v.routes(c, m)
 	for i, r := range c.Routes {
+		v.registry(i, r)
 		if c.Postgres.MarkPublished && r.Message == "" && r.Columns.PublicatEn == "" {
 			v.add(fmt.Sprintf("routes[%d].columns.publicat_en", i), "postgres.mark_published is true, but the table has no publicat_en column (\"-\"): name it, or leave mark_published off")
 		}
@@ -273,5 +275,63 @@ func (v *validator) kafkaSecurity(k Kafka) {
 	}
 	if s.Password == "" && s.PasswordFile == "" {
 		v.add("kafka.sasl.password", "required with kafka.sasl.mechanism (or password_file)")
+	}
+}
+
+// registry checks a route's schema registry settings: what the wire format
+// can wrap (a payload, or a binary CloudEvent's data) and the subjects it
+// can name.
+func (v *validator) registry(i int, r Route) {
+	s := r.Registry
+	at := fmt.Sprintf("routes[%d].schema", i)
+	if s.URL == "" {
+		if s.Format != "" || len(s.Schemas) > 0 || s.AutoRegister || s.SubjectStrategy != "" {
+			v.add(at+".registry", "required: the schema registry's URL (e.g. http://registry:8081, or Apicurio's http://registry:8080/apis/ccompat/v7)")
+		}
+		return
+	}
+	switch s.Format {
+	case "", schemareg.FormatJSONSchema:
+	case "avro", "protobuf":
+		v.add(at+".format", "%s is not written yet: json_schema (docs/routing.md, Schema registry)", s.Format)
+	default:
+		v.add(at+".format", "must be json_schema, got %q", s.Format)
+	}
+	if s.SubjectStrategy != "" {
+		v.oneOf(at+".subject_strategy", s.SubjectStrategy, schemareg.StrategyTopic, schemareg.StrategyRecord, schemareg.StrategyTopicRecord)
+	}
+	switch {
+	case r.Value == envelope.ValueCloudEvents && r.CloudEvents.Mode == envelope.CEStructured:
+		v.add(at, "a structured CloudEvent is JSON of its own: the registry's wire format wraps a binary CloudEvent's data (cloudevents.mode: binary)")
+	case r.Value != envelope.ValuePayload && r.Value != envelope.ValueCloudEvents && !(r.Value == "" && r.Preset == envelope.PresetDebezium):
+		v.add(at, "the schema is carrega's: it needs value: payload (or value: cloudevents, binary), not the envelope")
+	case r.ValueConverter == ConverterJSON:
+		v.add(at, "value_converter: json writes the payload as a JSON string, which its schema does not describe")
+	}
+	for _, f := range r.Fields {
+		if f.Envelope != "" {
+			v.add(at, "fields with envelope: wrap carrega in an object its schema does not describe; put them in headers")
+			break
+		}
+	}
+	topicStrategy := s.SubjectStrategy == "" || s.SubjectStrategy == schemareg.StrategyTopic
+	if topicStrategy && strings.Contains(r.Topic, "{") {
+		v.add(at+".subject_strategy", "topic names the subject <topic>-value, and the topic is a template: use record or topic_record (a subject per schema)")
+	}
+	if topicStrategy {
+		for k, o := range r.Overrides {
+			if o.Topic != "" {
+				v.add(fmt.Sprintf("routes[%d].overrides[%d].topic", i, k), "with schema.subject_strategy topic the subject is the route's topic's: an override's topic would get records under another topic's subject; use record or topic_record")
+			}
+		}
+	}
+	if len(s.Schemas) == 0 && !topicStrategy {
+		v.add(at+".schemas", "required with subject_strategy %s: the schemas name their records", s.SubjectStrategy)
+	}
+	if len(s.Schemas) > 0 && s.Version != 0 {
+		v.add(at+".version", "pins the subject's version when no schemas are given; with schemas, each file is its own")
+	}
+	if s.AutoRegister && len(s.Schemas) == 0 {
+		v.add(at+".auto_register", "registers the schemas given in schemas: none is")
 	}
 }

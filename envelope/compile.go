@@ -140,6 +140,10 @@ func (rt *route) roles() {
 		need(roleTipus, c.Tipus) // a header of the contract's record, a member of the envelope
 	}
 	need(roleCarrega, c.Carrega)
+	if rt.payload && r.Encoder != nil && c.Versio != "" {
+		// The schema may be per tipus/versio.
+		rt.role[roleVersio] = rt.ref(c.Versio, r.Prefix != "")
+	}
 	if !rt.payload {
 		if c.Versio != "" {
 			// A message may leave versio out: 1.

@@ -103,6 +103,7 @@ const (
 // Scratch is the memory Build reuses from one change to the next.
 type Scratch struct {
 	value, key, topic, hdr []byte
+	enc                    []byte // a value in a schema registry's wire format
 	headers                []outboxd.Header
 	// A logical message's members, as columns (see parseMessage).
 	msg    []Column

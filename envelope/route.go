@@ -24,6 +24,10 @@ type Route struct {
 	Value   string // ValueEnvelope ("" too), ValuePayload or ValueCloudEvents
 	// CloudEvents: the CloudEvent's mode and source (ValueCloudEvents).
 	CloudEvents CloudEvents
+	// Encoder, when set, writes a payload (or a binary CloudEvent's data)
+	// in a schema registry's wire format (schemareg.Codec): found at
+	// start, not configured here.
+	Encoder ValueEncoder
 	// KeyJSON and ValueJSON write the key and the payload as JSON strings,
 	// as Kafka Connect's JsonConverter (schemas.enable=false) does.
 	KeyJSON, ValueJSON bool
@@ -38,6 +42,13 @@ type Route struct {
 	// DeadLetterTopic receives the rows that cannot become records; empty
 	// means such a row stops outboxd.
 	DeadLetterTopic string
+}
+
+// ValueEncoder validates a value against the schema of its tipus (and
+// versio) and appends its wire form to dst; an error is the row's: why it
+// cannot be written, never what it holds.
+type ValueEncoder interface {
+	Encode(dst, data, tipus []byte, versio int64) ([]byte, error)
 }
 
 // Columns names the columns a route reads. "" means the table has no such

@@ -22,6 +22,12 @@ func (r *Router) value(v *view, id, tipus []byte, pos Position, sc *Scratch) ([]
 	switch {
 	case rt.ce:
 		return v.ceValue(id, tipus, carrega, pos, sc)
+	case rt.payload && !rt.payloadEnvelope && rt.Encoder != nil:
+		val, err := v.payload(ci, carrega, null, sc)
+		if err != nil || val == nil {
+			return val, err
+		}
+		return v.encode(val, tipus, sc)
 	case rt.payload && !rt.payloadEnvelope:
 		return v.payload(ci, carrega, null, sc)
 	case rt.payload:
@@ -156,6 +162,9 @@ func (v *view) ceValue(id, tipus, carrega []byte, pos Position, sc *Scratch) ([]
 	if !v.b.rt.ceStructured {
 		// Appended, as a payload is: the record's value is sc's memory.
 		sc.value = append(sc.value[:0], data...)
+		if v.b.rt.Encoder != nil {
+			return v.encode(sc.value, tipus, sc)
+		}
 		return sc.value, nil
 	}
 	a, err := v.ceAttrs(id, tipus, pos)
@@ -165,6 +174,20 @@ func (v *view) ceValue(id, tipus, carrega []byte, pos Position, sc *Scratch) ([]
 	val := ceStructuredValue(sc.value[:0], v.b.rt.ceSource, a, data)
 	sc.value = append(val, '}')
 	return sc.value, nil
+}
+
+// encode writes val through the route's Encoder into sc.enc.
+func (v *view) encode(val, tipus []byte, sc *Scratch) ([]byte, error) {
+	versio, err := v.versio()
+	if err != nil {
+		return nil, err
+	}
+	out, err := v.b.rt.Encoder.Encode(sc.enc[:0], val, tipus, versio)
+	if err != nil {
+		return nil, v.rowError(v.b.rt.role[roleCarrega], err.Error())
+	}
+	sc.enc = out
+	return out, nil
 }
 
 // rawJSON is column i's JSON text: a message member's own JSON (a string

@@ -21,6 +21,7 @@ import (
 // (partitionkey to the SDK). The cut-over snapshot's rows (read from the
 // table: no position) are CloudEvents too, without the position extensions.
 func TestCloudEventsReadBySDK(t *testing.T) {
+	kafkaOnly(t)
 	f := newFixture(t, seedSchema, map[string]int{"ce.binary": 2, "ce.structured": 2})
 	ctx := context.Background()
 	// Pending before outboxd starts: the cut-over snapshot publishes them.

@@ -88,6 +88,9 @@ func replay(ctx context.Context, path string, a replayArgs, stdout, stderr io.Wr
 	if err != nil {
 		return fmt.Errorf("kafka producer: %w", err)
 	}
+	if err := resolveSchemas(ctx, cfg, &routing, log.Named("schema")); err != nil {
+		return err
+	}
 	router, err := newRouter(cfg, routing)
 	if err != nil {
 		return usageError{err}

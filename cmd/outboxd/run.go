@@ -69,6 +69,9 @@ func run(ctx context.Context, path string, proc *process) error {
 			Tables: rc.Tables, Brokers: cfg.Kafka.Brokers, Probe: probe, Interval: cfg.Health.PollInterval}, log.Named("health"))
 		rc.OnStreaming = mon.PollNow
 	}
+	if err := resolveSchemas(ctx, cfg, &routing, log.Named("schema")); err != nil {
+		return err
+	}
 	router, err := newRouter(cfg, routing)
 	if err != nil {
 		return usageError{err}

@@ -1,0 +1,53 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/outboxd/outboxd/clock"
+	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/envelope"
+	"github.com/outboxd/outboxd/schemareg"
+)
+
+// resolveSchemas finds each route's schemas in its registry (registering
+// them with auto_register) and gives the route their Encoder, before
+// anything is streamed: the registry is then off the path of every row. An
+// outage is waited out (pipeline.backoff_min to backoff_max; the slot is
+// not read meanwhile); a refusal (a subject or schema missing, a schema
+// incompatible, credentials refused) stops outboxd with the registry's
+// answer.
+func resolveSchemas(ctx context.Context, cfg config.Config, routing *envelope.Routing, log hclog.Logger) error {
+	for i, r := range cfg.Routes {
+		s := r.Registry
+		if s.URL == "" {
+			continue
+		}
+		client, err := schemareg.NewClient(schemareg.Options{URL: s.URL, Username: s.Username, Password: s.Password, CAFile: s.CAFile})
+		if err != nil {
+			return usageError{fmt.Errorf("routes[%d].schema: %w", i, err)}
+		}
+		spec := schemareg.Spec{Strategy: s.SubjectStrategy, AutoRegister: s.AutoRegister, Schemas: s.Texts, Version: s.Version}
+		wait := cfg.Pipeline.BackoffMin
+		for {
+			codec, err := schemareg.Resolve(ctx, client, r.Topic, spec)
+			if err == nil {
+				routing.Routes[i].Encoder = codec
+				log.Info("schemas found", "route", i, "registry", s.URL)
+				break
+			}
+			if schemareg.Permanent(err) || ctx.Err() != nil {
+				return fmt.Errorf("routes[%d].schema: %w", i, err)
+			}
+			log.Warn("schema registry unreachable: nothing is streamed until it answers", "route", i, "error", err, "retry_in", wait)
+			if !clock.Sleep(ctx, clock.Or(nil), wait) {
+				return ctx.Err()
+			}
+			wait = min(2*wait, max(cfg.Pipeline.BackoffMax, time.Second))
+		}
+	}
+	return nil
+}

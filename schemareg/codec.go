@@ -1,0 +1,194 @@
+package schemareg
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
+)
+
+// Subject name strategies (Confluent's TopicNameStrategy,
+// RecordNameStrategy and TopicRecordNameStrategy).
+const (
+	StrategyTopic       = "topic"
+	StrategyRecord      = "record"
+	StrategyTopicRecord = "topic_record"
+)
+
+// FormatJSONSchema is the one format written so far.
+const FormatJSONSchema = "json_schema"
+
+// Spec is a route's schema settings.
+type Spec struct {
+	Strategy     string // StrategyTopic ("" too), StrategyRecord or StrategyTopicRecord
+	AutoRegister bool
+	// Schemas: a schema per tipus, or per tipus/versio, each the text of a
+	// JSON Schema; none: the subject's registered schema (Version: 0 the
+	// latest, or that version) for every row.
+	Schemas map[string]string
+	Version int
+}
+
+// Codec writes one route's values: each validated against its schema and
+// prefixed with the schema's id. Its schemas were found (or registered)
+// once; writing asks the registry nothing.
+type Codec struct {
+	only  *entry            // the one schema of every row
+	byKey map[string]*entry // by tipus/versio, then tipus
+}
+
+type entry struct {
+	subject string
+	id      int
+	version int
+	schema  *jsonschema.Schema
+	prefix  [5]byte // the wire format's magic byte and id
+}
+
+// Resolve finds each schema of spec under its subject (registering it with
+// AutoRegister), or reads the subject's, for a route whose topic is topic.
+// A Permanent error is the configuration's to fix; any other is an outage.
+func Resolve(ctx context.Context, c *Client, topic string, spec Spec) (*Codec, error) {
+	if len(spec.Schemas) == 0 {
+		subject := topic + "-value"
+		r, err := c.Version(ctx, subject, spec.Version)
+		if err != nil {
+			return nil, err
+		}
+		e, err := newEntry(r)
+		if err != nil {
+			return nil, err
+		}
+		return &Codec{only: e}, nil
+	}
+	codec := &Codec{byKey: map[string]*entry{}}
+	keys := make([]string, 0, len(spec.Schemas))
+	for k := range spec.Schemas {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, key := range keys {
+		text := spec.Schemas[key]
+		subject, err := subjectOf(spec.Strategy, topic, key, text)
+		if err != nil {
+			return nil, fmt.Errorf("schema of %s: %w", key, err)
+		}
+		if spec.AutoRegister {
+			if _, err := c.Register(ctx, subject, text); err != nil {
+				return nil, err
+			}
+		}
+		r, err := c.Lookup(ctx, subject, text)
+		if err != nil {
+			var re *Error
+			if errors.As(err, &re) && re.Status == 404 {
+				return nil, fmt.Errorf("%w; the schema of %s is not registered under subject %q: register it, or set schema.auto_register: true", err, key, subject)
+			}
+			return nil, err
+		}
+		r.Schema = text
+		e, err := newEntry(r)
+		if err != nil {
+			return nil, fmt.Errorf("schema of %s: %w", key, err)
+		}
+		codec.byKey[key] = e
+	}
+	return codec, nil
+}
+
+// subjectOf names the subject of the schema of key (tipus or
+// tipus/versio): the record name is the schema's title, else the tipus.
+func subjectOf(strategy, topic, key, text string) (string, error) {
+	if strategy == "" || strategy == StrategyTopic {
+		return topic + "-value", nil
+	}
+	var doc struct {
+		Title string `json:"title"`
+	}
+	if err := json.Unmarshal([]byte(text), &doc); err != nil {
+		return "", fmt.Errorf("not JSON: %w", err)
+	}
+	record := doc.Title
+	if record == "" {
+		record, _, _ = strings.Cut(key, "/")
+	}
+	if strategy == StrategyRecord {
+		return record, nil
+	}
+	return topic + "-" + record, nil
+}
+
+func newEntry(r Registered) (*entry, error) {
+	if r.SchemaType != "" && r.SchemaType != schemaType {
+		return nil, fmt.Errorf("subject %q version %d is a %s schema, not JSON Schema", r.Subject, r.Version, r.SchemaType)
+	}
+	doc, err := jsonschema.UnmarshalJSON(strings.NewReader(r.Schema))
+	if err != nil {
+		return nil, fmt.Errorf("subject %q version %d: the schema is not JSON: %w", r.Subject, r.Version, err)
+	}
+	c := jsonschema.NewCompiler()
+	c.DefaultDraft(jsonschema.Draft7) // Confluent's JSON Schema default
+	loc := fmt.Sprintf("registry:///%s/%d.json", r.Subject, r.ID)
+	if err := c.AddResource(loc, doc); err != nil {
+		return nil, err
+	}
+	sch, err := c.Compile(loc)
+	if err != nil {
+		return nil, fmt.Errorf("subject %q version %d: %w", r.Subject, r.Version, err)
+	}
+	e := &entry{subject: r.Subject, id: r.ID, version: r.Version, schema: sch}
+	binary.BigEndian.PutUint32(e.prefix[1:], uint32(r.ID))
+	return e, nil
+}
+
+// Encode appends to dst the wire-format value of data (a JSON value): the
+// schema's magic byte and id, then data. The schema is that of tipus/versio,
+// else of tipus, else the only one. An error says why data cannot be
+// written, by where it fails the schema and which keyword, never by what
+// it holds.
+func (c *Codec) Encode(dst, data, tipus []byte, versio int64) ([]byte, error) {
+	e := c.only
+	if e == nil {
+		key := string(tipus) + "/" + strconv.FormatInt(versio, 10)
+		if e = c.byKey[key]; e == nil {
+			e = c.byKey[string(tipus)]
+		}
+		if e == nil {
+			return nil, fmt.Errorf("no schema for tipus %q (versio %d) in the route's schema.schemas", tipus, versio)
+		}
+	}
+	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(data))
+	if err != nil {
+		return nil, fmt.Errorf("not JSON: %v", err)
+	}
+	if err := e.schema.Validate(v); err != nil {
+		return nil, fmt.Errorf("does not match the schema of subject %q version %d (id %d): %s", e.subject, e.version, e.id, where(err))
+	}
+	dst = append(dst, e.prefix[:]...)
+	return append(dst, data...), nil
+}
+
+// where is the first leaf of a validation error: the value's location and
+// the failing keyword, without the value.
+func where(err error) string {
+	var ve *jsonschema.ValidationError
+	if !errors.As(err, &ve) {
+		return "invalid"
+	}
+	for len(ve.Causes) > 0 {
+		ve = ve.Causes[0]
+	}
+	loc := "/" + strings.Join(ve.InstanceLocation, "/")
+	kw := "schema"
+	if p := ve.ErrorKind.KeywordPath(); len(p) > 0 {
+		kw = strings.Join(p, "/")
+	}
+	return fmt.Sprintf("at %s: fails %q", loc, kw)
+}

@@ -1,0 +1,109 @@
+package testenv
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+)
+
+// Registry is an Apicurio Registry that registry.sh started on loopback.
+type Registry struct {
+	URL string // its Confluent-compatible API (…/apis/ccompat/v7)
+	dir string
+}
+
+// StartRegistry starts a schema registry with its state in dir.
+func StartRegistry(dir string) (*Registry, error) {
+	out, err := script(context.Background(), "registry.sh", "start", dir)
+	if err != nil {
+		return nil, err
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if v, ok := strings.CutPrefix(line, "OUTBOXD_REGISTRY_URL="); ok {
+			return &Registry{URL: v, dir: dir}, nil
+		}
+	}
+	return nil, fmt.Errorf("registry.sh start printed no OUTBOXD_REGISTRY_URL:\n%s", out)
+}
+
+// Stop stops it; its schemas go with it (in-memory storage).
+func (r *Registry) Stop() error {
+	_, err := script(context.Background(), "registry.sh", "stop", r.dir)
+	return err
+}
+
+// script runs one of testenv's scripts and returns its standard output.
+func script(ctx context.Context, name string, args ...string) (string, error) {
+	_, here, _, _ := runtime.Caller(0)
+	cmd := exec.CommandContext(ctx, "bash", append([]string{filepath.Join(filepath.Dir(here), name)}, args...)...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("%s %s: %w\n%s", name, strings.Join(args, " "), err, stderr.String())
+	}
+	return string(out), nil
+}
+
+// Registered is one record as confluent-kafka's JSONDeserializer read it
+// (python/read_registry.py): the schema id after the magic byte and the
+// value, or the deserializer's refusal.
+type Registered struct {
+	Partition int             `json:"partition"`
+	Offset    int64           `json:"offset"`
+	SchemaID  int             `json:"schema_id"`
+	Value     json.RawMessage `json:"value"`
+	Error     string          `json:"error"`
+}
+
+// ReadRegistered reads n records of topic from its beginning with
+// confluent-kafka's JSON Schema deserializer against the registry at url.
+func ReadRegistered(ctx context.Context, brokers, url, topic string, n int) ([]Registered, error) {
+	out, err := python(ctx, "read_registry.py", brokers, url, topic, strconv.Itoa(n))
+	return jsonLines[Registered](out, err, n, "read_registry.py")
+}
+
+// jsonLines decodes the JSON lines a python/ script printed; its error
+// counts only when it printed fewer than n.
+func jsonLines[T any](out string, runErr error, n int, name string) ([]T, error) {
+	var recs []T
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		if line == "" {
+			continue
+		}
+		var r T
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			return nil, fmt.Errorf("%s printed %q: %w", name, line, err)
+		}
+		recs = append(recs, r)
+	}
+	if runErr != nil && len(recs) < n {
+		return recs, runErr
+	}
+	return recs, nil
+}
+
+// python runs one of python/'s scripts in the virtual environment that
+// py-fetch.sh makes once; its standard output, and its error with its
+// standard error.
+func python(ctx context.Context, name string, args ...string) (string, error) {
+	py, err := script(ctx, "py-fetch.sh")
+	if err != nil {
+		return "", err
+	}
+	_, here, _, _ := runtime.Caller(0)
+	cmd := exec.CommandContext(ctx, strings.TrimSpace(py), append([]string{filepath.Join(filepath.Dir(here), "python", name)}, args...)...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return string(out), fmt.Errorf("%s: %w\n%s", name, err, stderr.String())
+	}
+	return string(out), nil
+}
