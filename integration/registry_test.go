@@ -137,3 +137,52 @@ func TestSchemaRegistryJSONSchema(t *testing.T) {
 		len(all), id, reason)
 	d.term()
 }
+
+// TestCheckSchemaRegistry: outboxd check's line for a route's registry:
+// a schema not registered fails (outboxd would stop at start), with
+// auto_register it is registrable, once registered its version and id and
+// the subject's compatibility show; a registry that does not answer fails.
+func TestCheckSchemaRegistry(t *testing.T) {
+	kafkaOnly(t)
+	f := newFixture(t, seedSchema, map[string]int{"registry": 1})
+	dir := t.TempDir()
+	reg, err := testenv.StartRegistry(filepath.Join(dir, "svc"))
+	if err != nil && strings.Contains(err.Error(), "needs Java 21 or newer") {
+		t.Skipf("SKIPPED LOUDLY: Apicurio Registry cannot run here: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopped := false
+	t.Cleanup(func() {
+		if !stopped {
+			_ = reg.Stop()
+		}
+	})
+	schemaFile := filepath.Join(dir, "comanda-creada.json")
+	if err := os.WriteFile(schemaFile, []byte(orderSchema), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	check := func(autoRegister string) cmdResult {
+		route := testenv.Route{Table: "public.outbox", Topic: f.topic("registry"), More: testenv.Section{"value": "payload",
+			"schema": `{registry: "` + reg.URL + `", subject_strategy: record, auto_register: ` + autoRegister + `, schemas: {comanda.creada: "` + schemaFile + `"}}`}}
+		return outboxd(t, f.dsn, "check", "-c", f.configFile(f.config(route)))
+	}
+	wantCheckFails(t, check("false"), "schema registry routes[0]", `not registered: comanda.creada (subject "comanda.creada")`, "auto_register: true")
+	r := check("true")
+	if l := r.line("PASS schema registry routes[0]:"); !strings.Contains(l, `subject "comanda.creada" registrable (auto_register), compatibility`) {
+		t.Fatalf("with auto_register: %q\n%s", l, r)
+	}
+	// outboxd registers it at start.
+	d := f.start(f.config(testenv.Route{Table: "public.outbox", Topic: f.topic("registry"), More: testenv.Section{"value": "payload",
+		"schema": `{registry: "` + reg.URL + `", subject_strategy: record, auto_register: true, schemas: {comanda.creada: "` + schemaFile + `"}}`}}))
+	d.term()
+	if l := check("false").line("PASS schema registry routes[0]:"); !strings.Contains(l, `comanda.creada: subject "comanda.creada" version 1 (id `) {
+		t.Fatalf("once registered: %q", l)
+	}
+	if err := reg.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	stopped = true
+	wantCheckFails(t, check("true"), "schema registry routes[0]", "connection refused", "outboxd waits at start until the registry answers")
+}

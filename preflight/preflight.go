@@ -43,13 +43,15 @@ func (r Result) String() string {
 }
 
 // Run performs every check against cfg, in order: config, the database
-// checks (which need a connection), then Kafka and its topics.
+// checks (which need a connection), Kafka and its topics, then the routes'
+// schema registries.
 // kafka is how outboxd connects to the brokers (client id, TLS, SASL).
 func Run(ctx context.Context, cfg config.Config, kafka sink.Config) []Result {
 	t := newTarget(cfg)
 	out := []Result{{Name: "config", Status: Pass, Detail: fmt.Sprintf("%d route(s), slot %s, publication %s", len(t.routing.Routes), cfg.Postgres.Slot, cfg.Postgres.Publication)}}
 	out = append(out, checkPostgres(ctx, &t)...)
 	out = append(out, checkKafka(ctx, t, kafka)...)
+	out = append(out, checkRegistries(ctx, t)...)
 	return out
 }
 

@@ -127,6 +127,21 @@ func (c *Client) Version(ctx context.Context, subject string, version int) (Regi
 	return out, err
 }
 
+// Compatible asks whether schema could be registered under subject as its
+// next version (a subject without versions takes any).
+func (c *Client) Compatible(ctx context.Context, subject, schema string) (bool, error) {
+	var out struct {
+		Compatible bool `json:"is_compatible"`
+	}
+	err := c.do(ctx, http.MethodPost, "/compatibility/subjects/"+url.PathEscape(subject)+"/versions/latest", map[string]string{"schema": schema, "schemaType": schemaType}, &out,
+		fmt.Sprintf("test a schema's compatibility with subject %q", subject))
+	var e *Error
+	if errors.As(err, &e) && e.Status == http.StatusNotFound {
+		return true, nil
+	}
+	return out.Compatible, err
+}
+
 // Compatibility reads subject's compatibility level, or the registry's.
 func (c *Client) Compatibility(ctx context.Context, subject string) (string, error) {
 	var out struct {
@@ -134,6 +149,11 @@ func (c *Client) Compatibility(ctx context.Context, subject string) (string, err
 	}
 	err := c.do(ctx, http.MethodGet, "/config/"+url.PathEscape(subject)+"?defaultToGlobal=true", nil, &out,
 		fmt.Sprintf("read the compatibility of subject %q", subject))
+	var e *Error
+	if errors.As(err, &e) && e.Status == http.StatusNotFound {
+		// No such subject yet (Apicurio answers so): the registry's own.
+		err = c.do(ctx, http.MethodGet, "/config", nil, &out, "read the registry's compatibility")
+	}
 	return out.Level, err
 }
 

@@ -103,8 +103,13 @@ func Resolve(ctx context.Context, c *Client, topic string, spec Spec) (*Codec, e
 	return codec, nil
 }
 
-// subjectOf names the subject of the schema of key (tipus or
-// tipus/versio): the record name is the schema's title, else the tipus.
+// Subject names the subject of the schema of key (tipus or tipus/versio)
+// on a route to topic: the record name is the schema's title, else the
+// tipus.
+func Subject(strategy, topic, key, text string) (string, error) {
+	return subjectOf(strategy, topic, key, text)
+}
+
 func subjectOf(strategy, topic, key, text string) (string, error) {
 	if strategy == "" || strategy == StrategyTopic {
 		return topic + "-value", nil

@@ -65,6 +65,7 @@ type options struct {
 	outboxEnv  string // extra environment for outboxd, "K=V,K=V" (e.g. GOMAXPROCS=1)
 	pipeYAML   string // keys for outboxd's pipeline section, for experiments
 	routing    string // "" (the seed's route) or "rich" (every routing feature, two records per row)
+	value      string // the seed route's value: "" (the envelope), cloudevents, cloudevents-structured, jsonschema
 	cost       costOptions
 
 	kafka, pipeline testenv.Section // kafkaYAML and pipeYAML, parsed
@@ -95,6 +96,7 @@ func main() {
 	flag.StringVar(&o.outboxEnv, "outboxd-env", "", `extra environment for outboxd only, "K=V,K=V" (e.g. "GOMAXPROCS=2" to override outboxd's default)`)
 	flag.StringVar(&o.binary, "outboxd-bin", "", "run this outboxd binary instead of building the working tree's (to compare versions)")
 	flag.StringVar(&o.routing, "routing", "", `"rich": outboxd with every routing feature at once (two routes per row, a template, an override, fields, the trace context, position headers, the record timestamp): two records per row`)
+	flag.StringVar(&o.value, "value", "", `the seed route's record: "" (the envelope), "cloudevents" (binary), "cloudevents-structured", "jsonschema" (carrega validated and in the schema registry's wire format, against an Apicurio Registry the bench starts)`)
 	flag.StringVar(&o.services, "services", "", "reuse the PostgreSQL and Kafka that `bash testenv/services.sh up DIR` started (left running; for repeated development runs)")
 	parseCost := costFlags(&o.cost)
 	flag.Parse()
@@ -113,6 +115,12 @@ func main() {
 	}
 	if err == nil && o.routing != "" && o.routing != "rich" {
 		err = fmt.Errorf("-routing %q: want rich", o.routing)
+	}
+	if err == nil && o.value != "" && o.value != "cloudevents" && o.value != "cloudevents-structured" && o.value != "jsonschema" {
+		err = fmt.Errorf("-value %q: want cloudevents, cloudevents-structured or jsonschema", o.value)
+	}
+	if err == nil && o.value != "" && o.routing != "" {
+		err = fmt.Errorf("-value and -routing rich: one route shape at a time")
 	}
 	if err == nil && o.routing != "" && o.cost.on {
 		err = fmt.Errorf("-routing rich and -cost: the cost curves use the seed's route")
@@ -172,6 +180,8 @@ type bench struct {
 	// runTag suffixes database, slot and topic names on reused services, so
 	// a run never reads the topics of an earlier one.
 	runTag string
+	// registry is the schema registry's URL (-value jsonschema).
+	registry string
 
 	mu       sync.Mutex
 	children []*os.Process     // relay, pg_recvlogical: killed on an interrupt
@@ -236,6 +246,17 @@ func run(o options) error {
 		return err
 	}
 	defer b.env.Cleanup()
+	if o.value == "jsonschema" {
+		reg, err := testenv.StartRegistry(filepath.Join(tmp, "registry"))
+		if err != nil {
+			return err
+		}
+		defer func() { _ = reg.Stop() }()
+		b.registry = reg.URL
+		if err := os.WriteFile(filepath.Join(tmp, "comanda-creada.json"), []byte(orderSchema), 0o600); err != nil {
+			return err
+		}
+	}
 	// An interrupt still removes the services and the processes started.
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
@@ -504,7 +525,7 @@ func (b *bench) routes(name string, tables int) []testenv.Route {
 	if b.o.routing != "rich" {
 		var rs []testenv.Route
 		for i, topic := range b.topics(name, tables) {
-			rs = append(rs, testenv.Route{Table: "public." + outboxTable(i), Topic: topic})
+			rs = append(rs, testenv.Route{Table: "public." + outboxTable(i), Topic: topic, More: b.valueKeys()})
 		}
 		return rs
 	}
@@ -517,6 +538,27 @@ func (b *bench) routes(name string, tables int) []testenv.Route {
 			"filter": "{tipus: comanda.creada}", "position_headers": "true", "trace": "{traceparent: traceparent}",
 			"fields": "[{column: agregat, header: agregat}, {column: agregat, envelope: agregat}]"}},
 	}
+}
+
+// orderSchema is a JSON Schema of the bench's orders (-value jsonschema).
+const orderSchema = `{"$schema": "http://json-schema.org/draft-07/schema#", "title": "comanda.creada", "type": "object",
+  "properties": {"id": {"type": "string"}, "client": {"type": "string"}, "mercat": {"type": "string"},
+    "linies": {"type": "array", "items": {"type": "object", "properties": {"producte": {"type": "string"},
+      "quantitat": {"type": "integer"}, "preu_centims": {"type": "integer"}}, "required": ["producte", "quantitat", "preu_centims"]}}},
+  "required": ["id", "client", "linies"]}`
+
+// valueKeys are the seed route's keys for -value.
+func (b *bench) valueKeys() testenv.Section {
+	switch b.o.value {
+	case "cloudevents":
+		return testenv.Section{"value": "cloudevents"}
+	case "cloudevents-structured":
+		return testenv.Section{"value": "cloudevents", "cloudevents": "{mode: structured}"}
+	case "jsonschema":
+		return testenv.Section{"value": "payload", "schema": fmt.Sprintf(`{registry: %q, auto_register: true, schemas: {comanda.creada: %q}}`,
+			b.registry, filepath.Join(b.tmp, "comanda-creada.json"))}
+	}
+	return nil
 }
 
 // recordsPerRow is how many records outboxd makes of one backlog row.

@@ -66,6 +66,9 @@ func (r *report) write(stdout io.Writer) error {
 		if r.o.routing == "rich" {
 			fmt.Fprintf(&b, "   outboxd with -routing rich: two records per row (events/s counts rows; outboxd produced and acknowledged twice as many records)\n")
 		}
+		if r.o.value != "" {
+			fmt.Fprintf(&b, "   outboxd with -value %s\n", r.o.value)
+		}
 		fmt.Fprintf(&b, "%-26s %9s %9s %9s | %-11s %8s %8s | %-11s %8s | %8s\n", "", "seconds", "events/s", "×recvlog",
 			"reader", "CPU s", "peak RSS", "server", "CPU s", "broker")
 		fmt.Fprintf(&b, "%-26s %9s %9s %9s | %-11s %8s %8s | %-11s %8s | %8s\n", "", "", "", "",
