@@ -226,7 +226,7 @@ type CloudEvents struct {
 // Version) for every row.
 type SchemaRegistry struct {
 	URL             string            `yaml:"registry"`
-	Format          string            `yaml:"format"`           // json_schema
+	Format          string            `yaml:"format"`           // json_schema | avro
 	SubjectStrategy string            `yaml:"subject_strategy"` // topic (default) | record | topic_record
 	AutoRegister    bool              `yaml:"auto_register"`
 	Schemas         map[string]string `yaml:"schemas"` // tipus[/versio]: file

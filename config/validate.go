@@ -291,11 +291,11 @@ func (v *validator) registry(i int, r Route) {
 		return
 	}
 	switch s.Format {
-	case "", schemareg.FormatJSONSchema:
-	case "avro", "protobuf":
-		v.add(at+".format", "%s is not written yet: json_schema (docs/routing.md, Schema registry)", s.Format)
+	case "", schemareg.FormatJSONSchema, schemareg.FormatAvro:
+	case "protobuf":
+		v.add(at+".format", "%s is not written yet: json_schema or avro (docs/routing.md, Schema registry)", s.Format)
 	default:
-		v.add(at+".format", "must be json_schema, got %q", s.Format)
+		v.add(at+".format", "must be json_schema or avro, got %q", s.Format)
 	}
 	if s.SubjectStrategy != "" {
 		v.oneOf(at+".subject_strategy", s.SubjectStrategy, schemareg.StrategyTopic, schemareg.StrategyRecord, schemareg.StrategyTopicRecord)

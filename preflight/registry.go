@@ -31,13 +31,13 @@ func checkRegistries(ctx context.Context, cfg target) []Result {
 			continue
 		}
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		out = append(out, checkRegistry(cctx, client, name, r.Topic, s.SubjectStrategy, s.AutoRegister, s.Texts, s.Version))
+		out = append(out, checkRegistry(cctx, client, name, r.Topic, s.Format, s.SubjectStrategy, s.AutoRegister, s.Texts, s.Version))
 		cancel()
 	}
 	return out
 }
 
-func checkRegistry(ctx context.Context, c *schemareg.Client, name, topic, strategy string, autoRegister bool, texts map[string]string, version int) Result {
+func checkRegistry(ctx context.Context, c *schemareg.Client, name, topic, format, strategy string, autoRegister bool, texts map[string]string, version int) Result {
 	unreachable := func(err error) Result {
 		if schemareg.Permanent(err) {
 			return fail(name, oneLine(err.Error()), "correct routes[].schema (the registry's URL, credentials) or the registry")
@@ -64,7 +64,7 @@ func checkRegistry(ctx context.Context, c *schemareg.Client, name, topic, strate
 	sort.Strings(keys)
 	var parts, missing []string
 	for _, key := range keys {
-		subject, err := schemareg.Subject(strategy, topic, key, texts[key])
+		subject, err := schemareg.Subject(format, strategy, topic, key, texts[key])
 		if err != nil {
 			return fail(name, fmt.Sprintf("schema of %s: %v", key, err), "correct the schema file")
 		}
@@ -72,7 +72,7 @@ func checkRegistry(ctx context.Context, c *schemareg.Client, name, topic, strate
 		if err != nil {
 			return unreachable(err)
 		}
-		r, err := c.Lookup(ctx, subject, texts[key])
+		r, err := c.Lookup(ctx, subject, texts[key], schemareg.SchemaType(format))
 		var e *schemareg.Error
 		switch {
 		case err == nil:
@@ -84,7 +84,7 @@ func checkRegistry(ctx context.Context, c *schemareg.Client, name, topic, strate
 			missing = append(missing, fmt.Sprintf("%s (subject %q)", key, subject))
 			continue
 		}
-		ok, err := c.Compatible(ctx, subject, texts[key])
+		ok, err := c.Compatible(ctx, subject, texts[key], schemareg.SchemaType(format))
 		switch {
 		case err != nil:
 			return unreachable(err)

@@ -93,12 +93,9 @@ type Registered struct {
 	SchemaType string `json:"schemaType"`
 }
 
-// schemaType is the registry's name of JSON Schema.
-const schemaType = "JSON"
-
-// Register registers schema (JSON Schema) under subject, or finds it
-// there, and returns its id.
-func (c *Client) Register(ctx context.Context, subject, schema string) (int, error) {
+// Register registers schema (of schemaType: JSON, AVRO) under subject, or
+// finds it there, and returns its id.
+func (c *Client) Register(ctx context.Context, subject, schema, schemaType string) (int, error) {
 	var out struct {
 		ID int `json:"id"`
 	}
@@ -108,7 +105,7 @@ func (c *Client) Register(ctx context.Context, subject, schema string) (int, err
 }
 
 // Lookup finds schema under subject: its id and version.
-func (c *Client) Lookup(ctx context.Context, subject, schema string) (Registered, error) {
+func (c *Client) Lookup(ctx context.Context, subject, schema, schemaType string) (Registered, error) {
 	var out Registered
 	err := c.do(ctx, http.MethodPost, "/subjects/"+url.PathEscape(subject), map[string]string{"schema": schema, "schemaType": schemaType}, &out,
 		fmt.Sprintf("look up a schema under subject %q", subject))
@@ -129,7 +126,7 @@ func (c *Client) Version(ctx context.Context, subject string, version int) (Regi
 
 // Compatible asks whether schema could be registered under subject as its
 // next version (a subject without versions takes any).
-func (c *Client) Compatible(ctx context.Context, subject, schema string) (bool, error) {
+func (c *Client) Compatible(ctx context.Context, subject, schema, schemaType string) (bool, error) {
 	var out struct {
 		Compatible bool `json:"is_compatible"`
 	}

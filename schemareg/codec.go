@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/hamba/avro/v2"
 	"github.com/santhosh-tekuri/jsonschema/v6"
 )
 
@@ -22,15 +23,28 @@ const (
 	StrategyTopicRecord = "topic_record"
 )
 
-// FormatJSONSchema is the one format written so far.
-const FormatJSONSchema = "json_schema"
+// The formats written: JSON Schema (the value is carrega, validated) and
+// Avro (carrega written in Avro's binary encoding by the schema).
+const (
+	FormatJSONSchema = "json_schema"
+	FormatAvro       = "avro"
+)
+
+// SchemaType is the registry's name of a format's schemas.
+func SchemaType(format string) string {
+	if format == FormatAvro {
+		return "AVRO"
+	}
+	return "JSON"
+}
 
 // Spec is a route's schema settings.
 type Spec struct {
+	Format       string // FormatJSONSchema ("" too) or FormatAvro
 	Strategy     string // StrategyTopic ("" too), StrategyRecord or StrategyTopicRecord
 	AutoRegister bool
 	// Schemas: a schema per tipus, or per tipus/versio, each the text of a
-	// JSON Schema; none: the subject's registered schema (Version: 0 the
+	// schema of Format; none: the subject's registered schema (Version: 0 the
 	// latest, or that version) for every row.
 	Schemas map[string]string
 	Version int
@@ -48,8 +62,9 @@ type entry struct {
 	subject string
 	id      int
 	version int
-	schema  *jsonschema.Schema
-	prefix  [5]byte // the wire format's magic byte and id
+	schema  *jsonschema.Schema // json_schema
+	avro    avro.Schema        // avro
+	prefix  [5]byte            // the wire format's magic byte and id
 }
 
 // Resolve finds each schema of spec under its subject (registering it with
@@ -62,7 +77,7 @@ func Resolve(ctx context.Context, c *Client, topic string, spec Spec) (*Codec, e
 		if err != nil {
 			return nil, err
 		}
-		e, err := newEntry(r)
+		e, err := newEntry(spec.Format, r)
 		if err != nil {
 			return nil, err
 		}
@@ -76,16 +91,16 @@ func Resolve(ctx context.Context, c *Client, topic string, spec Spec) (*Codec, e
 	sort.Strings(keys)
 	for _, key := range keys {
 		text := spec.Schemas[key]
-		subject, err := subjectOf(spec.Strategy, topic, key, text)
+		subject, err := subjectOf(spec.Format, spec.Strategy, topic, key, text)
 		if err != nil {
 			return nil, fmt.Errorf("schema of %s: %w", key, err)
 		}
 		if spec.AutoRegister {
-			if _, err := c.Register(ctx, subject, text); err != nil {
+			if _, err := c.Register(ctx, subject, text, SchemaType(spec.Format)); err != nil {
 				return nil, err
 			}
 		}
-		r, err := c.Lookup(ctx, subject, text)
+		r, err := c.Lookup(ctx, subject, text, SchemaType(spec.Format))
 		if err != nil {
 			var re *Error
 			if errors.As(err, &re) && re.Status == 404 {
@@ -93,8 +108,10 @@ func Resolve(ctx context.Context, c *Client, topic string, spec Spec) (*Codec, e
 			}
 			return nil, err
 		}
-		r.Schema = text
-		e, err := newEntry(r)
+		// Found as asked: the file's text, of the route's format (the
+		// answer may leave the type out).
+		r.Schema, r.SchemaType = text, SchemaType(spec.Format)
+		e, err := newEntry(spec.Format, r)
 		if err != nil {
 			return nil, fmt.Errorf("schema of %s: %w", key, err)
 		}
@@ -104,23 +121,31 @@ func Resolve(ctx context.Context, c *Client, topic string, spec Spec) (*Codec, e
 }
 
 // Subject names the subject of the schema of key (tipus or tipus/versio)
-// on a route to topic: the record name is the schema's title, else the
-// tipus.
-func Subject(strategy, topic, key, text string) (string, error) {
-	return subjectOf(strategy, topic, key, text)
+// on a route to topic: the record name is a JSON Schema's title or an Avro
+// schema's full name, else the tipus.
+func Subject(format, strategy, topic, key, text string) (string, error) {
+	return subjectOf(format, strategy, topic, key, text)
 }
 
-func subjectOf(strategy, topic, key, text string) (string, error) {
+func subjectOf(format, strategy, topic, key, text string) (string, error) {
 	if strategy == "" || strategy == StrategyTopic {
 		return topic + "-value", nil
 	}
 	var doc struct {
-		Title string `json:"title"`
+		Title     string `json:"title"`
+		Name      string `json:"name"`
+		Namespace string `json:"namespace"`
 	}
 	if err := json.Unmarshal([]byte(text), &doc); err != nil {
 		return "", fmt.Errorf("not JSON: %w", err)
 	}
 	record := doc.Title
+	if format == FormatAvro {
+		record = doc.Name
+		if doc.Namespace != "" && !strings.Contains(doc.Name, ".") {
+			record = doc.Namespace + "." + doc.Name
+		}
+	}
 	if record == "" {
 		record, _, _ = strings.Cut(key, "/")
 	}
@@ -130,9 +155,23 @@ func subjectOf(strategy, topic, key, text string) (string, error) {
 	return topic + "-" + record, nil
 }
 
-func newEntry(r Registered) (*entry, error) {
-	if r.SchemaType != "" && r.SchemaType != schemaType {
-		return nil, fmt.Errorf("subject %q version %d is a %s schema, not JSON Schema", r.Subject, r.Version, r.SchemaType)
+func newEntry(format string, r Registered) (*entry, error) {
+	typ := r.SchemaType
+	if typ == "" {
+		typ = "AVRO" // the registry's default, which it leaves out
+	}
+	if typ != SchemaType(format) {
+		return nil, fmt.Errorf("subject %q version %d is a %s schema, and the route's format is %s", r.Subject, r.Version, typ, formatName(format))
+	}
+	e := &entry{subject: r.Subject, id: r.ID, version: r.Version}
+	binary.BigEndian.PutUint32(e.prefix[1:], uint32(r.ID))
+	if format == FormatAvro {
+		sch, err := avro.Parse(r.Schema)
+		if err != nil {
+			return nil, fmt.Errorf("subject %q version %d: %w", r.Subject, r.Version, err)
+		}
+		e.avro = sch
+		return e, nil
 	}
 	doc, err := jsonschema.UnmarshalJSON(strings.NewReader(r.Schema))
 	if err != nil {
@@ -148,9 +187,15 @@ func newEntry(r Registered) (*entry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("subject %q version %d: %w", r.Subject, r.Version, err)
 	}
-	e := &entry{subject: r.Subject, id: r.ID, version: r.Version, schema: sch}
-	binary.BigEndian.PutUint32(e.prefix[1:], uint32(r.ID))
+	e.schema = sch
 	return e, nil
+}
+
+func formatName(format string) string {
+	if format == "" {
+		return FormatJSONSchema
+	}
+	return format
 }
 
 // Encode appends to dst the wire-format value of data (a JSON value): the
@@ -168,6 +213,14 @@ func (c *Codec) Encode(dst, data, tipus []byte, versio int64) ([]byte, error) {
 		if e == nil {
 			return nil, fmt.Errorf("no schema for tipus %q (versio %d) in the route's schema.schemas", tipus, versio)
 		}
+	}
+	if e.avro != nil {
+		enc, err := avroOf(e.avro, data)
+		if err != nil {
+			return nil, fmt.Errorf("cannot be written by the schema of subject %q version %d (id %d): %v", e.subject, e.version, e.id, err)
+		}
+		dst = append(dst, e.prefix[:]...)
+		return append(dst, enc...), nil
 	}
 	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(data))
 	if err != nil {

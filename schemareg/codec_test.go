@@ -9,7 +9,7 @@ import (
 // and the schema's id; one it refuses is an error that says where and by
 // which keyword, never the value; a tipus without a schema is named.
 func TestEncode(t *testing.T) {
-	e, err := newEntry(Registered{Subject: "comanda.creada", ID: 258, Version: 3, Schema: `{"type": "object", "properties": {"n": {"type": "integer"}, "client": {"type": "string", "maxLength": 4}}, "required": ["n"]}`})
+	e, err := newEntry(FormatJSONSchema, Registered{Subject: "comanda.creada", ID: 258, Version: 3, Schema: `{"type": "object", "properties": {"n": {"type": "integer"}, "client": {"type": "string", "maxLength": 4}}, "required": ["n"]}`, SchemaType: "JSON"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -29,7 +29,7 @@ func TestEncode(t *testing.T) {
 		t.Errorf("err = %v, want the tipus without a schema named", err)
 	}
 	// A schema per tipus/versio comes before the tipus's own.
-	v2, _ := newEntry(Registered{Subject: "comanda.creada", ID: 259, Version: 4, Schema: `{"type": "object"}`})
+	v2, _ := newEntry(FormatJSONSchema, Registered{Subject: "comanda.creada", ID: 259, Version: 4, Schema: `{"type": "object"}`, SchemaType: "JSON"})
 	c.byKey["comanda.creada/2"] = v2
 	out, _ = c.Encode(nil, []byte(`{}`), []byte("comanda.creada"), 2)
 	if out[4] != 3 { // id 259 = 0x103
@@ -47,7 +47,7 @@ func TestSubjectOf(t *testing.T) {
 		{StrategyRecord, "comanda.creada/2", `{}`, "comanda.creada"},
 		{StrategyTopicRecord, "comanda.creada", `{"title": "km0.ComandaCreada"}`, "comandes-km0.ComandaCreada"},
 	} {
-		got, err := subjectOf(tc.strategy, "comandes", tc.key, tc.schema)
+		got, err := subjectOf(FormatJSONSchema, tc.strategy, "comandes", tc.key, tc.schema)
 		if err != nil || got != tc.want {
 			t.Errorf("%s %s: %q, %v; want %q", tc.strategy, tc.key, got, err, tc.want)
 		}

@@ -51,7 +51,7 @@ func script(ctx context.Context, name string, args ...string) (string, error) {
 	return string(out), nil
 }
 
-// Registered is one record as confluent-kafka's JSONDeserializer read it
+// Registered is one record as confluent-kafka's deserializer read it
 // (python/read_registry.py): the schema id after the magic byte and the
 // value, or the deserializer's refusal.
 type Registered struct {
@@ -63,9 +63,10 @@ type Registered struct {
 }
 
 // ReadRegistered reads n records of topic from its beginning with
-// confluent-kafka's JSON Schema deserializer against the registry at url.
-func ReadRegistered(ctx context.Context, brokers, url, topic string, n int) ([]Registered, error) {
-	out, err := python(ctx, "read_registry.py", brokers, url, topic, strconv.Itoa(n))
+// confluent-kafka's deserializer of format (json_schema, avro) against the
+// registry at url.
+func ReadRegistered(ctx context.Context, brokers, url, topic, format string, n int) ([]Registered, error) {
+	out, err := python(ctx, "read_registry.py", brokers, url, topic, strconv.Itoa(n), format)
 	return jsonLines[Registered](out, err, n, "read_registry.py")
 }
 

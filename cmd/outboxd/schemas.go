@@ -30,7 +30,7 @@ func resolveSchemas(ctx context.Context, cfg config.Config, routing *envelope.Ro
 		if err != nil {
 			return usageError{fmt.Errorf("routes[%d].schema: %w", i, err)}
 		}
-		spec := schemareg.Spec{Strategy: s.SubjectStrategy, AutoRegister: s.AutoRegister, Schemas: s.Texts, Version: s.Version}
+		spec := schemareg.Spec{Format: s.Format, Strategy: s.SubjectStrategy, AutoRegister: s.AutoRegister, Schemas: s.Texts, Version: s.Version}
 		wait := cfg.Pipeline.BackoffMin
 		for {
 			codec, err := schemareg.Resolve(ctx, client, r.Topic, spec)

@@ -1,12 +1,13 @@
 """Reads a topic written in the Schema Registry wire format with
 confluent-kafka's own deserializer.
 
-    python read_registry.py BROKERS REGISTRY_URL TOPIC COUNT
+    python read_registry.py BROKERS REGISTRY_URL TOPIC COUNT FORMAT
 
 Consumes TOPIC from its beginning until COUNT records are read (or 60 s
-pass) and deserializes each value with confluent_kafka's JSONDeserializer,
-which reads the schema id after the magic byte, fetches that schema from
-the registry and validates the value against it. Prints one JSON line per
+pass) and deserializes each value with confluent_kafka's JSONDeserializer
+(FORMAT json_schema) or AvroDeserializer (avro), which read the schema id
+after the magic byte, fetch that schema from the registry and validate (or
+decode) the value by it. Prints one JSON line per
 record: its partition, offset, schema id and value; a record the
 deserializer refuses prints {"error": ...} and makes the exit status 1.
 """
@@ -15,6 +16,7 @@ import struct
 import sys
 
 from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.schema_registry.json_schema import JSONDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
@@ -22,8 +24,12 @@ from topic import each_record
 
 
 def main():
-    brokers, registry, topic, count = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-    deserialize = JSONDeserializer(None, schema_registry_client=SchemaRegistryClient({"url": registry}))
+    brokers, registry, topic, count, fmt = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
+    client = SchemaRegistryClient({"url": registry})
+    if fmt == "avro":
+        deserialize = AvroDeserializer(client)
+    else:
+        deserialize = JSONDeserializer(None, schema_registry_client=client)
 
     def describe(msg):
         raw = msg.value() or b""
