@@ -61,13 +61,7 @@ func TestSchemaRegistryJSONSchema(t *testing.T) {
 	if n := f.topicSize(topic); n != 0 {
 		t.Fatalf("%d records while the registry was down", n)
 	}
-	reg, err := testenv.StartRegistry(filepath.Join(dir, "svc"))
-	if err != nil && strings.Contains(err.Error(), "needs Java 21 or newer") {
-		t.Skipf("SKIPPED LOUDLY: Apicurio Registry cannot run here: %v", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	reg := startRegistry(t, filepath.Join(dir, "svc"))
 	stopped := false
 	t.Cleanup(func() {
 		if !stopped {
@@ -146,13 +140,7 @@ func TestCheckSchemaRegistry(t *testing.T) {
 	kafkaOnly(t)
 	f := newFixture(t, seedSchema, map[string]int{"registry": 1})
 	dir := t.TempDir()
-	reg, err := testenv.StartRegistry(filepath.Join(dir, "svc"))
-	if err != nil && strings.Contains(err.Error(), "needs Java 21 or newer") {
-		t.Skipf("SKIPPED LOUDLY: Apicurio Registry cannot run here: %v", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	reg := startRegistry(t, filepath.Join(dir, "svc"))
 	stopped := false
 	t.Cleanup(func() {
 		if !stopped {
@@ -201,13 +189,7 @@ func TestSchemaRegistryAvro(t *testing.T) {
 	f := newFixture(t, seedSchema, map[string]int{"avro": 2, "avro.dlq": 1})
 	ctx := context.Background()
 	dir := t.TempDir()
-	reg, err := testenv.StartRegistry(filepath.Join(dir, "svc"))
-	if err != nil && strings.Contains(err.Error(), "needs Java 21 or newer") {
-		t.Skipf("SKIPPED LOUDLY: Apicurio Registry cannot run here: %v", err)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	reg := startRegistry(t, filepath.Join(dir, "svc"))
 	t.Cleanup(func() { _ = reg.Stop() })
 	schemaFile := filepath.Join(dir, "comanda-creada.avsc")
 	if err := os.WriteFile(schemaFile, []byte(orderAvro), 0o600); err != nil {
@@ -250,4 +232,18 @@ func TestSchemaRegistryAvro(t *testing.T) {
 	}
 	t.Logf("%d rows in Avro read back by confluent-kafka's AvroDeserializer (the default filled in); 1 dead-lettered", len(recs))
 	d.term()
+}
+
+// startRegistry starts an Apicurio Registry in dir; without a Java 21 the
+// test skips, saying so.
+func startRegistry(t *testing.T, dir string) *testenv.Registry {
+	t.Helper()
+	reg, err := testenv.StartRegistry(dir)
+	if err != nil && strings.Contains(err.Error(), "needs Java 21 or newer") {
+		t.Skipf("SKIPPED LOUDLY: Apicurio Registry cannot run here: %v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reg
 }
