@@ -96,7 +96,7 @@ func main() {
 	flag.StringVar(&o.outboxEnv, "outboxd-env", "", `extra environment for outboxd only, "K=V,K=V" (e.g. "GOMAXPROCS=2" to override outboxd's default)`)
 	flag.StringVar(&o.binary, "outboxd-bin", "", "run this outboxd binary instead of building the working tree's (to compare versions)")
 	flag.StringVar(&o.routing, "routing", "", `"rich": outboxd with every routing feature at once (two routes per row, a template, an override, fields, the trace context, position headers, the record timestamp): two records per row`)
-	flag.StringVar(&o.value, "value", "", `the seed route's record: "" (the envelope), "cloudevents" (binary), "cloudevents-structured", "jsonschema" (carrega validated and in the schema registry's wire format, against an Apicurio Registry the bench starts)`)
+	flag.StringVar(&o.value, "value", "", `the seed route's record: "" (the envelope), "cloudevents" (binary), "cloudevents-structured", "jsonschema" (carrega validated and in the schema registry's wire format, against an Apicurio Registry the bench starts), "avro" (carrega in Avro by the schema, the same registry)`)
 	flag.StringVar(&o.services, "services", "", "reuse the PostgreSQL and Kafka that `bash testenv/services.sh up DIR` started (left running; for repeated development runs)")
 	parseCost := costFlags(&o.cost)
 	flag.Parse()
@@ -116,8 +116,8 @@ func main() {
 	if err == nil && o.routing != "" && o.routing != "rich" {
 		err = fmt.Errorf("-routing %q: want rich", o.routing)
 	}
-	if err == nil && o.value != "" && o.value != "cloudevents" && o.value != "cloudevents-structured" && o.value != "jsonschema" {
-		err = fmt.Errorf("-value %q: want cloudevents, cloudevents-structured or jsonschema", o.value)
+	if err == nil && o.value != "" && o.value != "cloudevents" && o.value != "cloudevents-structured" && o.value != "jsonschema" && o.value != "avro" {
+		err = fmt.Errorf("-value %q: want cloudevents, cloudevents-structured, jsonschema or avro", o.value)
 	}
 	if err == nil && o.value != "" && o.routing != "" {
 		err = fmt.Errorf("-value and -routing rich: one route shape at a time")
@@ -246,15 +246,17 @@ func run(o options) error {
 		return err
 	}
 	defer b.env.Cleanup()
-	if o.value == "jsonschema" {
+	if o.value == "jsonschema" || o.value == "avro" {
 		reg, err := testenv.StartRegistry(filepath.Join(tmp, "registry"))
 		if err != nil {
 			return err
 		}
 		defer func() { _ = reg.Stop() }()
 		b.registry = reg.URL
-		if err := os.WriteFile(filepath.Join(tmp, "comanda-creada.json"), []byte(orderSchema), 0o600); err != nil {
-			return err
+		for file, text := range map[string]string{"comanda-creada.json": orderSchema, "comanda-creada.avsc": orderAvro} {
+			if err := os.WriteFile(filepath.Join(tmp, file), []byte(text), 0o600); err != nil {
+				return err
+			}
 		}
 	}
 	// An interrupt still removes the services and the processes started.
@@ -547,6 +549,12 @@ const orderSchema = `{"$schema": "http://json-schema.org/draft-07/schema#", "tit
       "quantitat": {"type": "integer"}, "preu_centims": {"type": "integer"}}, "required": ["producte", "quantitat", "preu_centims"]}}},
   "required": ["id", "client", "linies"]}`
 
+// orderAvro is an Avro schema of the bench's orders (-value avro).
+const orderAvro = `{"type": "record", "name": "ComandaCreada", "namespace": "km0", "fields": [
+  {"name": "id", "type": "string"}, {"name": "client", "type": "string"}, {"name": "mercat", "type": "string"},
+  {"name": "linies", "type": {"type": "array", "items": {"type": "record", "name": "Linia", "fields": [
+    {"name": "producte", "type": "string"}, {"name": "quantitat", "type": "int"}, {"name": "preu_centims", "type": "int"}]}}}]}`
+
 // valueKeys are the seed route's keys for -value.
 func (b *bench) valueKeys() testenv.Section {
 	switch b.o.value {
@@ -557,6 +565,9 @@ func (b *bench) valueKeys() testenv.Section {
 	case "jsonschema":
 		return testenv.Section{"value": "payload", "schema": fmt.Sprintf(`{registry: %q, auto_register: true, schemas: {comanda.creada: %q}}`,
 			b.registry, filepath.Join(b.tmp, "comanda-creada.json"))}
+	case "avro":
+		return testenv.Section{"value": "payload", "schema": fmt.Sprintf(`{registry: %q, format: avro, auto_register: true, schemas: {comanda.creada: %q}}`,
+			b.registry, filepath.Join(b.tmp, "comanda-creada.avsc"))}
 	}
 	return nil
 }
