@@ -259,14 +259,9 @@ func hasCode(err error, code string) bool {
 }
 
 // waitConfirmed waits until the slot has confirmed l, at most
-// ConfirmTimeout, with no cut-over in progress (catalog.ReadDelivery).
+// ConfirmTimeout, with no cut-over in progress (catalog.ReadDelivery) and
+// no replay hold.
 func (j *Job) waitConfirmed(ctx context.Context, conn *pgconn.PgConn, l pglogrepl.LSN) error {
-	hold := catalog.ReplayHold(j.cfg.Slot)
-	if h, err := catalog.ReadSlot(ctx, conn, hold); err != nil {
-		return fmt.Errorf("read the replay hold slot: %w", err)
-	} else if h != nil {
-		return &notYet{reason: fmt.Sprintf("outboxd gave up an unfinished cut-over and advised replaying its snapshot rows (outboxd replay): nothing is deleted until they are replayed and the hold is dropped (SELECT pg_drop_replication_slot(%s))", catalog.QuoteLiteral(hold))}
-	}
 	deadline := j.cfg.Clock.Now().Add(j.cfg.ConfirmTimeout)
 	for {
 		d, err := catalog.ReadDelivery(ctx, conn, j.cfg.Slot, l)
@@ -279,7 +274,15 @@ func (j *Job) waitConfirmed(ctx context.Context, conn *pgconn.PgConn, l pglogrep
 		case d.Slot == nil:
 			return &notYet{reason: fmt.Sprintf("replication slot %q does not exist: nothing is known to be delivered", j.cfg.Slot)}
 		case d.Delivered():
-			return nil
+			// The replay hold is read after the marker was read absent: a
+			// start that gives a cut-over up creates the hold before it
+			// drops the marker, so either is seen, and no later hold can
+			// come (it needs a marker, which needs a cut-over, which waits
+			// for the lock this transaction holds). Read before the marker,
+			// the hold could be created and the marker dropped between the
+			// two reads (make matrix met it on PostgreSQL 18: the rows to
+			// replay deleted).
+			return j.noHold(ctx, conn)
 		case j.cfg.Clock.Now().After(deadline):
 			return &notYet{reason: fmt.Sprintf("replication slot %q has not confirmed the transactions of the old rows within %s: Kafka may not have them all (outboxd stopped or behind, or Kafka down)", j.cfg.Slot, j.cfg.ConfirmTimeout),
 				detail: fmt.Sprintf("confirmed %s, needs %s", d.Slot.ConfirmedFlush, l)}
@@ -288,4 +291,18 @@ func (j *Job) waitConfirmed(ctx context.Context, conn *pgconn.PgConn, l pglogrep
 			return ctx.Err()
 		}
 	}
+}
+
+// noHold is a notYet while the replay hold exists: the rows of a cut-over
+// given up are the operator's to replay first (catalog/cutover.go).
+func (j *Job) noHold(ctx context.Context, conn *pgconn.PgConn) error {
+	hold := catalog.ReplayHold(j.cfg.Slot)
+	h, err := catalog.ReadSlot(ctx, conn, hold)
+	switch {
+	case err != nil:
+		return fmt.Errorf("read the replay hold slot: %w", err)
+	case h != nil:
+		return &notYet{reason: fmt.Sprintf("outboxd gave up an unfinished cut-over and advised replaying its snapshot rows (outboxd replay): nothing is deleted until they are replayed and the hold is dropped (SELECT pg_drop_replication_slot(%s))", catalog.QuoteLiteral(hold))}
+	}
+	return nil
 }
