@@ -14,6 +14,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"regexp"
 	"runtime"
 	"sort"
 	"strings"
@@ -107,7 +108,10 @@ func integration(version string) result {
 		if json.Unmarshal(sc.Bytes(), &e) != nil || e.Test == "" {
 			continue
 		}
-		if strings.Contains(e.Test, "/") { // subtests: their parents count
+		if parent, _, sub := strings.Cut(e.Test, "/"); sub { // subtests: their parents count
+			if e.Action == "output" {
+				output[parent] = append(output[parent], e.Output)
+			}
 			continue
 		}
 		switch e.Action {
@@ -120,8 +124,7 @@ func integration(version string) result {
 			r.pass = append(r.pass, e.Test)
 		case "fail":
 			r.fail = append(r.fail, e.Test)
-			out := output[e.Test]
-			r.failOut[e.Test] = out[max(0, len(out)-15):]
+			r.failOut[e.Test] = failureLines(output[e.Test])
 		case "skip":
 			r.skip = append(r.skip, e.Test)
 			for _, l := range output[e.Test] {
@@ -213,4 +216,20 @@ func write(w io.Writer, results []result, scenarios string, took time.Duration) 
 			fmt.Fprintln(w)
 		}
 	}
+}
+
+// testMessage is a line a test wrote (t.Error, t.Log): "    x_test.go:12: ...".
+var testMessage = regexp.MustCompile(`^\s+\w+_test\.go:\d+: `)
+
+// failureLines is what a failed test's output says: its own messages (at
+// most 30: outboxd's log, which a failed test prints, would bury them),
+// then its last lines.
+func failureLines(out []string) []string {
+	var msgs []string
+	for _, l := range out {
+		if testMessage.MatchString(l) && len(msgs) < 30 {
+			msgs = append(msgs, l)
+		}
+	}
+	return append(msgs, out[max(0, len(out)-10):]...)
 }
