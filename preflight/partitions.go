@@ -54,7 +54,7 @@ func partitionsPresent(ctx context.Context, conn *pgx.Conn, cfg target, ps *cata
 		}
 	}
 	detail := fmt.Sprintf("%d partition(s)", len(ranged))
-	if len(ranged) > 0 && ps.RangeOn(ps.Column) == nil && ps.Column != "" {
+	if len(ranged) > 0 && ps.RangeOn(ps.Column) == nil {
 		detail += fmt.Sprintf(" by RANGE (%s) from %s to %s", ps.Column, bound(ranged[0].From, "MINVALUE"), bound(ranged[len(ranged)-1].To, "MAXVALUE"))
 	}
 	if ps.HasDefault {

@@ -91,7 +91,7 @@ func Resolve(ctx context.Context, c *Client, topic string, spec Spec) (*Codec, e
 	sort.Strings(keys)
 	for _, key := range keys {
 		text := spec.Schemas[key]
-		subject, err := subjectOf(spec.Format, spec.Strategy, topic, key, text)
+		subject, err := Subject(spec.Format, spec.Strategy, topic, key, text)
 		if err != nil {
 			return nil, fmt.Errorf("schema of %s: %w", key, err)
 		}
@@ -124,10 +124,6 @@ func Resolve(ctx context.Context, c *Client, topic string, spec Spec) (*Codec, e
 // on a route to topic: the record name is a JSON Schema's title or an Avro
 // schema's full name, else the tipus.
 func Subject(format, strategy, topic, key, text string) (string, error) {
-	return subjectOf(format, strategy, topic, key, text)
-}
-
-func subjectOf(format, strategy, topic, key, text string) (string, error) {
 	if strategy == "" || strategy == StrategyTopic {
 		return topic + "-value", nil
 	}

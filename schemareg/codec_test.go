@@ -37,9 +37,9 @@ func TestEncode(t *testing.T) {
 	}
 }
 
-// TestSubjectOf: the three strategies, the record named by the schema's
+// TestSubject: the three strategies, the record named by the schema's
 // title or else the tipus.
-func TestSubjectOf(t *testing.T) {
+func TestSubject(t *testing.T) {
 	for _, tc := range []struct{ strategy, key, schema, want string }{
 		{"", "comanda.creada", `{}`, "comandes-value"},
 		{StrategyTopic, "comanda.creada", `{"title": "x"}`, "comandes-value"},
@@ -47,7 +47,7 @@ func TestSubjectOf(t *testing.T) {
 		{StrategyRecord, "comanda.creada/2", `{}`, "comanda.creada"},
 		{StrategyTopicRecord, "comanda.creada", `{"title": "km0.ComandaCreada"}`, "comandes-km0.ComandaCreada"},
 	} {
-		got, err := subjectOf(FormatJSONSchema, tc.strategy, "comandes", tc.key, tc.schema)
+		got, err := Subject(FormatJSONSchema, tc.strategy, "comandes", tc.key, tc.schema)
 		if err != nil || got != tc.want {
 			t.Errorf("%s %s: %q, %v; want %q", tc.strategy, tc.key, got, err, tc.want)
 		}

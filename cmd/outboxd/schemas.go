@@ -3,10 +3,10 @@ package main
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/outboxd/outboxd/backoff"
 	"github.com/outboxd/outboxd/clock"
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/envelope"
@@ -31,8 +31,7 @@ func resolveSchemas(ctx context.Context, cfg config.Config, routing *envelope.Ro
 			return usageError{fmt.Errorf("routes[%d].schema: %w", i, err)}
 		}
 		spec := schemareg.Spec{Format: s.Format, Strategy: s.SubjectStrategy, AutoRegister: s.AutoRegister, Schemas: s.Texts, Version: s.Version}
-		wait := cfg.Pipeline.BackoffMin
-		for {
+		for attempt := 0; ; attempt++ {
 			codec, err := schemareg.Resolve(ctx, client, r.Topic, spec)
 			if err == nil {
 				routing.Routes[i].Encoder = codec
@@ -42,11 +41,11 @@ func resolveSchemas(ctx context.Context, cfg config.Config, routing *envelope.Ro
 			if schemareg.Permanent(err) || ctx.Err() != nil {
 				return fmt.Errorf("routes[%d].schema: %w", i, err)
 			}
+			wait := backoff.Delay(attempt, cfg.Pipeline.BackoffMin, cfg.Pipeline.BackoffMax)
 			log.Warn("schema registry unreachable: nothing is streamed until it answers", "route", i, "error", err, "retry_in", wait)
 			if !clock.Sleep(ctx, clock.Or(nil), wait) {
 				return ctx.Err()
 			}
-			wait = min(2*wait, max(cfg.Pipeline.BackoffMax, time.Second))
 		}
 	}
 	return nil
