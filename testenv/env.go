@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/url"
 	"os"
 	"os/exec"
@@ -410,21 +411,28 @@ func (e *Env) CreateTopic(topic string, partitions int) error {
 
 // script runs one of the scripts with extra environment.
 func (e *Env) script(extraEnv []string, name string, args ...string) error {
-	root, err := Root()
-	if err != nil {
-		return err
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
+	_, err := runScript(ctx, extraEnv, name, args...)
+	return err
+}
+
+// runScript runs one of testenv's scripts with extra environment and
+// returns its standard output; its error carries what it printed.
+func runScript(ctx context.Context, extraEnv []string, name string, args ...string) (string, error) {
+	root, err := Root()
+	if err != nil {
+		return "", err
+	}
 	cmd := exec.CommandContext(ctx, "bash", append([]string{filepath.Join(root, "testenv", name)}, args...)...)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
+	var stdout, all bytes.Buffer
+	cmd.Stdout, cmd.Stderr = io.MultiWriter(&stdout, &all), &all
 	cmd.Env = append(os.Environ(), extraEnv...)
 	cmd.WaitDelay = 5 * time.Second
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("testenv: %s %s: %w\n%s", name, strings.Join(args, " "), err, out.String())
+		return "", fmt.Errorf("testenv: %s %s: %w\n%s", name, strings.Join(args, " "), err, all.String())
 	}
-	return nil
+	return stdout.String(), nil
 }
 
 var root struct {

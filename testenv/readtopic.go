@@ -25,9 +25,9 @@ type Read struct {
 func ReadTopic(ctx context.Context, brokers, topic, isolation string) ([]Read, error) {
 	_, here, _, _ := runtime.Caller(0)
 	dir := filepath.Dir(here)
-	lib, err := exec.CommandContext(ctx, "bash", filepath.Join(dir, "kafka-fetch.sh")).Output()
+	lib, err := runScript(ctx, nil, "kafka-fetch.sh")
 	if err != nil {
-		return nil, fmt.Errorf("kafka-fetch.sh: %w", err)
+		return nil, err
 	}
 	cmd := exec.CommandContext(ctx, "java", "-cp", strings.TrimSpace(string(lib))+"/*",
 		"-Dorg.slf4j.simpleLogger.defaultLogLevel=warn", filepath.Join(dir, "java", "ReadTopic.java"), brokers, topic, isolation)

@@ -20,7 +20,7 @@ type Registry struct {
 
 // StartRegistry starts a schema registry with its state in dir.
 func StartRegistry(dir string) (*Registry, error) {
-	out, err := script(context.Background(), "registry.sh", "start", dir)
+	out, err := runScript(context.Background(), nil, "registry.sh", "start", dir)
 	if err != nil {
 		return nil, err
 	}
@@ -34,21 +34,8 @@ func StartRegistry(dir string) (*Registry, error) {
 
 // Stop stops it; its schemas go with it (in-memory storage).
 func (r *Registry) Stop() error {
-	_, err := script(context.Background(), "registry.sh", "stop", r.dir)
+	_, err := runScript(context.Background(), nil, "registry.sh", "stop", r.dir)
 	return err
-}
-
-// script runs one of testenv's scripts and returns its standard output.
-func script(ctx context.Context, name string, args ...string) (string, error) {
-	_, here, _, _ := runtime.Caller(0)
-	cmd := exec.CommandContext(ctx, "bash", append([]string{filepath.Join(filepath.Dir(here), name)}, args...)...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return "", fmt.Errorf("%s %s: %w\n%s", name, strings.Join(args, " "), err, stderr.String())
-	}
-	return string(out), nil
 }
 
 // Registered is one record as confluent-kafka's deserializer read it
@@ -94,7 +81,7 @@ func jsonLines[T any](out string, runErr error, n int, name string) ([]T, error)
 // py-fetch.sh makes once; its standard output, and its error with its
 // standard error.
 func python(ctx context.Context, name string, args ...string) (string, error) {
-	py, err := script(ctx, "py-fetch.sh")
+	py, err := runScript(ctx, nil, "py-fetch.sh")
 	if err != nil {
 		return "", err
 	}
