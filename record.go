@@ -21,6 +21,14 @@ type Acker interface {
 	Ack(err error)
 }
 
+// Placer is an Acker that also learns where Kafka put its record: the
+// producer calls Place, before Ack(nil), when the broker's answer says
+// (a record it skips as already in Kafka, or a batch the broker reports
+// as a duplicate, has no place to tell).
+type Placer interface {
+	Place(partition int32, offset int64)
+}
+
 // Record is one Kafka record built from one outbox row.
 type Record struct {
 	Topic   string

@@ -38,6 +38,9 @@ type Config struct {
 	Retention Retention `yaml:"retention"`
 	Health    Health    `yaml:"health"`
 	Log       Log       `yaml:"log"`
+	// Tracing exports a span per record, from its commit to Kafka's
+	// acknowledgement, over OTLP.
+	Tracing Tracing `yaml:"tracing"`
 
 	// lines maps a field path ("routes[1].topic") to the line of its key in
 	// the YAML file. Nil for a Config built in Go.
@@ -226,11 +229,12 @@ type CloudEvents struct {
 // Version) for every row.
 type SchemaRegistry struct {
 	URL             string            `yaml:"registry"`
-	Format          string            `yaml:"format"`           // json_schema | avro
+	Format          string            `yaml:"format"`           // json_schema | avro | protobuf
 	SubjectStrategy string            `yaml:"subject_strategy"` // topic (default) | record | topic_record
 	AutoRegister    bool              `yaml:"auto_register"`
 	Schemas         map[string]string `yaml:"schemas"` // tipus[/versio]: file
 	Version         int               `yaml:"version"` // without schemas: 0 the latest
+	Key             string            `yaml:"key"`     // string (default) | registered: under <topic>-key
 	Username        string            `yaml:"username"`
 	Password        string            `yaml:"password"`
 	PasswordFile    string            `yaml:"password_file"`
@@ -314,21 +318,33 @@ type Pipeline struct {
 }
 
 // SoftMemoryLimit is the soft memory limit outboxd sets on the Go runtime:
-// MemoryLimit when positive, none when negative, and by default 6 ×
-// max_in_flight_bytes (24 MiB with the defaults): the records in flight
-// live once in the batch buffers, and the rest of outboxd takes a few MiB,
-// so the garbage collector works harder only as the heap nears that,
-// instead of letting it grow to twice what is live (docs/reports/PERFORMANCE.md,
-// issue 15).
-func (p Pipeline) SoftMemoryLimit() (int64, bool) {
+// pipeline.memory_limit when positive, none when negative, and by default
+// 6 × max_in_flight_bytes (24 MiB with the defaults): the records in
+// flight live once in the batch buffers, and the rest of outboxd takes a
+// few MiB, so the garbage collector works harder only as the heap nears
+// that, instead of letting it grow to twice what is live
+// (docs/reports/PERFORMANCE.md, issue 15). With tracing on, the spans that
+// may be held besides (one per record in flight, and the export queue)
+// add SpanMemory each: without that room the collector would run all the
+// time while the queue is full.
+func (c Config) SoftMemoryLimit() (int64, bool) {
+	p := c.Pipeline
 	switch {
 	case p.MemoryLimit > 0:
 		return p.MemoryLimit, true
 	case p.MemoryLimit < 0:
 		return 0, false
 	}
-	return 6 * p.MaxInFlightBytes, true
+	limit := 6 * p.MaxInFlightBytes
+	if c.Tracing.Endpoint != "" {
+		limit += int64(p.MaxInFlightEvents+c.Tracing.QueueSize) * SpanMemory
+	}
+	return limit, true
 }
+
+// SpanMemory is about what one span holds while it waits (its attributes,
+// the SDK's record of it), rounded up.
+const SpanMemory = 2 << 10
 
 // Retention is the optional job that deletes outbox rows older than MaxAge
 // (by creat_en) once the slot has confirmed them: small batches, every
@@ -345,6 +361,12 @@ type Retention struct {
 	ConfirmTimeout time.Duration `yaml:"confirm_timeout"`
 	LockTimeout    time.Duration `yaml:"lock_timeout"`
 }
+
+// The key's forms with a schema registry (routes[].schema.key).
+const (
+	KeyString     = "string"
+	KeyRegistered = "registered"
+)
 
 // The retention modes.
 const (
@@ -364,6 +386,29 @@ type Health struct {
 	MaxRetainedWALBytes int64         `yaml:"max_retained_wal_bytes"`
 	// Pprof serves Go's profiler under /debug/pprof/ (off by default).
 	Pprof bool `yaml:"pprof"`
+}
+
+// Tracing is outboxd's own OpenTelemetry spans: one per record, from its
+// transaction's commit to Kafka's acknowledgement, the child of the row's
+// traceparent when it has one, exported over OTLP/HTTP in batches. Off
+// while Endpoint is empty.
+type Tracing struct {
+	// Endpoint is the OTLP/HTTP receiver's base URL (http://collector:4318);
+	// spans go to its /v1/traces.
+	Endpoint string `yaml:"endpoint"`
+	// SampleRatio is the share of rows without a traceparent that get a
+	// span (0 to 1); a row with one follows its sampled flag.
+	SampleRatio float64 `yaml:"sample_ratio"`
+	// Propagate puts outboxd's span into the record's traceparent header,
+	// so that consumers continue from it (the row's own, unchanged, when
+	// false or when the span is not sampled).
+	Propagate   bool              `yaml:"propagate"`
+	ServiceName string            `yaml:"service_name"`
+	Headers     map[string]string `yaml:"headers"` // sent with every export (authorization)
+	CAFile      string            `yaml:"ca_file"` // https: the roots that sign the receiver's certificate ("": the system's)
+	// QueueSize bounds the spans waiting for export; beyond it spans are
+	// dropped (counted), never the records.
+	QueueSize int `yaml:"queue_size"`
 }
 
 // Log configures the logger.
@@ -413,6 +458,7 @@ func Default() Config {
 		Retention: Retention{Mode: RetentionDelete, Interval: time.Minute, BatchSize: 1000, ConfirmTimeout: 30 * time.Second, LockTimeout: 2 * time.Second},
 		Health:    Health{Listen: "127.0.0.1:9597", PollInterval: 5 * time.Second, MaxLag: time.Minute, MaxRetainedWALBytes: 1 << 30},
 		Log:       Log{Level: "info", Format: "text"},
+		Tracing:   Tracing{SampleRatio: 1, Propagate: true, ServiceName: "outboxd", QueueSize: 2048},
 	}
 }
 

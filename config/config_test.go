@@ -329,21 +329,28 @@ func assertErr(t *testing.T, err error, want ...string) {
 	}
 }
 
-// TestSoftMemoryLimit: by default 6 × max_in_flight_bytes; an explicit
-// pipeline.memory_limit wins; a negative one sets none.
+// TestSoftMemoryLimit: by default 6 × max_in_flight_bytes, and room for a
+// span per record in flight and per place in the export queue with
+// tracing on; an explicit pipeline.memory_limit wins; a negative one sets
+// none.
 func TestSoftMemoryLimit(t *testing.T) {
+	traced := config.Default()
+	traced.Tracing.Endpoint = "http://collector:4318"
 	for _, c := range []struct {
-		p     config.Pipeline
-		limit int64
-		ok    bool
+		p       config.Pipeline
+		tracing config.Tracing
+		limit   int64
+		ok      bool
 	}{
-		{config.Default().Pipeline, 24 << 20, true},
-		{config.Pipeline{MaxInFlightBytes: 16 << 20}, 96 << 20, true},
-		{config.Pipeline{MaxInFlightBytes: 4 << 20, MemoryLimit: 64 << 20}, 64 << 20, true},
-		{config.Pipeline{MaxInFlightBytes: 4 << 20, MemoryLimit: -1}, 0, false},
+		{config.Default().Pipeline, config.Default().Tracing, 24 << 20, true},
+		{config.Pipeline{MaxInFlightBytes: 16 << 20}, config.Tracing{}, 96 << 20, true},
+		{config.Pipeline{MaxInFlightBytes: 4 << 20, MemoryLimit: 64 << 20}, traced.Tracing, 64 << 20, true},
+		{config.Pipeline{MaxInFlightBytes: 4 << 20, MemoryLimit: -1}, config.Tracing{}, 0, false},
+		{traced.Pipeline, traced.Tracing, 24<<20 + (1500+2048)*config.SpanMemory, true},
 	} {
-		if limit, ok := c.p.SoftMemoryLimit(); limit != c.limit || ok != c.ok {
-			t.Errorf("%+v: got %d %v, want %d %v", c.p, limit, ok, c.limit, c.ok)
+		cfg := config.Config{Pipeline: c.p, Tracing: c.tracing}
+		if limit, ok := cfg.SoftMemoryLimit(); limit != c.limit || ok != c.ok {
+			t.Errorf("%+v %+v: got %d %v, want %d %v", c.p, c.tracing, limit, ok, c.limit, c.ok)
 		}
 	}
 }

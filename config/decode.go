@@ -223,7 +223,7 @@ func (d *decoder) decode(n *yaml.Node, v reflect.Value, path string) {
 			m.SetMapIndex(reflect.ValueOf(k.Value), elem)
 		}
 		v.Set(m)
-	case reflect.String, reflect.Bool, reflect.Int, reflect.Int64:
+	case reflect.String, reflect.Bool, reflect.Int, reflect.Int64, reflect.Float64:
 		if n.Kind != yaml.ScalarNode {
 			d.fail(n, path, "expected a single value, not a %s", kindName(n.Kind))
 			return
@@ -359,6 +359,8 @@ func typeName(k reflect.Kind) string {
 		return "true or false"
 	case reflect.Int, reflect.Int64:
 		return "an integer"
+	case reflect.Float64:
+		return "a number"
 	default:
 		return "a string"
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"regexp"
 	"strconv"
 	"strings"
@@ -39,6 +40,7 @@ func (c Config) Validate() error {
 	v.retention(c.Retention, m)
 	v.pipeline(c.Pipeline)
 	v.health(c.Health)
+	v.tracing(c.Tracing)
 	v.oneOf("log.level", c.Log.Level, "trace", "debug", "info", "warn", "error")
 	v.oneOf("log.format", c.Log.Format, "text", "json")
 	return errors.Join(v.errs...)
@@ -285,17 +287,15 @@ func (v *validator) registry(i int, r Route) {
 	s := r.Registry
 	at := fmt.Sprintf("routes[%d].schema", i)
 	if s.URL == "" {
-		if s.Format != "" || len(s.Schemas) > 0 || s.AutoRegister || s.SubjectStrategy != "" {
+		if s.Format != "" || len(s.Schemas) > 0 || s.AutoRegister || s.SubjectStrategy != "" || s.Key != "" {
 			v.add(at+".registry", "required: the schema registry's URL (e.g. http://registry:8081, or Apicurio's http://registry:8080/apis/ccompat/v7)")
 		}
 		return
 	}
 	switch s.Format {
-	case "", schemareg.FormatJSONSchema, schemareg.FormatAvro:
-	case "protobuf":
-		v.add(at+".format", "%s is not written yet: json_schema or avro (docs/routing.md, Schema registry)", s.Format)
+	case "", schemareg.FormatJSONSchema, schemareg.FormatAvro, schemareg.FormatProtobuf:
 	default:
-		v.add(at+".format", "must be json_schema or avro, got %q", s.Format)
+		v.add(at+".format", "must be json_schema, avro or protobuf, got %q", s.Format)
 	}
 	if s.SubjectStrategy != "" {
 		v.oneOf(at+".subject_strategy", s.SubjectStrategy, schemareg.StrategyTopic, schemareg.StrategyRecord, schemareg.StrategyTopicRecord)
@@ -312,6 +312,24 @@ func (v *validator) registry(i int, r Route) {
 		if f.Envelope != "" {
 			v.add(at, "fields with envelope: wrap carrega in an object its schema does not describe; put them in headers")
 			break
+		}
+	}
+	if s.Key != "" {
+		v.oneOf(at+".key", s.Key, KeyString, KeyRegistered)
+	}
+	if s.Key == KeyRegistered {
+		switch {
+		case schemareg.KeySchema(s.Format) == "":
+			v.add(at+".key", "a registered key is written with json_schema or avro: Protobuf has no schema of a bare string")
+		case r.KeyConverter == ConverterJSON:
+			v.add(at+".key", "registered and key_converter: json both write the key: choose one")
+		case strings.Contains(r.Topic, "{"):
+			v.add(at+".key", "a registered key's subject is <topic>-key, and the topic is a template")
+		}
+		for k, o := range r.Overrides {
+			if o.Topic != "" {
+				v.add(fmt.Sprintf("routes[%d].overrides[%d].topic", i, k), "with schema.key: registered the keys' subject is the route's topic's: an override's topic would get keys under another topic's subject")
+			}
 		}
 	}
 	topicStrategy := s.SubjectStrategy == "" || s.SubjectStrategy == schemareg.StrategyTopic
@@ -333,5 +351,27 @@ func (v *validator) registry(i int, r Route) {
 	}
 	if s.AutoRegister && len(s.Schemas) == 0 {
 		v.add(at+".auto_register", "registers the schemas given in schemas: none is")
+	}
+}
+
+func (v *validator) tracing(t Tracing) {
+	if t.Endpoint == "" {
+		return
+	}
+	u, err := url.Parse(t.Endpoint)
+	switch {
+	case err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https"):
+		v.add("tracing.endpoint", "must be the OTLP/HTTP receiver's URL, e.g. http://collector:4318, got %q", t.Endpoint)
+	case t.CAFile != "" && u.Scheme != "https":
+		v.add("tracing.ca_file", "is for an https endpoint; %s is %s", t.Endpoint, u.Scheme)
+	}
+	if t.SampleRatio < 0 || t.SampleRatio > 1 {
+		v.add("tracing.sample_ratio", "must be between 0 and 1, got %g", t.SampleRatio)
+	}
+	if t.ServiceName == "" {
+		v.add("tracing.service_name", "required (the service.name of outboxd's spans)")
+	}
+	if t.QueueSize < 1 {
+		v.add("tracing.queue_size", "must be at least 1, got %d", t.QueueSize)
 	}
 }

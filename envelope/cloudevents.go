@@ -19,6 +19,9 @@ import (
 //	transaction's commit LSN and index in it; none for a row read from
 //	its table)
 //	data     ← carrega (JSON: datacontenttype application/json)
+//	dataschema ← with a schema registry (binary mode), the schema's URI in
+//	it, .../schemas/ids/<id>; datacontenttype then the format's media
+//	type, the data in the registry's wire format
 //
 // In binary mode the attributes are ce_ headers, content-type is
 // application/json and the value is carrega alone; in structured mode the
@@ -55,7 +58,7 @@ const (
 
 // ceHeaders are the headers of a binary CloudEvent (a field may not take
 // their names).
-var ceHeaders = []string{"ce_specversion", "ce_id", "ce_source", "ce_type", "ce_subject", "ce_time", "ce_versio", "ce_commitlsn", "ce_txnindex", HeaderContentType}
+var ceHeaders = []string{"ce_specversion", "ce_id", "ce_source", "ce_type", "ce_subject", "ce_time", "ce_versio", "ce_commitlsn", "ce_txnindex", "ce_dataschema", HeaderContentType}
 
 // cloudEvents checks a route's CloudEvents settings.
 func (ps *problems) cloudEvents(r *Route) {
@@ -120,8 +123,9 @@ func appendCETime(dst []byte, us int64) []byte {
 }
 
 // ceHeaderList appends a binary CloudEvent's headers to hs, their built
-// values to hdr.
-func ceHeaderList(hs []outboxd.Header, hdr []byte, src []byte, a ceAttrs) ([]outboxd.Header, []byte) {
+// values to hdr; with a schema registry's wire format the data's schema
+// (ce_dataschema) and media type (content-type), else application/json.
+func ceHeaderList(hs []outboxd.Header, hdr []byte, src []byte, a ceAttrs, dataschema, contentType []byte) ([]outboxd.Header, []byte) {
 	add := func(key string, build func([]byte) []byte) {
 		at := len(hdr)
 		hdr = build(hdr)
@@ -135,7 +139,13 @@ func ceHeaderList(hs []outboxd.Header, hdr []byte, src []byte, a ceAttrs) ([]out
 		add("ce_commitlsn", func(b []byte) []byte { return strconv.AppendUint(b, uint64(a.pos.CommitLSN), 10) })
 		add("ce_txnindex", func(b []byte) []byte { return strconv.AppendUint(b, uint64(a.pos.Index), 10) })
 	}
-	return append(hs, outboxd.Header{Key: HeaderContentType, Value: ceJSON}), hdr
+	if dataschema != nil {
+		hs = append(hs, outboxd.Header{Key: "ce_dataschema", Value: dataschema})
+	}
+	if contentType == nil {
+		contentType = ceJSON
+	}
+	return append(hs, outboxd.Header{Key: HeaderContentType, Value: contentType}), hdr
 }
 
 // Shared header values (records are only read).

@@ -51,6 +51,9 @@ func (r *Router) build(v *view, pos Position, sc *Scratch) (outboxd.Record, Verd
 		return outboxd.Record{}, Publish, err
 	}
 	switch {
+	case rt.KeyEncoder != nil && key != nil:
+		sc.key = rt.KeyEncoder.EncodeKey(sc.key[:0], key)
+		key = sc.key
 	case rt.KeyJSON && key != nil:
 		sc.key = appendConnectString(sc.key[:0], key)
 		key = sc.key
@@ -133,7 +136,11 @@ func (v *view) headers(id, tipus []byte, pos Position, sc *Scratch) ([]outboxd.H
 		if err != nil {
 			return nil, err
 		}
-		hs, hdr = ceHeaderList(hs, hdr, rt.ceSource, a)
+		var schema, contentType []byte
+		if rt.Encoder != nil {
+			schema, contentType = rt.Encoder.Describe(tipus, a.versio)
+		}
+		hs, hdr = ceHeaderList(hs, hdr, rt.ceSource, a, schema, contentType)
 	case rt.debezium:
 		hs = append(hs, outboxd.Header{Key: HeaderDebeziumID, Value: id})
 	default:

@@ -28,6 +28,9 @@ type Route struct {
 	// in a schema registry's wire format (schemareg.Codec): found at
 	// start, not configured here.
 	Encoder ValueEncoder
+	// KeyEncoder, when set, writes the key in a schema registry's wire
+	// format (schemareg.KeyCodec, schema.key: registered).
+	KeyEncoder KeyEncoder
 	// KeyJSON and ValueJSON write the key and the payload as JSON strings,
 	// as Kafka Connect's JsonConverter (schemas.enable=false) does.
 	KeyJSON, ValueJSON bool
@@ -46,9 +49,18 @@ type Route struct {
 
 // ValueEncoder validates a value against the schema of its tipus (and
 // versio) and appends its wire form to dst; an error is the row's: why it
-// cannot be written, never what it holds.
+// cannot be written, never what it holds. Describe names that schema for a
+// binary CloudEvent: its URI in the registry (dataschema) and the media
+// type of the data (datacontenttype); nil when the tipus has none (Encode
+// refuses the row then).
 type ValueEncoder interface {
 	Encode(dst, data, tipus []byte, versio int64) ([]byte, error)
+	Describe(tipus []byte, versio int64) (dataschema, contentType []byte)
+}
+
+// KeyEncoder appends a key's wire form to dst.
+type KeyEncoder interface {
+	EncodeKey(dst, key []byte) []byte
 }
 
 // Columns names the columns a route reads. "" means the table has no such

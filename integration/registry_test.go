@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -153,20 +155,28 @@ func TestCheckSchemaRegistry(t *testing.T) {
 	}
 	check := func(autoRegister string) cmdResult {
 		route := testenv.Route{Table: "public.outbox", Topic: f.topic("registry"), More: testenv.Section{"value": "payload",
-			"schema": `{registry: "` + reg.URL + `", subject_strategy: record, auto_register: ` + autoRegister + `, schemas: {comanda.creada: "` + schemaFile + `"}}`}}
+			"schema": `{registry: "` + reg.URL + `", subject_strategy: record, key: registered, auto_register: ` + autoRegister + `, schemas: {comanda.creada: "` + schemaFile + `"}}`}}
 		return outboxd(t, f.dsn, "check", "-c", f.configFile(f.config(route)))
 	}
 	wantCheckFails(t, check("false"), "schema registry routes[0]", `not registered: comanda.creada (subject "comanda.creada")`, "auto_register: true")
+	wantCheckFails(t, check("false"), "schema registry routes[0] key", fmt.Sprintf(`is not registered under subject "%s-key"`, f.topic("registry")), "auto_register: true")
 	r := check("true")
 	if l := r.line("PASS schema registry routes[0]:"); !strings.Contains(l, `subject "comanda.creada" registrable (auto_register), compatibility`) {
 		t.Fatalf("with auto_register: %q\n%s", l, r)
 	}
+	if l := r.line("PASS schema registry routes[0] key:"); !strings.Contains(l, fmt.Sprintf(`keys: subject "%s-key" registrable (auto_register), compatibility`, f.topic("registry"))) {
+		t.Fatalf("the key with auto_register: %q\n%s", l, r)
+	}
 	// outboxd registers it at start.
 	d := f.start(f.config(testenv.Route{Table: "public.outbox", Topic: f.topic("registry"), More: testenv.Section{"value": "payload",
-		"schema": `{registry: "` + reg.URL + `", subject_strategy: record, auto_register: true, schemas: {comanda.creada: "` + schemaFile + `"}}`}}))
+		"schema": `{registry: "` + reg.URL + `", subject_strategy: record, key: registered, auto_register: true, schemas: {comanda.creada: "` + schemaFile + `"}}`}}))
 	d.term()
-	if l := check("false").line("PASS schema registry routes[0]:"); !strings.Contains(l, `comanda.creada: subject "comanda.creada" version 1 (id `) {
+	r = check("false")
+	if l := r.line("PASS schema registry routes[0]:"); !strings.Contains(l, `comanda.creada: subject "comanda.creada" version 1 (id `) {
 		t.Fatalf("once registered: %q", l)
+	}
+	if l := r.line("PASS schema registry routes[0] key:"); !strings.Contains(l, fmt.Sprintf(`keys written with subject "%s-key" version 1 (id `, f.topic("registry"))) {
+		t.Fatalf("the key once registered: %q", l)
 	}
 	if err := reg.Stop(); err != nil {
 		t.Fatal(err)
@@ -182,44 +192,27 @@ const orderAvro = `{"type": "record", "name": "ComandaCreada", "namespace": "km0
 // TestSchemaRegistryAvro: format avro writes carrega in Avro's binary
 // encoding by the schema (registered under its full name), read back with
 // confluent-kafka's AvroDeserializer (which fetches the writer's schema by
-// id): every row its event, the field missing from carrega at its default;
-// a row the schema cannot take is dead-lettered with where it fails.
+// id): every row its event, the field missing from carrega at its default,
+// the key registered too (schema.key: registered, subject <topic>-key) and
+// read by the same deserializer; a row the schema cannot take is
+// dead-lettered with where it fails.
 func TestSchemaRegistryAvro(t *testing.T) {
 	kafkaOnly(t)
-	f := newFixture(t, seedSchema, map[string]int{"avro": 2, "avro.dlq": 1})
-	ctx := context.Background()
-	dir := t.TempDir()
-	reg := startRegistry(t, filepath.Join(dir, "svc"))
-	t.Cleanup(func() { _ = reg.Stop() })
-	schemaFile := filepath.Join(dir, "comanda-creada.avsc")
-	if err := os.WriteFile(schemaFile, []byte(orderAvro), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	topic, dlq := f.topic("avro"), f.topic("avro.dlq")
-	d := f.start(f.config(testenv.Route{Table: "public.outbox", Topic: topic, More: testenv.Section{
-		"value": "payload", "on_error": "dead_letter", "dead_letter_topic": dlq,
-		"schema": `{registry: "` + reg.URL + `", format: avro, subject_strategy: record, auto_register: true, schemas: {comanda.creada: "` + schemaFile + `"}}`,
-	}}))
-	rows := insertRows(t, f.db, "outbox", 30, "now()", false)
-	if _, err := f.db.Exec(ctx, `INSERT INTO outbox (id, agregat, agregat_id, tipus, carrega) VALUES
-		('00000000-0000-4000-8000-00000000bad2', 'comanda', 'P-1', 'comanda.creada', '{"n": 1.5}')`); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, 60*time.Second, "every good row in the topic", func() bool { return f.topicSize(topic) >= int64(len(rows)) })
-	cctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
-	recs, err := testenv.ReadRegistered(cctx, env.KafkaBrokers, reg.URL, topic, "avro", len(rows))
-	if err != nil {
-		t.Fatal(err)
-	}
+	w := writeRegistered(t, "avro", "comanda-creada.avsc", orderAvro, "subject_strategy: record, key: registered", `{"n": 1.5}`)
+	dlq, d, rows, recs := w.dlq, w.d, w.rows, w.recs
 	seen := map[int]int{}
 	for _, r := range recs {
 		var v struct {
 			N     int
 			Canal string
 		}
-		if r.Error != "" || json.Unmarshal(r.Value, &v) != nil || v.Canal != "web" {
-			t.Fatalf("record %d/%d: %s %s", r.Partition, r.Offset, r.Value, r.Error)
+		var key string
+		if r.Error != "" || json.Unmarshal(r.Value, &v) != nil || v.Canal != "web" || json.Unmarshal(r.Key, &key) != nil {
+			t.Fatalf("record %d/%d: %s %s %s", r.Partition, r.Offset, r.Key, r.Value, r.Error)
+		}
+		// The key registered too: the row's agregat_id ('P-' || n % 5).
+		if want := fmt.Sprintf("P-%d", v.N%5); key != want {
+			t.Errorf("record %d/%d: key %q read by the AvroDeserializer, want %q", r.Partition, r.Offset, key, want)
 		}
 		seen[v.N]++
 	}
@@ -230,8 +223,101 @@ func TestSchemaRegistryAvro(t *testing.T) {
 	if reason := header(dl[0], "outboxd.error"); !strings.Contains(reason, `cannot be written by the schema of subject "km0.ComandaCreada"`) || !strings.Contains(reason, "at /n: the schema wants int (an integer)") {
 		t.Fatalf("dead letter reason %q", reason)
 	}
-	t.Logf("%d rows in Avro read back by confluent-kafka's AvroDeserializer (the default filled in); 1 dead-lettered", len(recs))
+	t.Logf("%d rows in Avro, keys registered too, read back by confluent-kafka's AvroDeserializer (the default filled in); 1 dead-lettered", len(recs))
 	d.term()
+}
+
+const orderProto = `syntax = "proto3";
+package km0;
+message ComandaCreada {
+  int32 n = 1;
+  string canal = 2;
+}
+`
+
+// TestSchemaRegistryProtobuf: format protobuf reads carrega by Protobuf's
+// JSON mapping into the schema's first message (registered under the
+// topic's subject) and writes it behind the schema id and the message
+// indexes; read back with confluent-kafka's ProtobufDeserializer into the
+// class protoc generates from the same file: every row its event; a row
+// the message cannot take (a member it does not have) is dead-lettered
+// naming the member.
+func TestSchemaRegistryProtobuf(t *testing.T) {
+	kafkaOnly(t)
+	w := writeRegistered(t, "protobuf", "comanda_creada.proto", orderProto, "", `{"n": 1, "secreta": "x"}`)
+	topic, dlq, d, rows, recs := w.topic, w.dlq, w.d, w.rows, w.recs
+	seen := map[int]int{}
+	for _, r := range recs {
+		var v struct {
+			N     int
+			Canal *string
+		}
+		if r.Error != "" || json.Unmarshal(r.Value, &v) != nil || v.Canal == nil || *v.Canal != "" {
+			t.Fatalf("record %d/%d: %s %s", r.Partition, r.Offset, r.Value, r.Error)
+		}
+		seen[v.N]++
+	}
+	if len(recs) != len(rows) || len(seen) != len(rows) {
+		t.Fatalf("%d records, %d distinct events, want %d", len(recs), len(seen), len(rows))
+	}
+	dl := consumeExactly(t, dlq, 1)
+	if reason := header(dl[0], "outboxd.error"); !strings.Contains(reason, fmt.Sprintf(`cannot be written by the schema of subject "%s-value"`, topic)) || !strings.HasSuffix(reason, `unknown field "secreta"`) {
+		t.Fatalf("dead letter reason %q", reason)
+	}
+	t.Logf("%d rows in Protobuf read back by confluent-kafka's ProtobufDeserializer; 1 dead-lettered", len(recs))
+	d.term()
+}
+
+// registered is what writeRegistered did and read.
+type registered struct {
+	topic, dlq string
+	d          *daemon
+	rows       []outboxRow
+	recs       []testenv.Registered
+}
+
+// writeRegistered runs outboxd on a route writing format (its schema the
+// text, in a file named file, auto-registered, with more schema keys) to a
+// real registry, with a dead-letter topic; inserts 30 good rows and one
+// whose carrega is bad; and reads the good ones back with confluent-kafka's
+// deserializer of format.
+func writeRegistered(t *testing.T, format, file, text, more, bad string) registered {
+	t.Helper()
+	f := newFixture(t, seedSchema, map[string]int{format: 2, format + ".dlq": 1})
+	ctx := context.Background()
+	dir := t.TempDir()
+	reg := startRegistry(t, filepath.Join(dir, "svc"))
+	t.Cleanup(func() { _ = reg.Stop() })
+	schemaFile := filepath.Join(dir, file)
+	if err := os.WriteFile(schemaFile, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if more != "" {
+		more += ", "
+	}
+	w := registered{topic: f.topic(format), dlq: f.topic(format + ".dlq")}
+	w.d = f.start(f.config(testenv.Route{Table: "public.outbox", Topic: w.topic, More: testenv.Section{
+		"value": "payload", "on_error": "dead_letter", "dead_letter_topic": w.dlq,
+		"schema": `{registry: "` + reg.URL + `", format: ` + format + `, auto_register: true, ` + more + `schemas: {comanda.creada: "` + schemaFile + `"}}`,
+	}}))
+	w.rows = insertRows(t, f.db, "outbox", 30, "now()", false)
+	if _, err := f.db.Exec(ctx, `INSERT INTO outbox (id, agregat, agregat_id, tipus, carrega) VALUES
+		('00000000-0000-4000-8000-00000000bad2', 'comanda', 'P-1', 'comanda.creada', $1)`, bad); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 60*time.Second, "every good row in the topic", func() bool { return f.topicSize(w.topic) >= int64(len(w.rows)) })
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	var protoFile []string
+	if format == "protobuf" {
+		protoFile = append(protoFile, schemaFile)
+	}
+	recs, err := testenv.ReadRegistered(cctx, env.KafkaBrokers, reg.URL, w.topic, format, len(w.rows), protoFile...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.recs = recs
+	return w
 }
 
 // startRegistry starts an Apicurio Registry in dir; without a Java 21 the
@@ -246,4 +332,84 @@ func startRegistry(t *testing.T, dir string) *testenv.Registry {
 		t.Fatal(err)
 	}
 	return reg
+}
+
+// TestCloudEventsWithRegistry: a binary CloudEvent's data in the registry's
+// wire format, for each format (three routes of one table): the CloudEvents
+// SDK reads every event's attributes, ce_dataschema naming the schema by
+// its id in the registry and datacontenttype the format's media type, and
+// confluent-kafka's deserializer of the format reads its data back to the
+// row's carrega.
+func TestCloudEventsWithRegistry(t *testing.T) {
+	kafkaOnly(t)
+	f := newFixture(t, seedSchema, map[string]int{"ce.json": 2, "ce.avro": 2, "ce.proto": 2})
+	dir := t.TempDir()
+	reg := startRegistry(t, filepath.Join(dir, "svc"))
+	t.Cleanup(func() { _ = reg.Stop() })
+	formats := []struct{ format, file, text, filter, contentType string }{
+		{"json_schema", "comanda-creada.json", orderSchema, "", "application/json"},
+		{"avro", "comanda-creada.avsc", orderAvro, "{agregat: comanda}", "application/avro"},
+		{"protobuf", "comanda_creada.proto", orderProto, "{tipus: comanda.creada}", "application/protobuf"},
+	}
+	var routes []testenv.Route
+	topics := map[string]string{"json_schema": f.topic("ce.json"), "avro": f.topic("ce.avro"), "protobuf": f.topic("ce.proto")}
+	files := map[string]string{}
+	for _, c := range formats {
+		files[c.format] = filepath.Join(dir, c.file)
+		if err := os.WriteFile(files[c.format], []byte(c.text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		more := testenv.Section{"value": "cloudevents",
+			"schema": `{registry: "` + reg.URL + `", format: ` + c.format + `, auto_register: true, schemas: {comanda.creada: "` + files[c.format] + `"}}`}
+		if c.filter != "" {
+			more["filter"] = c.filter
+		}
+		routes = append(routes, testenv.Route{Table: "public.outbox", Topic: topics[c.format], More: more})
+	}
+	d := f.start(f.config(routes...))
+	rows := insertRows(t, f.db, "outbox", 20, "now()", false)
+	byID := map[string]bool{}
+	for _, r := range rows {
+		byID[r.id] = true
+	}
+	for _, c := range formats {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		args := []string{reg.URL, c.format}
+		if c.format == "protobuf" {
+			args = append(args, files[c.format])
+		}
+		events, err := testenv.ReadCloudEvents(ctx, env.KafkaBrokers, topics[c.format], len(rows), args...)
+		cancel()
+		if err != nil {
+			t.Fatalf("%s: %v", c.format, err)
+		}
+		seen := map[string]bool{}
+		for _, e := range events {
+			if e.Error != "" {
+				t.Fatalf("%s: record %d/%d refused: %s", c.format, e.Partition, e.Offset, e.Error)
+			}
+			id, _ := e.Attributes["id"].(string)
+			schema, _ := e.Attributes["dataschema"].(string)
+			var data struct{ N *int }
+			if !byID[id] || seen[id] || e.Attributes["datacontenttype"] != c.contentType ||
+				!strings.HasPrefix(schema, reg.URL+"/schemas/ids/") || json.Unmarshal(e.Data, &data) != nil || data.N == nil {
+				t.Fatalf("%s: event %v, data %s", c.format, e.Attributes, e.Data)
+			}
+			seen[id] = true
+		}
+		if len(seen) != len(rows) {
+			t.Fatalf("%s: %d events, want %d", c.format, len(seen), len(rows))
+		}
+		// The dataschema resolves: the registry serves the schema there.
+		res, err := http.Get(events[0].Attributes["dataschema"].(string))
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != 200 {
+			t.Errorf("%s: GET dataschema %s: %s", c.format, events[0].Attributes["dataschema"], res.Status)
+		}
+	}
+	t.Logf("%d rows as binary CloudEvents in each of JSON Schema, Avro and Protobuf, read by the CloudEvents SDK and confluent-kafka's deserializers", len(rows))
+	d.term()
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/schemareg"
 )
 
@@ -32,6 +33,9 @@ func checkRegistries(ctx context.Context, cfg target) []Result {
 		}
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		out = append(out, checkRegistry(cctx, client, name, r.Topic, s.Format, s.SubjectStrategy, s.AutoRegister, s.Texts, s.Version))
+		if s.Key == config.KeyRegistered {
+			out = append(out, checkKey(cctx, client, name+" key", r.Topic, s.Format, s.AutoRegister))
+		}
 		cancel()
 	}
 	return out
@@ -99,4 +103,34 @@ func checkRegistry(ctx context.Context, c *schemareg.Client, name, topic, format
 			"register them (POST /subjects/<subject>/versions), or set schema.auto_register: true")
 	}
 	return pass(name, "%s", strings.Join(parts, "; "))
+}
+
+// checkKey reports the subject of a route's registered keys: the key
+// schema registered there (its version and id), or registrable.
+func checkKey(ctx context.Context, c *schemareg.Client, name, topic, format string, autoRegister bool) Result {
+	subject, text, typ := schemareg.KeySubject(topic), schemareg.KeySchema(format), schemareg.SchemaType(format)
+	level, err := c.Compatibility(ctx, subject)
+	if err != nil {
+		return fail(name, oneLine(err.Error()), "outboxd waits at start until the registry answers: check routes[].schema.registry and that the registry is up")
+	}
+	r, err := c.Lookup(ctx, subject, text, typ)
+	var e *schemareg.Error
+	switch {
+	case err == nil:
+		return pass(name, "keys written with subject %q version %d (id %d), compatibility %s", subject, r.Version, r.ID, level)
+	case !errors.As(err, &e) || e.Status != 404:
+		return fail(name, oneLine(err.Error()), "check routes[].schema.registry and that the registry is up")
+	case !autoRegister:
+		return fail(name, fmt.Sprintf("the key schema %s is not registered under subject %q: outboxd would stop at start", text, subject),
+			"register it, or set schema.auto_register: true")
+	}
+	ok, err := c.Compatible(ctx, subject, text, typ)
+	switch {
+	case err != nil:
+		return fail(name, oneLine(err.Error()), "check routes[].schema.registry and that the registry is up")
+	case !ok:
+		return fail(name, fmt.Sprintf("the key schema %s is not compatible with subject %q's latest version (compatibility %s)", text, subject, level),
+			"the subject holds keys of another schema: use another topic, or key: string")
+	}
+	return pass(name, "keys: subject %q registrable (auto_register), compatibility %s", subject, level)
 }

@@ -62,6 +62,14 @@ type Producer interface {
 	Produce(r *outboxd.Record) error
 }
 
+// Tracer follows a record from its commit to Kafka's answer
+// (tracing.Tracer): Start returns the Acker to put in next's place, which
+// tells next the outcome exactly once, and may set the record's
+// traceparent header.
+type Tracer interface {
+	Start(rec *outboxd.Record, pos envelope.Position, source string, next outboxd.Acker) outboxd.Acker
+}
+
 // Unit is what the acknowledgements of records count toward (for the
 // stream, a transaction: replication.Txn).
 type Unit interface {
@@ -81,6 +89,8 @@ type Config struct {
 	// whose id is id (postgres.mark_published: republish.Marker.Wrap): its
 	// outcome counts only once the row is marked published.
 	Mark func(table string, id []byte, next outboxd.Acker) outboxd.Acker
+	// Trace, when set, makes a span of every record (tracing.Tracer).
+	Trace Tracer
 	// MaxEvents bounds the records in flight (at least 1); MaxBytes their
 	// bytes (0: no bound).
 	MaxEvents int
@@ -106,6 +116,7 @@ type Publisher struct {
 	router    *envelope.Router
 	prod      Producer
 	mark      func(table string, id []byte, next outboxd.Acker) outboxd.Acker
+	trace     Tracer
 	maxEvents int64
 	maxBytes  int64
 	timeout   time.Duration
@@ -145,7 +156,7 @@ type Publisher struct {
 
 // New returns a Publisher; it starts nothing.
 func New(cfg Config) *Publisher {
-	p := &Publisher{router: cfg.Router, prod: cfg.Producer, mark: cfg.Mark,
+	p := &Publisher{router: cfg.Router, prod: cfg.Producer, mark: cfg.Mark, trace: cfg.Trace,
 		maxEvents: int64(max(cfg.MaxEvents, 1)), maxBytes: cfg.MaxBytes, timeout: cfg.DeliveryTimeout,
 		source: cfg.Source, again: cfg.Again, clock: clock.Or(cfg.Clock), log: cfg.Log, wake: make(chan struct{}, 1)}
 	if p.log == nil {
@@ -203,7 +214,7 @@ func (p *Publisher) Change(u Unit, bs []*envelope.Binding, row []envelope.Column
 			// message has no row: not marked).
 			rec.Ack = p.mark(b.Name, rec.RowID, k)
 		}
-		if err := p.produce(rec); err != nil {
+		if err := p.produce(rec, pos); err != nil {
 			return err
 		}
 	}
@@ -220,7 +231,7 @@ func (p *Publisher) DeadLetter(u Unit, b *envelope.Binding, row []envelope.Colum
 	p.log.Warn("row dead-lettered", "table", b.Name, "topic", rec.Topic, "lsn", at, "reason", reason.Error())
 	p.deadLettered.Add(1)
 	rec.Ack = p.hold(u, rec.Size(), nil, pos.CommitLSN)
-	return p.produce(rec)
+	return p.produce(rec, pos)
 }
 
 // BadRowError is a change that cannot become a record on a route without a
@@ -251,9 +262,14 @@ func (p *Publisher) label(commitLSN pglogrepl.LSN) string {
 	return commitLSN.String()
 }
 
-// produce hands rec to the producer, which copies it; rec is cleared, so
-// that nothing keeps the change's memory alive.
-func (p *Publisher) produce(rec *outboxd.Record) error {
+// produce hands rec, of a change at pos, to the producer, which copies
+// it; rec is cleared, so that nothing keeps the change's memory alive.
+// With a Tracer, the record's span starts here and its Acker, outermost,
+// ends it.
+func (p *Publisher) produce(rec *outboxd.Record, pos envelope.Position) error {
+	if p.trace != nil {
+		rec.Ack = p.trace.Start(rec, pos, p.source, rec.Ack)
+	}
 	err := p.prod.Produce(rec)
 	*rec = outboxd.Record{}
 	if err == nil {
@@ -301,7 +317,7 @@ func (p *Publisher) ReplaceRefused() error {
 		if rf.u != nil {
 			rf.u.Release(nil) // replaced: its place is held by rec
 		}
-		if err := p.produce(rec); err != nil && first == nil {
+		if err := p.produce(rec, envelope.Position{CommitLSN: rf.lsn}); err != nil && first == nil {
 			first = err
 		}
 	}

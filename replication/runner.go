@@ -74,6 +74,8 @@ type Config struct {
 	// whose id is id (postgres.mark_published): next learns the outcome
 	// only once the row is marked published.
 	Mark func(table string, id []byte, next outboxd.Acker) outboxd.Acker
+	// Trace, when set, makes a span of every record (tracing.Tracer).
+	Trace publish.Tracer
 	// OnStreaming, when set, is called when a stream begins: the slot and
 	// the publication exist from then on (the health monitor reads them
 	// again at once).

@@ -113,7 +113,7 @@ func (r *Runner) session(ctx context.Context) (err error) {
 // the one told of its events.
 func (r *Runner) newStream(conn *pgconn.PgConn, prod Producer, start pglogrepl.LSN, partitions map[catalog.Table]catalog.Table) *stream {
 	tracker := NewTracker(start, r.cfg.OnConfirm)
-	pub := publish.New(publish.Config{Router: r.router, Producer: prod, Mark: r.cfg.Mark,
+	pub := publish.New(publish.Config{Router: r.router, Producer: prod, Mark: r.cfg.Mark, Trace: r.cfg.Trace,
 		MaxEvents: r.cfg.MaxInFlightEvents, MaxBytes: r.cfg.MaxInFlightBytes, DeliveryTimeout: r.cfg.DeliveryTimeout,
 		Again: "start outboxd again; nothing after it is lost, the slot stays before it", Clock: r.clock, Log: r.log})
 	r.streaming(tracker, pub, start)

@@ -53,6 +53,7 @@ type Replayer struct {
 	// every few seconds while it does.
 	OnWait      func(Waiting)
 	MaxInFlight int
+	Trace       publish.Tracer // nil: no spans
 	// DeliveryTimeout: Kafka acknowledging nothing for this long fails the
 	// replay (kafka.delivery_timeout).
 	DeliveryTimeout time.Duration
@@ -98,7 +99,7 @@ func (r *Replayer) Replay(ctx context.Context, req ReplayRequest, prod publish.P
 	}
 
 	c := clock.Or(r.Clock)
-	p := newPublication(publish.Config{Router: r.Router, Producer: prod, MaxEvents: r.MaxInFlight, DeliveryTimeout: r.DeliveryTimeout,
+	p := newPublication(publish.Config{Router: r.Router, Producer: prod, Trace: r.Trace, MaxEvents: r.MaxInFlight, DeliveryTimeout: r.DeliveryTimeout,
 		Source: "replay", Clock: c, Log: r.Log}, nil)
 	p.total = total
 	stop := func() {}

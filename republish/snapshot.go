@@ -27,7 +27,8 @@ type Snapshotter struct {
 	Conn        *pgconn.Config
 	Router      *envelope.Router
 	Tables      []envelope.Table
-	Marker      *Marker // nil: publicat_en is left as it is
+	Marker      *Marker        // nil: publicat_en is left as it is
+	Trace       publish.Tracer // nil: no spans
 	MaxInFlight int
 	// DeliveryTimeout: Kafka acknowledging nothing for this long fails the
 	// publication (kafka.delivery_timeout); the next session does the
@@ -87,7 +88,7 @@ func (s *Snapshotter) Publish(ctx context.Context, snapshot, consistentPoint str
 		sels = append(sels, sel)
 	}
 
-	p := newPublication(publish.Config{Router: s.Router, Producer: prod, MaxEvents: s.MaxInFlight, DeliveryTimeout: s.DeliveryTimeout,
+	p := newPublication(publish.Config{Router: s.Router, Producer: prod, Trace: s.Trace, MaxEvents: s.MaxInFlight, DeliveryTimeout: s.DeliveryTimeout,
 		Source: "snapshot " + consistentPoint, Clock: c, Log: s.Log}, s.Marker)
 	p.total = total
 	stopReport := every(c, s.ProgressEvery, 5*time.Second, func() {

@@ -10,17 +10,17 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
-	"os"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/outboxd/outboxd/certs"
 )
 
 // Options say how to reach the registry.
@@ -46,13 +46,9 @@ func NewClient(o Options) (*Client, error) {
 	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	if o.CAFile != "" {
-		pem, err := os.ReadFile(o.CAFile)
+		pool, err := certs.CAPool(o.CAFile)
 		if err != nil {
 			return nil, fmt.Errorf("schema registry CA file: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("schema registry CA file %s: no PEM certificate", o.CAFile)
 		}
 		tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
 	}
@@ -77,12 +73,22 @@ func (e *Error) Error() string {
 
 // Permanent: asking again will not help (a 4xx other than 408 and 429: a
 // missing subject or schema, an invalid or incompatible schema, refused
-// credentials). Anything else, the network's failures included, is an
+// credentials; or a schema outboxd cannot read). Anything else, the network's failures included, is an
 // outage to wait out.
 func Permanent(err error) bool {
 	var e *Error
-	return errors.As(err, &e) && e.Status >= 400 && e.Status < 500 && e.Status != http.StatusRequestTimeout && e.Status != http.StatusTooManyRequests
+	var own permanentError
+	return errors.As(err, &own) ||
+		errors.As(err, &e) && e.Status >= 400 && e.Status < 500 && e.Status != http.StatusRequestTimeout && e.Status != http.StatusTooManyRequests
 }
+
+// permanentError is a refusal of outboxd's own, not the registry's: a
+// schema that does not parse, of another type than the route's format.
+type permanentError struct{ error }
+
+func (e permanentError) Unwrap() error { return e.error }
+
+func permanent(err error) error { return permanentError{err} }
 
 // Registered is one version of a subject's schema.
 type Registered struct {

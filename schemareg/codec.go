@@ -13,6 +13,7 @@ import (
 
 	"github.com/hamba/avro/v2"
 	"github.com/santhosh-tekuri/jsonschema/v6"
+	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
 // Subject name strategies (Confluent's TopicNameStrategy,
@@ -23,17 +24,23 @@ const (
 	StrategyTopicRecord = "topic_record"
 )
 
-// The formats written: JSON Schema (the value is carrega, validated) and
-// Avro (carrega written in Avro's binary encoding by the schema).
+// The formats written: JSON Schema (the value is carrega, validated), Avro
+// (carrega written in Avro's binary encoding by the schema) and Protobuf
+// (carrega read by Protobuf's JSON mapping into the schema's first message
+// and written in Protobuf's binary encoding).
 const (
 	FormatJSONSchema = "json_schema"
 	FormatAvro       = "avro"
+	FormatProtobuf   = "protobuf"
 )
 
 // SchemaType is the registry's name of a format's schemas.
 func SchemaType(format string) string {
-	if format == FormatAvro {
+	switch format {
+	case FormatAvro:
 		return "AVRO"
+	case FormatProtobuf:
+		return "PROTOBUF"
 	}
 	return "JSON"
 }
@@ -62,10 +69,19 @@ type entry struct {
 	subject string
 	id      int
 	version int
-	schema  *jsonschema.Schema // json_schema
-	avro    avro.Schema        // avro
-	prefix  [5]byte            // the wire format's magic byte and id
+	schema  *jsonschema.Schema             // json_schema
+	avro    avro.Schema                    // avro
+	proto   protoreflect.MessageDescriptor // protobuf: the schema's first message
+	// prefix is what comes before the encoded value: the wire format's
+	// magic byte and id, and for Protobuf the message indexes ([0]: 0).
+	prefix []byte
+	// uri is the schema's address in the registry (a CloudEvent's
+	// dataschema), contentType the media type of the values it writes.
+	uri, contentType []byte
 }
+
+// contentTypes are the media types of the formats' values.
+var contentTypes = map[string]string{FormatJSONSchema: "application/json", "": "application/json", FormatAvro: "application/avro", FormatProtobuf: "application/protobuf"}
 
 // Resolve finds each schema of spec under its subject (registering it with
 // AutoRegister), or reads the subject's, for a route whose topic is topic.
@@ -79,8 +95,9 @@ func Resolve(ctx context.Context, c *Client, topic string, spec Spec) (*Codec, e
 		}
 		e, err := newEntry(spec.Format, r)
 		if err != nil {
-			return nil, err
+			return nil, permanent(err)
 		}
+		e.describe(c, spec.Format)
 		return &Codec{only: e}, nil
 	}
 	codec := &Codec{byKey: map[string]*entry{}}
@@ -93,7 +110,7 @@ func Resolve(ctx context.Context, c *Client, topic string, spec Spec) (*Codec, e
 		text := spec.Schemas[key]
 		subject, err := Subject(spec.Format, spec.Strategy, topic, key, text)
 		if err != nil {
-			return nil, fmt.Errorf("schema of %s: %w", key, err)
+			return nil, permanent(fmt.Errorf("schema of %s: %w", key, err))
 		}
 		if spec.AutoRegister {
 			if _, err := c.Register(ctx, subject, text, SchemaType(spec.Format)); err != nil {
@@ -113,19 +130,31 @@ func Resolve(ctx context.Context, c *Client, topic string, spec Spec) (*Codec, e
 		r.Schema, r.SchemaType = text, SchemaType(spec.Format)
 		e, err := newEntry(spec.Format, r)
 		if err != nil {
-			return nil, fmt.Errorf("schema of %s: %w", key, err)
+			return nil, permanent(fmt.Errorf("schema of %s: %w", key, err))
 		}
+		e.describe(c, spec.Format)
 		codec.byKey[key] = e
 	}
 	return codec, nil
 }
 
 // Subject names the subject of the schema of key (tipus or tipus/versio)
-// on a route to topic: the record name is a JSON Schema's title or an Avro
-// schema's full name, else the tipus.
+// on a route to topic: the record name is a JSON Schema's title, an Avro
+// schema's full name or a Protobuf schema's first message's, else the
+// tipus.
 func Subject(format, strategy, topic, key, text string) (string, error) {
 	if strategy == "" || strategy == StrategyTopic {
 		return topic + "-value", nil
+	}
+	if format == FormatProtobuf {
+		md, err := protoMessage(text)
+		if err != nil {
+			return "", err
+		}
+		if strategy == StrategyRecord {
+			return string(md.FullName()), nil
+		}
+		return topic + "-" + string(md.FullName()), nil
 	}
 	var doc struct {
 		Title     string `json:"title"`
@@ -151,6 +180,13 @@ func Subject(format, strategy, topic, key, text string) (string, error) {
 	return topic + "-" + record, nil
 }
 
+// describe names e's schema by its id in c's registry (Confluent's GET
+// /schemas/ids/<id>).
+func (e *entry) describe(c *Client, format string) {
+	e.uri = []byte(c.base + "/schemas/ids/" + strconv.Itoa(e.id))
+	e.contentType = []byte(contentTypes[format])
+}
+
 func newEntry(format string, r Registered) (*entry, error) {
 	typ := r.SchemaType
 	if typ == "" {
@@ -159,8 +195,17 @@ func newEntry(format string, r Registered) (*entry, error) {
 	if typ != SchemaType(format) {
 		return nil, fmt.Errorf("subject %q version %d is a %s schema, and the route's format is %s", r.Subject, r.Version, typ, formatName(format))
 	}
-	e := &entry{subject: r.Subject, id: r.ID, version: r.Version}
+	e := &entry{subject: r.Subject, id: r.ID, version: r.Version, prefix: make([]byte, 5, 6)}
 	binary.BigEndian.PutUint32(e.prefix[1:], uint32(r.ID))
+	if format == FormatProtobuf {
+		md, err := protoMessage(r.Schema)
+		if err != nil {
+			return nil, fmt.Errorf("subject %q version %d: %w", r.Subject, r.Version, err)
+		}
+		e.proto = md
+		e.prefix = append(e.prefix, 0) // message indexes [0]: the first message
+		return e, nil
+	}
 	if format == FormatAvro {
 		sch, err := avro.Parse(r.Schema)
 		if err != nil {
@@ -200,22 +245,22 @@ func formatName(format string) string {
 // written, by where it fails the schema and which keyword, never by what
 // it holds.
 func (c *Codec) Encode(dst, data, tipus []byte, versio int64) ([]byte, error) {
-	e := c.only
+	e := c.entry(tipus, versio)
 	if e == nil {
-		key := string(tipus) + "/" + strconv.FormatInt(versio, 10)
-		if e = c.byKey[key]; e == nil {
-			e = c.byKey[string(tipus)]
-		}
-		if e == nil {
-			return nil, fmt.Errorf("no schema for tipus %q (versio %d) in the route's schema.schemas", tipus, versio)
-		}
+		return nil, fmt.Errorf("no schema for tipus %q (versio %d) in the route's schema.schemas", tipus, versio)
 	}
-	if e.avro != nil {
-		enc, err := avroOf(e.avro, data)
+	if e.avro != nil || e.proto != nil {
+		var enc []byte
+		var err error
+		if e.avro != nil {
+			enc, err = avroOf(e.avro, data)
+		} else {
+			enc, err = protoOf(e.proto, data)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("cannot be written by the schema of subject %q version %d (id %d): %v", e.subject, e.version, e.id, err)
 		}
-		dst = append(dst, e.prefix[:]...)
+		dst = append(dst, e.prefix...)
 		return append(dst, enc...), nil
 	}
 	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(data))
@@ -225,8 +270,31 @@ func (c *Codec) Encode(dst, data, tipus []byte, versio int64) ([]byte, error) {
 	if err := e.schema.Validate(v); err != nil {
 		return nil, fmt.Errorf("does not match the schema of subject %q version %d (id %d): %s", e.subject, e.version, e.id, where(err))
 	}
-	dst = append(dst, e.prefix[:]...)
+	dst = append(dst, e.prefix...)
 	return append(dst, data...), nil
+}
+
+// entry is the schema of tipus/versio, else of tipus, else the only one;
+// nil when none.
+func (c *Codec) entry(tipus []byte, versio int64) *entry {
+	if c.only != nil {
+		return c.only
+	}
+	if e := c.byKey[string(tipus)+"/"+strconv.FormatInt(versio, 10)]; e != nil {
+		return e
+	}
+	return c.byKey[string(tipus)]
+}
+
+// Describe is the URI in the registry of the schema Encode writes
+// tipus/versio with, and the media type of its values; nil when there is
+// none.
+func (c *Codec) Describe(tipus []byte, versio int64) (dataschema, contentType []byte) {
+	e := c.entry(tipus, versio)
+	if e == nil {
+		return nil, nil
+	}
+	return e.uri, e.contentType
 }
 
 // where is the first leaf of a validation error: the value's location and

@@ -88,8 +88,11 @@ type batch struct {
 	baseTime int64 // ms, the first record's timestamp
 	maxTime  int64
 	acks     []pending
-	kvBytes  int64     // sum of the records' key and value bytes, for the observer
-	created  time.Time // when its first record was added (linger)
+	// offset is the first record's offset in the broker's last answer to
+	// the batch, -1 when it did not say (a duplicate, or not answered).
+	offset  int64
+	kvBytes int64     // sum of the records' key and value bytes, for the observer
+	created time.Time // when its first record was added (linger)
 	// abandoned: a request carrying buf was given up while it may still
 	// be read; buf is left to the garbage collector.
 	abandoned bool
@@ -142,7 +145,7 @@ func newBatch(p *partition, now time.Time) *batch {
 	if cap(buf) < 4096 {
 		buf = make([]byte, 0, 16384)
 	}
-	return &batch{part: p, buf: append(buf, make([]byte, batchHeaderLen)...), created: now, pid: -1, epoch: -1, seq: -1}
+	return &batch{part: p, buf: append(buf, make([]byte, batchHeaderLen)...), created: now, pid: -1, epoch: -1, seq: -1, offset: -1}
 }
 
 // release returns the batch's buffer for reuse; the batch is dead after.

@@ -598,10 +598,12 @@ func (b *fakeBroker) RoundTrip(ctx context.Context, addr net.Addr, req protocol.
 				if code == 0 && b.txn != nil && pid >= 0 {
 					code = b.txn.produced(r.TransactionalID, p.id, pid, epoch, raw[offAttributes+1]&(1<<4) != 0, msgs, dup)
 				}
+				base := int64(-1) // a duplicate's: not said
 				switch {
 				case code == 0 && dup && b.dupCode:
 					code = int16(kafka.DuplicateSequenceNumber)
 				case code == 0 && !dup:
+					base = int64(len(b.log[p.id]))
 					b.appendBatch(p.id, pid, epoch, seq, msgs)
 					if lost && b.refuseRetry != nil && len(msgs) == 1 {
 						if c := b.refuseRetry(); c != 0 {
@@ -615,7 +617,10 @@ func (b *fakeBroker) RoundTrip(ctx context.Context, addr net.Addr, req protocol.
 					}
 				}
 				fr.codes[p.id] = code
-				rt.Partitions = append(rt.Partitions, produce.ResponsePartition{Partition: p.id, ErrorCode: code, ErrorMessage: message})
+				if code != 0 {
+					base = -1
+				}
+				rt.Partitions = append(rt.Partitions, produce.ResponsePartition{Partition: p.id, ErrorCode: code, ErrorMessage: message, BaseOffset: base})
 			}
 			res.Topics = append(res.Topics, rt)
 		}
@@ -687,12 +692,13 @@ func decodeRaw(raw []byte) ([]kafka.Message, error) {
 }
 
 type ackRecorder struct {
-	mu    sync.Mutex
-	errs  map[string]error
-	order []string
-	done  chan struct{}
-	ping  chan struct{} // signalled at each outcome
-	want  int
+	mu     sync.Mutex
+	places map[string]int64 // where each record was placed (Place), by value
+	errs   map[string]error
+	order  []string
+	done   chan struct{}
+	ping   chan struct{} // signalled at each outcome
+	want   int
 }
 
 func newAckRecorder(want int) *ackRecorder {
@@ -726,6 +732,49 @@ func (r *ackRecorder) get(k string) error {
 type ack struct {
 	r   *ackRecorder
 	key string
+}
+
+// Place records where the producer said the broker put the record.
+func (a ack) Place(partition int32, offset int64) {
+	a.r.mu.Lock()
+	defer a.r.mu.Unlock()
+	if _, acked := a.r.errs[a.key]; acked {
+		panic("record " + a.key + " placed after its acknowledgement")
+	}
+	if a.r.places == nil {
+		a.r.places = map[string]int64{}
+	}
+	a.r.places[a.key] = int64(partition)<<32 | offset
+}
+
+// checkPlaces: every record acknowledged was placed, at its offset in the
+// broker's log (the fake's only topic), and no other was.
+func checkPlaces(t *testing.T, r *ackRecorder, b *fakeBroker) {
+	t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for k, err := range r.errs {
+		got, placed := r.places[k]
+		if err != nil {
+			if placed {
+				t.Errorf("%s failed (%v) but was placed at %d", k, err, got)
+			}
+			continue
+		}
+		want := int64(-1)
+		for part, vs := range b.log {
+			for off, v := range vs {
+				if v == k {
+					want = int64(part)<<32 | int64(off)
+				}
+			}
+		}
+		if !placed || got != want {
+			t.Errorf("%s placed at %d/%d (placed: %t), the broker holds it at %d/%d", k, got>>32, got&0xffffffff, placed, want>>32, want&0xffffffff)
+		}
+	}
 }
 
 func (a ack) Ack(err error) {

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"strings"
 	"syscall"
 
@@ -18,6 +17,8 @@ import (
 	"github.com/segmentio/kafka-go/sasl/aws_msk_iam_v2"
 	"github.com/segmentio/kafka-go/sasl/plain"
 	"github.com/segmentio/kafka-go/sasl/scram"
+
+	"github.com/outboxd/outboxd/certs"
 )
 
 // TLSOptions is kafka.tls, as configured.
@@ -82,13 +83,9 @@ func BuildTLS(o TLSOptions) (*tls.Config, error) {
 		c.MinVersion = v
 	}
 	if o.CAFile != "" {
-		pem, err := os.ReadFile(o.CAFile)
+		pool, err := certs.CAPool(o.CAFile)
 		if err != nil {
 			return nil, fmt.Errorf("kafka.tls.ca_file: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("kafka.tls.ca_file %s holds no PEM certificate", o.CAFile)
 		}
 		c.RootCAs = pool
 	}

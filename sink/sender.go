@@ -12,6 +12,8 @@ import (
 	"github.com/segmentio/kafka-go/protocol"
 	"github.com/segmentio/kafka-go/protocol/produce"
 	"github.com/segmentio/kafka-go/protocol/rawproduce"
+
+	"github.com/outboxd/outboxd"
 )
 
 // maxRounds is how many rounds may be in flight at once with idempotence;
@@ -210,7 +212,7 @@ func (p *Producer) request(todo []*batch, idx []int, errs []error) {
 	if err == nil {
 		if pr, ok := res.(*produce.Response); ok {
 			for _, i := range sent {
-				errs[i] = partitionResult(pr, todo[i].part)
+				todo[i].offset, errs[i] = partitionResult(pr, todo[i].part)
 			}
 			return
 		}
@@ -221,7 +223,9 @@ func (p *Producer) request(todo []*batch, idx []int, errs []error) {
 	}
 }
 
-func partitionResult(res *produce.Response, pt *partition) error {
+// partitionResult is pt's outcome in res: the offset of the batch's first
+// record (-1 when the broker does not say) and the broker's error.
+func partitionResult(res *produce.Response, pt *partition) (int64, error) {
 	for _, t := range res.Topics {
 		if t.Topic != pt.topic {
 			continue
@@ -231,15 +235,15 @@ func partitionResult(res *produce.Response, pt *partition) error {
 				continue
 			}
 			if r.ErrorCode == 0 {
-				return nil
+				return r.BaseOffset, nil
 			}
 			if r.ErrorMessage != "" {
-				return &brokerError{code: kafka.Error(r.ErrorCode), message: r.ErrorMessage}
+				return -1, &brokerError{code: kafka.Error(r.ErrorCode), message: r.ErrorMessage}
 			}
-			return kafka.Error(r.ErrorCode)
+			return -1, kafka.Error(r.ErrorCode)
 		}
 	}
-	return fmt.Errorf("the produce response has no result for %s/%d", pt.topic, pt.id)
+	return -1, fmt.Errorf("the produce response has no result for %s/%d", pt.topic, pt.id)
 }
 
 // completeAll completes settled batches, in order.
@@ -253,10 +257,17 @@ func (p *Producer) completeAll(bs []*batch) {
 	}
 }
 
-// complete tells every record of b its outcome, after observing it.
+// complete tells every record of b its outcome, after observing it; a
+// record whose Acker is a Placer is told its offset first, when the broker
+// said where the batch starts.
 func (p *Producer) complete(b *batch, err error) {
 	p.observe(b.part.topic, int(b.count), b.kvBytes, b.created, err)
-	for _, a := range b.acks {
+	for i, a := range b.acks {
+		if err == nil && b.offset >= 0 {
+			if pl, ok := a.ack.(outboxd.Placer); ok {
+				pl.Place(b.part.id, b.offset+int64(i))
+			}
+		}
 		a.ack.Ack(err)
 	}
 	b.release()

@@ -78,6 +78,7 @@ func TestRetryKeepsOrder(t *testing.T) {
 	if want := "first first first second third"; strings.Join(flat, " ") != want {
 		t.Fatalf("the broker received %q, want %q", flat, want)
 	}
+	checkPlaces(t, r, b) // a batch sent again is placed where its last answer says
 }
 
 // TestRoundCarriesEveryPartition: records for six partitions that arrive
@@ -258,6 +259,7 @@ func TestTooLargeBatchIsSplit(t *testing.T) {
 				t.Errorf("the first request carried %d records, want the batch of 3", len(first))
 			}
 			checkResentBatches(t, b)
+			checkPlaces(t, r, b) // the split batches' records at their own offsets
 
 			if err := r.get("a"); err != nil {
 				t.Errorf("a: %v", err)

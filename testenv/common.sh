@@ -95,3 +95,24 @@ POM
   mv "$lib.tmp" "$lib"
   touch "$lib/.complete"
 }
+
+# stop_service PIDF SECONDS DIR ENVF PORT_VAR: stop the process group led
+# by the pid in PIDF (a setsid'd service: SIGTERM, then SIGKILL after
+# SECONDS), release the port ENVF names in PORT_VAR (claimed for DIR), and
+# remove PIDF and ENVF.
+stop_service() {
+  local pidf="$1" secs="$2" dir="$3" envf="$4" var="$5" pid i
+  if [[ -f "$pidf" ]] && kill -0 "$(cat "$pidf")" 2>/dev/null; then
+    pid="$(cat "$pidf")"
+    kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+    for ((i = 0; i < secs * 5; i++)); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.2
+    done
+    kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
+  fi
+  if [[ -f "$envf" ]]; then
+    release_ports "$dir" "$(read_env "$envf" "$var")"
+  fi
+  rm -f "$pidf" "$envf"
+}

@@ -20,7 +20,7 @@ type Config struct {
 
 	// More keys of each section. Postgres["publication"] and
 	// Health["listen"] replace what Config and NewDaemon would write.
-	Postgres, Kafka, Pipeline, Retention, Health, Log Section
+	Postgres, Kafka, Pipeline, Retention, Health, Log, Tracing Section
 
 	// The process rather than the file: the binary ("" builds this tree's,
 	// see Binary) and more environment ("K=V").
@@ -64,6 +64,7 @@ func (c Config) YAML() string {
 	section(&b, "retention", "  ", nil, c.Retention)
 	section(&b, "health", "  ", nil, c.Health)
 	section(&b, "log", "  ", nil, c.Log)
+	section(&b, "tracing", "  ", nil, c.Tracing)
 	return b.String()
 }
 

@@ -45,15 +45,16 @@ type Registered struct {
 	Partition int             `json:"partition"`
 	Offset    int64           `json:"offset"`
 	SchemaID  int             `json:"schema_id"`
+	Key       json.RawMessage `json:"key"`
 	Value     json.RawMessage `json:"value"`
 	Error     string          `json:"error"`
 }
 
 // ReadRegistered reads n records of topic from its beginning with
-// confluent-kafka's deserializer of format (json_schema, avro) against the
-// registry at url.
-func ReadRegistered(ctx context.Context, brokers, url, topic, format string, n int) ([]Registered, error) {
-	out, err := python(ctx, "read_registry.py", brokers, url, topic, strconv.Itoa(n), format)
+// confluent-kafka's deserializer of format (json_schema, avro, protobuf:
+// then into the first message of protoFile) against the registry at url.
+func ReadRegistered(ctx context.Context, brokers, url, topic, format string, n int, protoFile ...string) ([]Registered, error) {
+	out, err := python(ctx, "read_registry.py", append([]string{brokers, url, topic, strconv.Itoa(n), format}, protoFile...)...)
 	return jsonLines[Registered](out, err, n, "read_registry.py")
 }
 

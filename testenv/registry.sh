@@ -86,19 +86,7 @@ case "$cmd" in
     die "Apicurio Registry did not answer within 60 s; its log: $RD/registry.log"
     ;;
   stop)
-    if running; then
-      pid="$(cat "$PIDF")"
-      kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
-      for ((i = 0; i < 40; i++)); do
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.5
-      done
-      kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
-    fi
-    if [[ -f "$ENVF" ]]; then
-      release_ports "$DIR" "$(read_env "$ENVF" REGISTRY_PORT)"
-    fi
-    rm -f "$PIDF" "$ENVF"
+    stop_service "$PIDF" 20 "$DIR" "$ENVF" REGISTRY_PORT
     ;;
   *)
     sed -n '2,14p' "$0" >&2

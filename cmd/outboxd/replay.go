@@ -84,6 +84,11 @@ func replay(ctx context.Context, path string, a replayArgs, stdout, stderr io.Wr
 		return usageError{err}
 	}
 	log := hclog.New(&hclog.LoggerOptions{Name: "outboxd", Level: hclog.LevelFromString(cfg.Log.Level), JSONFormat: cfg.Log.Format == "json", Output: stderr})
+	tracer, stopTracing, err := startTracing(ctx, cfg, log.Named("tracing"))
+	if err != nil {
+		return usageError{err}
+	}
+	defer stopTracing() // after the producer's Close: every span has ended
 	prod, err := sink.New(sc, log.Named("sink"))
 	if err != nil {
 		return fmt.Errorf("kafka producer: %w", err)
@@ -95,7 +100,7 @@ func replay(ctx context.Context, path string, a replayArgs, stdout, stderr io.Wr
 	if err != nil {
 		return usageError{err}
 	}
-	r := &republish.Replayer{Conn: conn, Router: router, Slot: cfg.Postgres.Slot, Wait: a.wait, MaxInFlight: cfg.Pipeline.MaxInFlightEvents,
+	r := &republish.Replayer{Conn: conn, Router: router, Slot: cfg.Postgres.Slot, Wait: a.wait, MaxInFlight: cfg.Pipeline.MaxInFlightEvents, Trace: tracer,
 		DeliveryTimeout: cfg.Kafka.DeliveryTimeout, Clock: c, Log: log.Named("replay"), OnWait: func(w republish.Waiting) {
 			fmt.Fprintf(stderr, "replay: %d rows to publish, waiting until the slot has passed them (%s of %s): %s\n", w.Rows, w.Waited.Round(time.Second), w.Limit, w.Reason)
 		}}

@@ -34,7 +34,7 @@ func run(ctx context.Context, path string, proc *process) error {
 		Output:     proc.stderr,
 	})
 	proc.useLogger(log)
-	if limit, ok := cfg.Pipeline.SoftMemoryLimit(); ok && os.Getenv("GOMEMLIMIT") == "" {
+	if limit, ok := cfg.SoftMemoryLimit(); ok && os.Getenv("GOMEMLIMIT") == "" {
 		debug.SetMemoryLimit(limit)
 	}
 	conn, err := cfg.Postgres.ConnConfig()
@@ -56,6 +56,12 @@ func run(ctx context.Context, path string, proc *process) error {
 	sc.Partitions = metrics.ObservePartitions
 	sc.Skipped = metrics.ObserveSkipped
 	warnInsecure(cfg, log)
+	tracer, stopTracing, err := startTracing(ctx, cfg, log.Named("tracing"))
+	if err != nil {
+		return usageError{err}
+	}
+	defer stopTracing() // after the runner: every span has ended
+	rc.Trace = tracer
 	if cfg.Health.Listen != "" {
 		// The same question check asks: does the broker answer as Kafka?
 		probe := func(ctx context.Context, addr string) error {
@@ -129,7 +135,7 @@ func onTables(cfg config.Config, tables []envelope.Table, conn *pgconn.Config, r
 		parts = append(parts, part{name: "mark_published", run: func(ctx context.Context) error { marker.Run(ctx); return nil }})
 	}
 	if cfg.Postgres.Snapshot == config.SnapshotPending {
-		snap := &republish.Snapshotter{Conn: conn, Router: router, Tables: tables, Marker: marker,
+		snap := &republish.Snapshotter{Conn: conn, Router: router, Tables: tables, Marker: marker, Trace: rc.Trace,
 			MaxInFlight: cfg.Pipeline.MaxInFlightEvents, DeliveryTimeout: cfg.Kafka.DeliveryTimeout, Log: log.Named("snapshot")}
 		rc.Snapshot = func(ctx context.Context, snapshot, at string, prod replication.Producer) error {
 			return snap.Publish(ctx, snapshot, at, prod)

@@ -33,8 +33,15 @@ func resolveSchemas(ctx context.Context, cfg config.Config, routing *envelope.Ro
 		spec := schemareg.Spec{Format: s.Format, Strategy: s.SubjectStrategy, AutoRegister: s.AutoRegister, Schemas: s.Texts, Version: s.Version}
 		for attempt := 0; ; attempt++ {
 			codec, err := schemareg.Resolve(ctx, client, r.Topic, spec)
+			var key *schemareg.KeyCodec
+			if err == nil && s.Key == config.KeyRegistered {
+				key, err = schemareg.ResolveKey(ctx, client, r.Topic, s.Format, s.AutoRegister)
+			}
 			if err == nil {
 				routing.Routes[i].Encoder = codec
+				if key != nil {
+					routing.Routes[i].KeyEncoder = key
+				}
 				log.Info("schemas found", "route", i, "registry", s.URL)
 				break
 			}

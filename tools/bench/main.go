@@ -59,13 +59,14 @@ type options struct {
 	perf       bool
 	skipDrain  bool
 	skipLat    bool
-	kafkaYAML  string // extra keys for outboxd's kafka section, for experiments
-	services   string // reuse the services of `services.sh up DIR` (development)
-	binary     string // a prebuilt outboxd instead of this tree's (A/B runs)
-	outboxEnv  string // extra environment for outboxd, "K=V,K=V" (e.g. GOMAXPROCS=1)
-	pipeYAML   string // keys for outboxd's pipeline section, for experiments
-	routing    string // "" (the seed's route) or "rich" (every routing feature, two records per row)
-	value      string // the seed route's value: "" (the envelope), cloudevents, cloudevents-structured, jsonschema
+	kafkaYAML  string  // extra keys for outboxd's kafka section, for experiments
+	services   string  // reuse the services of `services.sh up DIR` (development)
+	binary     string  // a prebuilt outboxd instead of this tree's (A/B runs)
+	outboxEnv  string  // extra environment for outboxd, "K=V,K=V" (e.g. GOMAXPROCS=1)
+	pipeYAML   string  // keys for outboxd's pipeline section, for experiments
+	routing    string  // "" (the seed's route) or "rich" (every routing feature, two records per row)
+	trace      float64 // tracing.sample_ratio with a collector; <0: tracing off
+	value      string  // the seed route's value: "" (the envelope), cloudevents, cloudevents-structured, jsonschema
 	cost       costOptions
 
 	kafka, pipeline testenv.Section // kafkaYAML and pipeYAML, parsed
@@ -96,7 +97,8 @@ func main() {
 	flag.StringVar(&o.outboxEnv, "outboxd-env", "", `extra environment for outboxd only, "K=V,K=V" (e.g. "GOMAXPROCS=2" to override outboxd's default)`)
 	flag.StringVar(&o.binary, "outboxd-bin", "", "run this outboxd binary instead of building the working tree's (to compare versions)")
 	flag.StringVar(&o.routing, "routing", "", `"rich": outboxd with every routing feature at once (two routes per row, a template, an override, fields, the trace context, position headers, the record timestamp): two records per row`)
-	flag.StringVar(&o.value, "value", "", `the seed route's record: "" (the envelope), "cloudevents" (binary), "cloudevents-structured", "jsonschema" (carrega validated and in the schema registry's wire format, against an Apicurio Registry the bench starts), "avro" (carrega in Avro by the schema, the same registry)`)
+	flag.StringVar(&o.value, "value", "", `the seed route's record: "" (the envelope), "cloudevents" (binary), "cloudevents-structured", "jsonschema" (carrega validated and in the schema registry's wire format, against an Apicurio Registry the bench starts), "avro" (carrega in Avro by the schema, the same registry), "protobuf" (carrega in Protobuf by a .proto, the same registry)`)
+	flag.Float64Var(&o.trace, "trace", -1, "tracing on with this tracing.sample_ratio (0 to 1): outboxd's spans go to an OpenTelemetry Collector the bench starts (testenv/otelcol.sh); negative: off")
 	flag.StringVar(&o.services, "services", "", "reuse the PostgreSQL and Kafka that `bash testenv/services.sh up DIR` started (left running; for repeated development runs)")
 	parseCost := costFlags(&o.cost)
 	flag.Parse()
@@ -116,8 +118,8 @@ func main() {
 	if err == nil && o.routing != "" && o.routing != "rich" {
 		err = fmt.Errorf("-routing %q: want rich", o.routing)
 	}
-	if err == nil && o.value != "" && o.value != "cloudevents" && o.value != "cloudevents-structured" && o.value != "jsonschema" && o.value != "avro" {
-		err = fmt.Errorf("-value %q: want cloudevents, cloudevents-structured, jsonschema or avro", o.value)
+	if err == nil && o.value != "" && o.value != "cloudevents" && o.value != "cloudevents-structured" && o.value != "jsonschema" && o.value != "avro" && o.value != "protobuf" {
+		err = fmt.Errorf("-value %q: want cloudevents, cloudevents-structured, jsonschema, avro or protobuf", o.value)
 	}
 	if err == nil && o.value != "" && o.routing != "" {
 		err = fmt.Errorf("-value and -routing rich: one route shape at a time")
@@ -180,6 +182,8 @@ type bench struct {
 	// runTag suffixes database, slot and topic names on reused services, so
 	// a run never reads the topics of an earlier one.
 	runTag string
+	// collector receives outboxd's spans (-trace).
+	collector *testenv.Collector
 	// registry is the schema registry's URL (-value jsonschema).
 	registry string
 
@@ -246,18 +250,29 @@ func run(o options) error {
 		return err
 	}
 	defer b.env.Cleanup()
-	if o.value == "jsonschema" || o.value == "avro" {
+	if o.value == "jsonschema" || o.value == "avro" || o.value == "protobuf" {
 		reg, err := testenv.StartRegistry(filepath.Join(tmp, "registry"))
 		if err != nil {
 			return err
 		}
 		defer func() { _ = reg.Stop() }()
 		b.registry = reg.URL
-		for file, text := range map[string]string{"comanda-creada.json": orderSchema, "comanda-creada.avsc": orderAvro} {
+		for file, text := range map[string]string{"comanda-creada.json": orderSchema, "comanda-creada.avsc": orderAvro, "comanda_creada.proto": orderProto} {
 			if err := os.WriteFile(filepath.Join(tmp, file), []byte(text), 0o600); err != nil {
 				return err
 			}
 		}
+	}
+	if o.trace >= 0 {
+		if b.collector, err = testenv.StartCollector(filepath.Join(tmp, "otelcol")); err != nil {
+			return err
+		}
+		defer func() {
+			if spans, err := b.collector.Spans(); err == nil {
+				logf(b.log, "the collector received %d spans", len(spans))
+			}
+			_ = b.collector.Stop()
+		}()
 	}
 	// An interrupt still removes the services and the processes started.
 	sig := make(chan os.Signal, 1)
@@ -503,6 +518,7 @@ func (b *bench) startOutboxd(name, dsn, slot string, tables int) (*testenv.Daemo
 		Kafka:    b.o.kafka,
 		Pipeline: b.o.pipeline,
 		Log:      testenv.Section{"level": "warn"},
+		Tracing:  b.tracing(),
 		Bin:      b.o.binary,
 		Env:      envList(b.o.outboxEnv),
 	})
@@ -555,6 +571,30 @@ const orderAvro = `{"type": "record", "name": "ComandaCreada", "namespace": "km0
   {"name": "linies", "type": {"type": "array", "items": {"type": "record", "name": "Linia", "fields": [
     {"name": "producte", "type": "string"}, {"name": "quantitat", "type": "int"}, {"name": "preu_centims", "type": "int"}]}}}]}`
 
+// orderProto is a Protobuf schema of the bench's orders (-value protobuf).
+const orderProto = `syntax = "proto3";
+package km0;
+message ComandaCreada {
+  string id = 1;
+  string client = 2;
+  string mercat = 3;
+  repeated Linia linies = 4;
+}
+message Linia {
+  string producte = 1;
+  int32 quantitat = 2;
+  int32 preu_centims = 3;
+}
+`
+
+// tracing is outboxd's tracing section for -trace.
+func (b *bench) tracing() testenv.Section {
+	if b.collector == nil {
+		return nil
+	}
+	return testenv.Section{"endpoint": b.collector.Endpoint, "sample_ratio": strconv.FormatFloat(b.o.trace, 'f', -1, 64)}
+}
+
 // valueKeys are the seed route's keys for -value.
 func (b *bench) valueKeys() testenv.Section {
 	switch b.o.value {
@@ -568,6 +608,9 @@ func (b *bench) valueKeys() testenv.Section {
 	case "avro":
 		return testenv.Section{"value": "payload", "schema": fmt.Sprintf(`{registry: %q, format: avro, auto_register: true, schemas: {comanda.creada: %q}}`,
 			b.registry, filepath.Join(b.tmp, "comanda-creada.avsc"))}
+	case "protobuf":
+		return testenv.Section{"value": "payload", "schema": fmt.Sprintf(`{registry: %q, format: protobuf, auto_register: true, schemas: {comanda.creada: %q}}`,
+			b.registry, filepath.Join(b.tmp, "comanda_creada.proto"))}
 	}
 	return nil
 }

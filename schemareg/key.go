@@ -1,0 +1,103 @@
+package schemareg
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"unicode/utf8"
+)
+
+// A registered key: the record's key (agregat_id, a string) written in
+// the wire format too, by a string schema of the route's format registered
+// under <topic>-key, as Confluent's serializers write a key: JSON Schema
+// {"type": "string"} (the key a JSON string, quoted) or Avro "string" (its
+// length, then its bytes). Kafka's partitioner hashes these bytes, as it
+// does for a Java producer with the registry's key serializer.
+
+// KeySchema is the string schema of format's keys; "" for a format whose
+// keys are not written (Protobuf has no schema of a bare string).
+func KeySchema(format string) string {
+	switch format {
+	case FormatAvro:
+		return `{"type": "string"}`
+	case "", FormatJSONSchema:
+		// Apicurio refuses a JSON Schema without $schema or properties.
+		return `{"$schema": "http://json-schema.org/draft-07/schema#", "type": "string"}`
+	}
+	return ""
+}
+
+// KeySubject is the subject of the keys of a route to topic.
+func KeySubject(topic string) string { return topic + "-key" }
+
+// KeyCodec writes a route's keys. Its schema was found (or registered)
+// once; writing asks the registry nothing.
+type KeyCodec struct {
+	avro   bool
+	prefix [5]byte
+}
+
+// ResolveKey finds the key schema of format under topic's key subject,
+// registering it with autoRegister. A Permanent error is the
+// configuration's to fix; any other is an outage.
+func ResolveKey(ctx context.Context, c *Client, topic, format string, autoRegister bool) (*KeyCodec, error) {
+	text := KeySchema(format)
+	if text == "" {
+		return nil, permanent(fmt.Errorf("a registered key is written with json_schema or avro, not %s", format))
+	}
+	subject := KeySubject(topic)
+	if autoRegister {
+		if _, err := c.Register(ctx, subject, text, SchemaType(format)); err != nil {
+			return nil, err
+		}
+	}
+	r, err := c.Lookup(ctx, subject, text, SchemaType(format))
+	if err != nil {
+		var re *Error
+		if errors.As(err, &re) && re.Status == 404 {
+			return nil, fmt.Errorf("%w; the key schema %s is not registered under subject %q: register it, or set schema.auto_register: true", err, text, subject)
+		}
+		return nil, err
+	}
+	k := &KeyCodec{avro: format == FormatAvro}
+	binary.BigEndian.PutUint32(k.prefix[1:], uint32(r.ID))
+	return k, nil
+}
+
+// EncodeKey appends key's wire form to dst.
+func (k *KeyCodec) EncodeKey(dst, key []byte) []byte {
+	dst = append(dst, k.prefix[:]...)
+	if k.avro {
+		return append(binary.AppendVarint(dst, int64(len(key))), key...)
+	}
+	return appendJSONString(dst, key)
+}
+
+// appendJSONString appends s as a JSON string (invalid UTF-8 replaced, as
+// encoding/json does).
+func appendJSONString(dst, s []byte) []byte {
+	const hex = "0123456789abcdef"
+	dst = append(dst, '"')
+	for len(s) > 0 {
+		r, n := utf8.DecodeRune(s)
+		switch {
+		case r == utf8.RuneError && n == 1:
+			dst = append(dst, `\ufffd`...)
+		case r == '"' || r == '\\':
+			dst = append(dst, '\\', byte(r))
+		case r == '\n':
+			dst = append(dst, `\n`...)
+		case r == '\r':
+			dst = append(dst, `\r`...)
+		case r == '\t':
+			dst = append(dst, `\t`...)
+		case r < 0x20:
+			dst = append(dst, '\\', 'u', '0', '0', hex[r>>4], hex[r&0xf])
+		default:
+			dst = append(dst, s[:n]...)
+		}
+		s = s[n:]
+	}
+	return append(dst, '"')
+}
