@@ -319,8 +319,6 @@ func (v *validator) registry(i int, r Route) {
 	}
 	if s.Key == KeyRegistered {
 		switch {
-		case schemareg.KeySchema(s.Format) == "":
-			v.add(at+".key", "a registered key is written with json_schema or avro: Protobuf has no schema of a bare string")
 		case r.KeyConverter == ConverterJSON:
 			v.add(at+".key", "registered and key_converter: json both write the key: choose one")
 		case strings.Contains(r.Topic, "{"):

@@ -99,8 +99,6 @@ func TestValidateErrors(t *testing.T) {
 			[]string{`line 11: routes[0].schema: the schema is carrega's: it needs value: payload`}},
 		{"thrift", minimal + "    value: payload\n    schema: {registry: \"http://r:8081\", format: thrift}\n",
 			[]string{`routes[0].schema.format: must be json_schema, avro or protobuf, got "thrift"`}},
-		{"a registered protobuf key", minimal + "    value: payload\n    schema: {registry: \"http://r:8081\", format: protobuf, key: registered}\n",
-			[]string{`routes[0].schema.key: a registered key is written with json_schema or avro`}},
 		{"a registered key beside key_converter", minimal + "    value: payload\n    key_converter: json\n    schema: {registry: \"http://r:8081\", key: registered}\n",
 			[]string{`routes[0].schema.key: registered and key_converter: json both write the key`}},
 		{"a key of another kind", minimal + "    value: payload\n    schema: {registry: \"http://r:8081\", key: avro}\n",

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxd/outboxd/schemareg"
 	"github.com/outboxd/outboxd/testenv"
 )
 
@@ -239,12 +240,13 @@ message ComandaCreada {
 // JSON mapping into the schema's first message (registered under the
 // topic's subject) and writes it behind the schema id and the message
 // indexes; read back with confluent-kafka's ProtobufDeserializer into the
-// class protoc generates from the same file: every row its event; a row
+// class protoc generates from the same file: every row its event, its key
+// registered as the message outboxd.Key (schema.key: registered); a row
 // the message cannot take (a member it does not have) is dead-lettered
 // naming the member.
 func TestSchemaRegistryProtobuf(t *testing.T) {
 	kafkaOnly(t)
-	w := writeRegistered(t, "protobuf", "comanda_creada.proto", orderProto, "", `{"n": 1, "secreta": "x"}`)
+	w := writeRegistered(t, "protobuf", "comanda_creada.proto", orderProto, "key: registered", `{"n": 1, "secreta": "x"}`)
 	topic, dlq, d, rows, recs := w.topic, w.dlq, w.d, w.rows, w.recs
 	seen := map[int]int{}
 	for _, r := range recs {
@@ -252,8 +254,13 @@ func TestSchemaRegistryProtobuf(t *testing.T) {
 			N     int
 			Canal *string
 		}
-		if r.Error != "" || json.Unmarshal(r.Value, &v) != nil || v.Canal == nil || *v.Canal != "" {
-			t.Fatalf("record %d/%d: %s %s", r.Partition, r.Offset, r.Value, r.Error)
+		var key string
+		if r.Error != "" || json.Unmarshal(r.Value, &v) != nil || v.Canal == nil || *v.Canal != "" || json.Unmarshal(r.Key, &key) != nil {
+			t.Fatalf("record %d/%d: %s %s %s", r.Partition, r.Offset, r.Key, r.Value, r.Error)
+		}
+		// The key registered too, as the message outboxd.Key.
+		if want := fmt.Sprintf("P-%d", v.N%5); key != want {
+			t.Errorf("record %d/%d: key %q read by the ProtobufDeserializer, want %q", r.Partition, r.Offset, key, want)
 		}
 		seen[v.N]++
 	}
@@ -264,7 +271,7 @@ func TestSchemaRegistryProtobuf(t *testing.T) {
 	if reason := header(dl[0], "outboxd.error"); !strings.Contains(reason, fmt.Sprintf(`cannot be written by the schema of subject "%s-value"`, topic)) || !strings.HasSuffix(reason, `unknown field "secreta"`) {
 		t.Fatalf("dead letter reason %q", reason)
 	}
-	t.Logf("%d rows in Protobuf read back by confluent-kafka's ProtobufDeserializer; 1 dead-lettered", len(recs))
+	t.Logf("%d rows in Protobuf, keys registered as outboxd.Key, read back by confluent-kafka's ProtobufDeserializer; 1 dead-lettered", len(recs))
 	d.term()
 }
 
@@ -310,7 +317,11 @@ func writeRegistered(t *testing.T, format, file, text, more, bad string) registe
 	defer cancel()
 	var protoFile []string
 	if format == "protobuf" {
-		protoFile = append(protoFile, schemaFile)
+		keyFile := filepath.Join(dir, "key.proto")
+		if err := os.WriteFile(keyFile, []byte(schemareg.KeyProto), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		protoFile = append(protoFile, schemaFile, keyFile)
 	}
 	recs, err := testenv.ReadRegistered(cctx, env.KafkaBrokers, reg.URL, w.topic, format, len(w.rows), protoFile...)
 	if err != nil {

@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/big"
 	"strings"
+	"time"
 
 	"github.com/hamba/avro/v2"
 )
@@ -127,6 +129,11 @@ func avroNative(s avro.Schema, v any, at string) (any, error) {
 		}
 		return nil, fmt.Errorf("at %s: not a symbol of enum %s", where, s.FullName())
 	case *avro.PrimitiveSchema:
+		if l := s.Logical(); l != nil {
+			if nv, ok, err := avroLogical(l, v, where); ok || err != nil {
+				return nv, err
+			}
+		}
 		return avroPrimitive(s.Type(), v, mismatch)
 	}
 	return nil, fmt.Errorf("at %s: the schema's %s is not written from JSON", where, s.Type())
@@ -180,6 +187,96 @@ func avroPrimitive(t avro.Type, v any, mismatch func(string) error) (any, error)
 	return nil, mismatch(string(t))
 }
 
+// avroLogical reads the JSON forms of a logical type's values that are
+// not its underlying type's: a timestamp as RFC 3339 text (or PostgreSQL's
+// "2026-12-05 10:00:00+01"), a date as YYYY-MM-DD, a time of day as
+// HH:MM:SS[.ffffff], a decimal as a number or its text, exactly within
+// the schema's scale. ok false: v is the underlying type's form (a number
+// of milliseconds, ...), for avroPrimitive. The error names where and
+// what, never the value.
+func avroLogical(l avro.LogicalSchema, v any, where string) (out any, ok bool, err error) {
+	str, isString := v.(string)
+	switch l.Type() {
+	case avro.TimestampMillis, avro.TimestampMicros, avro.LocalTimestampMillis, avro.LocalTimestampMicros:
+		if !isString {
+			return nil, false, nil
+		}
+		t, err := parseTimestamp(str, l.Type() == avro.LocalTimestampMillis || l.Type() == avro.LocalTimestampMicros)
+		if err != nil {
+			return nil, true, fmt.Errorf("at %s: the schema wants %s, an RFC 3339 time or a number; the value is a string that is neither", where, l.Type())
+		}
+		if l.Type() == avro.TimestampMillis || l.Type() == avro.LocalTimestampMillis {
+			return t.UnixMilli(), true, nil
+		}
+		return t.UnixMicro(), true, nil
+	case avro.Date:
+		if !isString {
+			return nil, false, nil
+		}
+		t, err := time.Parse(time.DateOnly, str)
+		if err != nil {
+			return nil, true, fmt.Errorf("at %s: the schema wants a date, YYYY-MM-DD or a number of days; the value is a string that is neither", where)
+		}
+		return int(t.Unix() / 86400), true, nil
+	case avro.TimeMillis, avro.TimeMicros:
+		if !isString {
+			return nil, false, nil
+		}
+		t, err := time.Parse("15:04:05.999999", str)
+		if err != nil {
+			return nil, true, fmt.Errorf("at %s: the schema wants %s, HH:MM:SS[.ffffff] or a number; the value is a string that is neither", where, l.Type())
+		}
+		d := t.Sub(time.Date(0, 1, 1, 0, 0, 0, 0, time.UTC))
+		if l.Type() == avro.TimeMillis {
+			return int(d.Milliseconds()), true, nil
+		}
+		return d.Microseconds(), true, nil
+	case avro.Decimal:
+		dec, _ := l.(*avro.DecimalLogicalSchema)
+		text := str
+		if n, isNumber := v.(json.Number); isNumber {
+			text = string(n)
+		} else if !isString {
+			return nil, true, fmt.Errorf("at %s: the schema wants a decimal, a number or its text; the value is %s", where, jsonKind(v))
+		}
+		r, ok := new(big.Rat).SetString(text)
+		if !ok {
+			return nil, true, fmt.Errorf("at %s: the schema wants a decimal, a number or its text; the value is a string that is not", where)
+		}
+		scaled := new(big.Rat).Mul(r, new(big.Rat).SetInt(new(big.Int).Exp(big.NewInt(10), big.NewInt(int64(dec.Scale())), nil)))
+		if !scaled.IsInt() {
+			return nil, true, fmt.Errorf("at %s: more decimal places than the schema's scale %d", where, dec.Scale())
+		}
+		if len(new(big.Int).Abs(scaled.Num()).String()) > dec.Precision() {
+			return nil, true, fmt.Errorf("at %s: more digits than the schema's precision %d", where, dec.Precision())
+		}
+		return r, true, nil
+	}
+	return nil, false, nil
+}
+
+// parseTimestamp reads RFC 3339, or PostgreSQL's text of a timestamptz;
+// local (a local-timestamp) also takes either without an offset.
+func parseTimestamp(s string, local bool) (time.Time, error) {
+	layouts := []string{time.RFC3339Nano, "2006-01-02 15:04:05.999999Z07", "2006-01-02 15:04:05.999999Z07:00"}
+	if local {
+		layouts = append(layouts, "2006-01-02T15:04:05.999999", "2006-01-02 15:04:05.999999")
+	}
+	var err error
+	for _, layout := range layouts {
+		var t time.Time
+		if t, err = time.Parse(layout, s); err == nil {
+			if local {
+				// A local timestamp counts from the epoch in its own
+				// wall clock: the offset is not applied.
+				t = time.Date(t.Year(), t.Month(), t.Day(), t.Hour(), t.Minute(), t.Second(), t.Nanosecond(), time.UTC)
+			}
+			return t, nil
+		}
+	}
+	return time.Time{}, err
+}
+
 // unionName is the key hamba/avro reads a union branch by.
 func unionName(s avro.Schema) string {
 	if n, ok := s.(avro.NamedSchema); ok {
@@ -187,6 +284,9 @@ func unionName(s avro.Schema) string {
 	}
 	if r, ok := s.(*avro.RefSchema); ok {
 		return r.Schema().FullName()
+	}
+	if p, ok := s.(*avro.PrimitiveSchema); ok && p.Logical() != nil {
+		return string(s.Type()) + "." + string(p.Logical().Type()) // "long.timestamp-millis"
 	}
 	return string(s.Type())
 }

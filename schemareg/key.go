@@ -11,21 +11,31 @@ import (
 // A registered key: the record's key (agregat_id, a string) written in
 // the wire format too, by a string schema of the route's format registered
 // under <topic>-key, as Confluent's serializers write a key: JSON Schema
-// {"type": "string"} (the key a JSON string, quoted) or Avro "string" (its
-// length, then its bytes). Kafka's partitioner hashes these bytes, as it
-// does for a Java producer with the registry's key serializer.
+// {"type": "string"} (the key a JSON string, quoted), Avro "string" (its
+// length, then its bytes), or Protobuf, which has no bare string, a
+// message outboxd.Key whose one field agregat_id holds it. Kafka's
+// partitioner hashes these bytes, as it does for a Java producer with the
+// registry's key serializer.
 
-// KeySchema is the string schema of format's keys; "" for a format whose
-// keys are not written (Protobuf has no schema of a bare string).
+// KeyProto is the Protobuf schema of a registered key.
+const KeyProto = `syntax = "proto3";
+package outboxd;
+
+message Key {
+  string agregat_id = 1;
+}
+`
+
+// KeySchema is the schema of format's keys.
 func KeySchema(format string) string {
 	switch format {
+	case FormatProtobuf:
+		return KeyProto
 	case FormatAvro:
 		return `{"type": "string"}`
-	case "", FormatJSONSchema:
-		// Apicurio refuses a JSON Schema without $schema or properties.
-		return `{"$schema": "http://json-schema.org/draft-07/schema#", "type": "string"}`
 	}
-	return ""
+	// JSON Schema; Apicurio refuses one without $schema or properties.
+	return `{"$schema": "http://json-schema.org/draft-07/schema#", "type": "string"}`
 }
 
 // KeySubject is the subject of the keys of a route to topic.
@@ -34,7 +44,7 @@ func KeySubject(topic string) string { return topic + "-key" }
 // KeyCodec writes a route's keys. Its schema was found (or registered)
 // once; writing asks the registry nothing.
 type KeyCodec struct {
-	avro   bool
+	format string
 	prefix [5]byte
 }
 
@@ -43,9 +53,6 @@ type KeyCodec struct {
 // configuration's to fix; any other is an outage.
 func ResolveKey(ctx context.Context, c *Client, topic, format string, autoRegister bool) (*KeyCodec, error) {
 	text := KeySchema(format)
-	if text == "" {
-		return nil, permanent(fmt.Errorf("a registered key is written with json_schema or avro, not %s", format))
-	}
 	subject := KeySubject(topic)
 	if autoRegister {
 		if _, err := c.Register(ctx, subject, text, SchemaType(format)); err != nil {
@@ -60,7 +67,7 @@ func ResolveKey(ctx context.Context, c *Client, topic, format string, autoRegist
 		}
 		return nil, err
 	}
-	k := &KeyCodec{avro: format == FormatAvro}
+	k := &KeyCodec{format: format}
 	binary.BigEndian.PutUint32(k.prefix[1:], uint32(r.ID))
 	return k, nil
 }
@@ -68,8 +75,13 @@ func ResolveKey(ctx context.Context, c *Client, topic, format string, autoRegist
 // EncodeKey appends key's wire form to dst.
 func (k *KeyCodec) EncodeKey(dst, key []byte) []byte {
 	dst = append(dst, k.prefix[:]...)
-	if k.avro {
+	switch k.format {
+	case FormatAvro:
 		return append(binary.AppendVarint(dst, int64(len(key))), key...)
+	case FormatProtobuf:
+		// Message indexes [0], then field 1 (agregat_id), length-delimited.
+		dst = append(dst, 0, 1<<3|2)
+		return append(binary.AppendUvarint(dst, uint64(len(key))), key...)
 	}
 	return appendJSONString(dst, key)
 }

@@ -3,6 +3,9 @@ package schemareg
 import (
 	"encoding/json"
 	"testing"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/dynamicpb"
 )
 
 // TestEncodeKey: a registered key is the wire format's prefix, then the
@@ -21,8 +24,22 @@ func TestEncodeKey(t *testing.T) {
 			t.Errorf("%q: %s, want %s", key, out[5:], want)
 		}
 	}
-	k.avro = true
+	k.format = FormatAvro
 	if out := k.EncodeKey(nil, []byte("P-1")); string(out) != "\x00\x00\x00\x01\x02\x06P-1" {
 		t.Errorf("avro key % x", out)
+	}
+	// Protobuf: the message outboxd.Key, read back by the schema itself.
+	k.format = FormatProtobuf
+	out := k.EncodeKey(nil, []byte("P-1"))
+	if string(out[:6]) != "\x00\x00\x00\x01\x02\x00" {
+		t.Fatalf("protobuf key % x", out)
+	}
+	md, err := protoMessage(KeyProto)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := dynamicpb.NewMessage(md)
+	if err := proto.Unmarshal(out[6:], m); err != nil || m.Get(md.Fields().ByName("agregat_id")).String() != "P-1" || md.FullName() != "outboxd.Key" {
+		t.Errorf("protobuf key %v (%v)", m, err)
 	}
 }

@@ -1,7 +1,7 @@
 """Reads a topic written in the Schema Registry wire format with
 confluent-kafka's own deserializer.
 
-    python read_registry.py BROKERS REGISTRY_URL TOPIC COUNT FORMAT [PROTO_FILE]
+    python read_registry.py BROKERS REGISTRY_URL TOPIC COUNT FORMAT [PROTO_FILE [KEY_PROTO_FILE]]
 
 Consumes TOPIC from its beginning until COUNT records are read (or 60 s
 pass) and deserializes each value with confluent_kafka's JSONDeserializer
@@ -74,15 +74,22 @@ def value_deserializer(registry, topic, fmt, proto_file=None):
 def main():
     brokers, registry, topic, count, fmt = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
     deserialize, to_dict = deserializer(registry, fmt, sys.argv[6] if len(sys.argv) > 6 else None)
+    # A registered key: read by the same deserializer, or for Protobuf by
+    # one of the key's message (KEY_PROTO_FILE, outboxd.Key).
+    deserialize_key = deserialize
+    if fmt == "protobuf" and len(sys.argv) > 7:
+        key_message, _ = deserializer(registry, fmt, sys.argv[7])
+
+        def deserialize_key(data, ctx):
+            return key_message(data, ctx).agregat_id
 
     def describe(msg):
         raw = msg.value() or b""
         out = {"schema_id": struct.unpack(">I", raw[1:5])[0] if len(raw) >= 5 else None}
         key = msg.key() or b""
-        if key[:1] == b"\x00" and fmt != "protobuf":
-            # A registered key: read by the same deserializer.
+        if key[:1] == b"\x00":
             try:
-                out["key"] = deserialize(key, SerializationContext(topic, MessageField.KEY))
+                out["key"] = deserialize_key(key, SerializationContext(topic, MessageField.KEY))
             except Exception as e:
                 out["error"] = "key: %s: %s" % (type(e).__name__, e)
                 return out
