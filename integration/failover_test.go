@@ -107,7 +107,11 @@ func TestFailover(t *testing.T) {
 	line := r.line("PASS failover:") + r.line("WARN failover:") + r.line("FAIL failover:")
 	t.Logf("check before the failure: %s", line)
 	if major >= 17 {
-		eventually(t, 30*time.Second, "the standby has a synchronised copy of the slot", func() bool {
+		// The standby's slot sync worker naps up to 30 s between rounds
+		// while nothing changes (PostgreSQL's slotsync.c), and a new
+		// slot is copied only once the standby has replayed past its
+		// position: two naps and a margin.
+		eventually(t, 75*time.Second, "the standby has a synchronised copy of the slot", func() bool {
 			return slotCopy(t, standbyDSN, name) > 0
 		})
 		r = outboxd(t, dsn, "check", "-c", d.ConfigPath())

@@ -88,6 +88,16 @@ func TestTracingSpans(t *testing.T) {
 		spans, err = col.Spans()
 		return err == nil && len(spans) >= want
 	})
+	// /metrics counts them: as many sent as the collector holds.
+	_, body, err := d.Get(ctx, "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range []string{fmt.Sprintf("outboxd_trace_spans_started_total %d", want), fmt.Sprintf("outboxd_trace_spans_exported_total %d", want), "outboxd_trace_spans_failed_total 0"} {
+		if !strings.Contains(string(body), "\n"+line+"\n") {
+			t.Errorf("/metrics lacks %q", line)
+		}
+	}
 	d.term()
 	if err := d.exited(30 * time.Second); err != nil {
 		t.Fatal(err)

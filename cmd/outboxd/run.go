@@ -56,7 +56,7 @@ func run(ctx context.Context, path string, proc *process) error {
 	sc.Partitions = metrics.ObservePartitions
 	sc.Skipped = metrics.ObserveSkipped
 	warnInsecure(cfg, log)
-	tracer, stopTracing, err := startTracing(ctx, cfg, log.Named("tracing"))
+	tracer, stopTracing, err := startTracing(ctx, cfg, metrics, log.Named("tracing"))
 	if err != nil {
 		return usageError{err}
 	}

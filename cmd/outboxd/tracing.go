@@ -9,6 +9,7 @@ import (
 
 	"github.com/outboxd/outboxd"
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/health"
 	"github.com/outboxd/outboxd/publish"
 	"github.com/outboxd/outboxd/tracing"
 )
@@ -16,8 +17,8 @@ import (
 // startTracing starts the span exporter when tracing.endpoint is set: the
 // Tracer for every publisher (nil when off) and the function that sends
 // what is queued and stops it, to be called once nothing is published any
-// more.
-func startTracing(ctx context.Context, cfg config.Config, log hclog.Logger) (publish.Tracer, func(), error) {
+// more. metrics, when not nil, gets the span counters.
+func startTracing(ctx context.Context, cfg config.Config, metrics *health.Metrics, log hclog.Logger) (publish.Tracer, func(), error) {
 	t := cfg.Tracing
 	if t.Endpoint == "" {
 		return nil, func() {}, nil
@@ -27,6 +28,12 @@ func startTracing(ctx context.Context, cfg config.Config, log hclog.Logger) (pub
 		MaxRecordBytes: int(cfg.Kafka.BatchBytes)})
 	if err != nil {
 		return nil, nil, err
+	}
+	if metrics != nil {
+		metrics.Spans(func() health.SpanCounts {
+			c := tr.Counts()
+			return health.SpanCounts{Started: c.Started, Exported: c.Exported, Failed: c.Failed}
+		})
 	}
 	// The SDK reports an export that failed here (by default on the
 	// standard logger, unstructured).
