@@ -48,7 +48,9 @@ def generated(proto_file):
 def deserializer(registry, fmt, proto_file=None):
     """confluent-kafka's deserializer of fmt, and what turns its result into
     JSON (None: it is already)."""
-    client = SchemaRegistryClient({"url": registry})
+    # Without a timeout the client's HTTP requests wait for ever on a
+    # registry that stalls; with one a stalled request is retried.
+    client = SchemaRegistryClient({"url": registry, "timeout": 10})
     if fmt == "avro":
         return AvroDeserializer(client), None
     if fmt == "protobuf":
