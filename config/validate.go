@@ -317,29 +317,31 @@ func (v *validator) registry(i int, r Route) {
 	if s.Key != "" {
 		v.oneOf(at+".key", s.Key, KeyString, KeyRegistered)
 	}
-	if s.Key == KeyRegistered {
-		switch {
-		case r.KeyConverter == ConverterJSON:
-			v.add(at+".key", "registered and key_converter: json both write the key: choose one")
-		case strings.Contains(r.Topic, "{"):
-			v.add(at+".key", "a registered key's subject is <topic>-key, and the topic is a template")
+	// A subject named after the route's topic needs that one topic: no
+	// template, no override to another.
+	oneTopic := func(field, template, override string) {
+		if template != "" && strings.Contains(r.Topic, "{") {
+			v.add(field, "%s", template)
 		}
 		for k, o := range r.Overrides {
 			if o.Topic != "" {
-				v.add(fmt.Sprintf("routes[%d].overrides[%d].topic", i, k), "with schema.key: registered the keys' subject is the route's topic's: an override's topic would get keys under another topic's subject")
+				v.add(fmt.Sprintf("routes[%d].overrides[%d].topic", i, k), "%s", override)
 			}
 		}
+	}
+	if s.Key == KeyRegistered {
+		template := "a registered key's subject is <topic>-key, and the topic is a template"
+		if r.KeyConverter == ConverterJSON {
+			v.add(at+".key", "registered and key_converter: json both write the key: choose one")
+			template = "" // one problem of the key at a time
+		}
+		oneTopic(at+".key", template,
+			"with schema.key: registered the keys' subject is the route's topic's: an override's topic would get keys under another topic's subject")
 	}
 	topicStrategy := s.SubjectStrategy == "" || s.SubjectStrategy == schemareg.StrategyTopic
-	if topicStrategy && strings.Contains(r.Topic, "{") {
-		v.add(at+".subject_strategy", "topic names the subject <topic>-value, and the topic is a template: use record or topic_record (a subject per schema)")
-	}
 	if topicStrategy {
-		for k, o := range r.Overrides {
-			if o.Topic != "" {
-				v.add(fmt.Sprintf("routes[%d].overrides[%d].topic", i, k), "with schema.subject_strategy topic the subject is the route's topic's: an override's topic would get records under another topic's subject; use record or topic_record")
-			}
-		}
+		oneTopic(at+".subject_strategy", "topic names the subject <topic>-value, and the topic is a template: use record or topic_record (a subject per schema)",
+			"with schema.subject_strategy topic the subject is the route's topic's: an override's topic would get records under another topic's subject; use record or topic_record")
 	}
 	if len(s.Schemas) == 0 && !topicStrategy {
 		v.add(at+".schemas", "required with subject_strategy %s: the schemas name their records", s.SubjectStrategy)

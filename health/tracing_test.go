@@ -1,13 +1,17 @@
 package health
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/outboxd/outboxd/tracing"
+)
 
 // TestSpanMetrics: the span counters read the tracer's counts at each
 // scrape.
 func TestSpanMetrics(t *testing.T) {
 	m := NewMetrics(nil)
-	c := SpanCounts{Started: 10, Exported: 7, Failed: 1}
-	m.Spans(func() SpanCounts { return c })
+	c := tracing.Counts{Started: 10, Exported: 7, Failed: 1}
+	m.Spans(func() tracing.Counts { return c })
 	check := func(want map[string]float64) {
 		t.Helper()
 		mfs, err := m.reg.Gather()

@@ -200,26 +200,14 @@ const orderAvro = `{"type": "record", "name": "ComandaCreada", "namespace": "km0
 func TestSchemaRegistryAvro(t *testing.T) {
 	kafkaOnly(t)
 	w := writeRegistered(t, "avro", "comanda-creada.avsc", orderAvro, "subject_strategy: record, key: registered", `{"n": 1.5}`)
-	dlq, d, rows, recs := w.dlq, w.d, w.rows, w.recs
-	seen := map[int]int{}
-	for _, r := range recs {
+	w.eachEvent(t, "AvroDeserializer", func(value json.RawMessage) (int, bool) {
 		var v struct {
 			N     int
 			Canal string
 		}
-		var key string
-		if r.Error != "" || json.Unmarshal(r.Value, &v) != nil || v.Canal != "web" || json.Unmarshal(r.Key, &key) != nil {
-			t.Fatalf("record %d/%d: %s %s %s", r.Partition, r.Offset, r.Key, r.Value, r.Error)
-		}
-		// The key registered too: the row's agregat_id ('P-' || n % 5).
-		if want := fmt.Sprintf("P-%d", v.N%5); key != want {
-			t.Errorf("record %d/%d: key %q read by the AvroDeserializer, want %q", r.Partition, r.Offset, key, want)
-		}
-		seen[v.N]++
-	}
-	if len(recs) != len(rows) || len(seen) != len(rows) {
-		t.Fatalf("%d records, %d distinct events, want %d", len(recs), len(seen), len(rows))
-	}
+		return v.N, json.Unmarshal(value, &v) == nil && v.Canal == "web"
+	})
+	dlq, d, recs := w.dlq, w.d, w.recs
 	dl := consumeExactly(t, dlq, 1)
 	if reason := header(dl[0], "outboxd.error"); !strings.Contains(reason, `cannot be written by the schema of subject "km0.ComandaCreada"`) || !strings.Contains(reason, "at /n: the schema wants int (an integer)") {
 		t.Fatalf("dead letter reason %q", reason)
@@ -247,26 +235,14 @@ message ComandaCreada {
 func TestSchemaRegistryProtobuf(t *testing.T) {
 	kafkaOnly(t)
 	w := writeRegistered(t, "protobuf", "comanda_creada.proto", orderProto, "key: registered", `{"n": 1, "secreta": "x"}`)
-	topic, dlq, d, rows, recs := w.topic, w.dlq, w.d, w.rows, w.recs
-	seen := map[int]int{}
-	for _, r := range recs {
+	w.eachEvent(t, "ProtobufDeserializer", func(value json.RawMessage) (int, bool) {
 		var v struct {
 			N     int
 			Canal *string
 		}
-		var key string
-		if r.Error != "" || json.Unmarshal(r.Value, &v) != nil || v.Canal == nil || *v.Canal != "" || json.Unmarshal(r.Key, &key) != nil {
-			t.Fatalf("record %d/%d: %s %s %s", r.Partition, r.Offset, r.Key, r.Value, r.Error)
-		}
-		// The key registered too, as the message outboxd.Key.
-		if want := fmt.Sprintf("P-%d", v.N%5); key != want {
-			t.Errorf("record %d/%d: key %q read by the ProtobufDeserializer, want %q", r.Partition, r.Offset, key, want)
-		}
-		seen[v.N]++
-	}
-	if len(recs) != len(rows) || len(seen) != len(rows) {
-		t.Fatalf("%d records, %d distinct events, want %d", len(recs), len(seen), len(rows))
-	}
+		return v.N, json.Unmarshal(value, &v) == nil && v.Canal != nil && *v.Canal == ""
+	})
+	topic, dlq, d, recs := w.topic, w.dlq, w.d, w.recs
 	dl := consumeExactly(t, dlq, 1)
 	if reason := header(dl[0], "outboxd.error"); !strings.Contains(reason, fmt.Sprintf(`cannot be written by the schema of subject "%s-value"`, topic)) || !strings.HasSuffix(reason, `unknown field "secreta"`) {
 		t.Fatalf("dead letter reason %q", reason)
@@ -329,6 +305,29 @@ func writeRegistered(t *testing.T, format, file, text, more, bad string) registe
 	}
 	w.recs = recs
 	return w
+}
+
+// eachEvent requires every record read back to be a distinct row's event,
+// its value as event says (which returns the value's n), and its key, read
+// by the same deserializer (schema.key: registered), the row's agregat_id
+// ('P-' || n % 5).
+func (w registered) eachEvent(t *testing.T, deserializer string, event func(json.RawMessage) (n int, ok bool)) {
+	t.Helper()
+	seen := map[int]int{}
+	for _, r := range w.recs {
+		n, ok := event(r.Value)
+		var key string
+		if r.Error != "" || !ok || json.Unmarshal(r.Key, &key) != nil {
+			t.Fatalf("record %d/%d: %s %s %s", r.Partition, r.Offset, r.Key, r.Value, r.Error)
+		}
+		if want := fmt.Sprintf("P-%d", n%5); key != want {
+			t.Errorf("record %d/%d: key %q read by the %s, want %q", r.Partition, r.Offset, key, deserializer, want)
+		}
+		seen[n]++
+	}
+	if len(w.recs) != len(w.rows) || len(seen) != len(w.rows) {
+		t.Fatalf("%d records, %d distinct events, want %d", len(w.recs), len(seen), len(w.rows))
+	}
 }
 
 // startRegistry starts an Apicurio Registry in dir; without a Java 21 the

@@ -72,31 +72,20 @@ func checkRegistry(ctx context.Context, c *schemareg.Client, name, topic, format
 		if err != nil {
 			return fail(name, fmt.Sprintf("schema of %s: %v", key, err), "correct the schema file")
 		}
-		level, err := c.Compatibility(ctx, subject)
-		if err != nil {
-			return unreachable(err)
-		}
-		r, err := c.Lookup(ctx, subject, texts[key], schemareg.SchemaType(format))
-		var e *schemareg.Error
-		switch {
-		case err == nil:
-			parts = append(parts, fmt.Sprintf("%s: subject %q version %d (id %d), compatibility %s", key, subject, r.Version, r.ID, level))
-			continue
-		case !errors.As(err, &e) || e.Status != 404:
-			return unreachable(err)
-		case !autoRegister:
-			missing = append(missing, fmt.Sprintf("%s (subject %q)", key, subject))
-			continue
-		}
-		ok, err := c.Compatible(ctx, subject, texts[key], schemareg.SchemaType(format))
+		st, err := lookSubject(ctx, c, subject, texts[key], schemareg.SchemaType(format), autoRegister)
 		switch {
 		case err != nil:
 			return unreachable(err)
-		case !ok:
-			return fail(name, fmt.Sprintf("the schema of %s is not compatible with subject %q's latest version (compatibility %s): registering it at start would fail", key, subject, level),
+		case st.registered != nil:
+			parts = append(parts, fmt.Sprintf("%s: subject %q version %d (id %d), compatibility %s", key, subject, st.registered.Version, st.registered.ID, st.level))
+		case !autoRegister:
+			missing = append(missing, fmt.Sprintf("%s (subject %q)", key, subject))
+		case !st.compatible:
+			return fail(name, fmt.Sprintf("the schema of %s is not compatible with subject %q's latest version (compatibility %s): registering it at start would fail", key, subject, st.level),
 				"make the schema compatible, or change the subject's compatibility level")
+		default:
+			parts = append(parts, fmt.Sprintf("%s: subject %q registrable (auto_register), compatibility %s", key, subject, st.level))
 		}
-		parts = append(parts, fmt.Sprintf("%s: subject %q registrable (auto_register), compatibility %s", key, subject, level))
 	}
 	if len(missing) > 0 {
 		return fail(name, "not registered: "+strings.Join(missing, ", ")+"; outboxd would stop at start",
@@ -105,32 +94,55 @@ func checkRegistry(ctx context.Context, c *schemareg.Client, name, topic, format
 	return pass(name, "%s", strings.Join(parts, "; "))
 }
 
-// checkKey reports the subject of a route's registered keys: the key
-// schema registered there (its version and id), or registrable.
-func checkKey(ctx context.Context, c *schemareg.Client, name, topic, format string, autoRegister bool) Result {
-	subject, text, typ := schemareg.KeySubject(topic), schemareg.KeySchema(format), schemareg.SchemaType(format)
-	level, err := c.Compatibility(ctx, subject)
-	if err != nil {
-		return fail(name, oneLine(err.Error()), "outboxd waits at start until the registry answers: check routes[].schema.registry and that the registry is up")
+// subjectState is what the registry says of a schema under a subject:
+// the subject's compatibility level, the schema's registered version (nil
+// when it is not), and, not registered with auto_register, whether the
+// level takes it.
+type subjectState struct {
+	level      string
+	registered *schemareg.Registered
+	compatible bool
+}
+
+// lookSubject asks the registry what outboxd asks at start, registering
+// nothing; an error is the registry's failure to answer.
+func lookSubject(ctx context.Context, c *schemareg.Client, subject, text, typ string, autoRegister bool) (subjectState, error) {
+	var st subjectState
+	var err error
+	if st.level, err = c.Compatibility(ctx, subject); err != nil {
+		return st, err
 	}
 	r, err := c.Lookup(ctx, subject, text, typ)
 	var e *schemareg.Error
 	switch {
 	case err == nil:
-		return pass(name, "keys written with subject %q version %d (id %d), compatibility %s", subject, r.Version, r.ID, level)
+		st.registered = &r
+		return st, nil
 	case !errors.As(err, &e) || e.Status != 404:
-		return fail(name, oneLine(err.Error()), "check routes[].schema.registry and that the registry is up")
+		return st, err
+	case !autoRegister:
+		return st, nil
+	}
+	st.compatible, err = c.Compatible(ctx, subject, text, typ)
+	return st, err
+}
+
+// checkKey reports the subject of a route's registered keys: the key
+// schema registered there (its version and id), or registrable.
+func checkKey(ctx context.Context, c *schemareg.Client, name, topic, format string, autoRegister bool) Result {
+	subject, text := schemareg.KeySubject(topic), schemareg.KeySchema(format)
+	st, err := lookSubject(ctx, c, subject, text, schemareg.SchemaType(format), autoRegister)
+	switch {
+	case err != nil:
+		return fail(name, oneLine(err.Error()), "outboxd waits at start until the registry answers: check routes[].schema.registry and that the registry is up")
+	case st.registered != nil:
+		return pass(name, "keys written with subject %q version %d (id %d), compatibility %s", subject, st.registered.Version, st.registered.ID, st.level)
 	case !autoRegister:
 		return fail(name, fmt.Sprintf("the key schema %s is not registered under subject %q: outboxd would stop at start", text, subject),
 			"register it, or set schema.auto_register: true")
-	}
-	ok, err := c.Compatible(ctx, subject, text, typ)
-	switch {
-	case err != nil:
-		return fail(name, oneLine(err.Error()), "check routes[].schema.registry and that the registry is up")
-	case !ok:
-		return fail(name, fmt.Sprintf("the key schema %s is not compatible with subject %q's latest version (compatibility %s)", text, subject, level),
+	case !st.compatible:
+		return fail(name, fmt.Sprintf("the key schema %s is not compatible with subject %q's latest version (compatibility %s)", text, subject, st.level),
 			"the subject holds keys of another schema: use another topic, or key: string")
 	}
-	return pass(name, "keys: subject %q registrable (auto_register), compatibility %s", subject, level)
+	return pass(name, "keys: subject %q registrable (auto_register), compatibility %s", subject, st.level)
 }

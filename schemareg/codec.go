@@ -112,17 +112,8 @@ func Resolve(ctx context.Context, c *Client, topic string, spec Spec) (*Codec, e
 		if err != nil {
 			return nil, permanent(fmt.Errorf("schema of %s: %w", key, err))
 		}
-		if spec.AutoRegister {
-			if _, err := c.Register(ctx, subject, text, SchemaType(spec.Format)); err != nil {
-				return nil, err
-			}
-		}
-		r, err := c.Lookup(ctx, subject, text, SchemaType(spec.Format))
+		r, err := c.find(ctx, subject, text, SchemaType(spec.Format), spec.AutoRegister, "the schema of "+key)
 		if err != nil {
-			var re *Error
-			if errors.As(err, &re) && re.Status == 404 {
-				return nil, fmt.Errorf("%w; the schema of %s is not registered under subject %q: register it, or set schema.auto_register: true", err, key, subject)
-			}
 			return nil, err
 		}
 		// Found as asked: the file's text, of the route's format (the
@@ -136,6 +127,29 @@ func Resolve(ctx context.Context, c *Client, topic string, spec Spec) (*Codec, e
 		codec.byKey[key] = e
 	}
 	return codec, nil
+}
+
+// find registers text (of type typ) under subject when autoRegister, then
+// looks it up there; what names it in the error when it is not registered.
+func (c *Client) find(ctx context.Context, subject, text, typ string, autoRegister bool, what string) (Registered, error) {
+	if autoRegister {
+		if _, err := c.Register(ctx, subject, text, typ); err != nil {
+			return Registered{}, err
+		}
+	}
+	r, err := c.Lookup(ctx, subject, text, typ)
+	var re *Error
+	if errors.As(err, &re) && re.Status == 404 {
+		return r, fmt.Errorf("%w; %s is not registered under subject %q: register it, or set schema.auto_register: true", err, what, subject)
+	}
+	return r, err
+}
+
+// wirePrefix is the wire format's magic byte and schema id.
+func wirePrefix(id int) [5]byte {
+	var p [5]byte
+	binary.BigEndian.PutUint32(p[1:], uint32(id))
+	return p
 }
 
 // Subject names the subject of the schema of key (tipus or tipus/versio)
@@ -195,8 +209,8 @@ func newEntry(format string, r Registered) (*entry, error) {
 	if typ != SchemaType(format) {
 		return nil, fmt.Errorf("subject %q version %d is a %s schema, and the route's format is %s", r.Subject, r.Version, typ, formatName(format))
 	}
-	e := &entry{subject: r.Subject, id: r.ID, version: r.Version, prefix: make([]byte, 5, 6)}
-	binary.BigEndian.PutUint32(e.prefix[1:], uint32(r.ID))
+	prefix := wirePrefix(r.ID)
+	e := &entry{subject: r.Subject, id: r.ID, version: r.Version, prefix: prefix[:]}
 	if format == FormatProtobuf {
 		md, err := protoMessage(r.Schema)
 		if err != nil {
@@ -280,7 +294,11 @@ func (c *Codec) entry(tipus []byte, versio int64) *entry {
 	if c.only != nil {
 		return c.only
 	}
-	if e := c.byKey[string(tipus)+"/"+strconv.FormatInt(versio, 10)]; e != nil {
+	// tipus/versio built on the stack: Encode and Describe both look it
+	// up for every record, and a map index by string(bytes) copies nothing.
+	var buf [64]byte
+	key := strconv.AppendInt(append(append(buf[:0], tipus...), '/'), versio, 10)
+	if e := c.byKey[string(key)]; e != nil {
 		return e
 	}
 	return c.byKey[string(tipus)]

@@ -3,8 +3,6 @@ package schemareg
 import (
 	"context"
 	"encoding/binary"
-	"errors"
-	"fmt"
 	"unicode/utf8"
 )
 
@@ -54,22 +52,11 @@ type KeyCodec struct {
 func ResolveKey(ctx context.Context, c *Client, topic, format string, autoRegister bool) (*KeyCodec, error) {
 	text := KeySchema(format)
 	subject := KeySubject(topic)
-	if autoRegister {
-		if _, err := c.Register(ctx, subject, text, SchemaType(format)); err != nil {
-			return nil, err
-		}
-	}
-	r, err := c.Lookup(ctx, subject, text, SchemaType(format))
+	r, err := c.find(ctx, subject, text, SchemaType(format), autoRegister, "the key schema "+text)
 	if err != nil {
-		var re *Error
-		if errors.As(err, &re) && re.Status == 404 {
-			return nil, fmt.Errorf("%w; the key schema %s is not registered under subject %q: register it, or set schema.auto_register: true", err, text, subject)
-		}
 		return nil, err
 	}
-	k := &KeyCodec{format: format}
-	binary.BigEndian.PutUint32(k.prefix[1:], uint32(r.ID))
-	return k, nil
+	return &KeyCodec{format: format, prefix: wirePrefix(r.ID)}, nil
 }
 
 // EncodeKey appends key's wire form to dst.

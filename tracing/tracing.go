@@ -49,9 +49,6 @@ type Config struct {
 	// MaxRecordBytes is the largest record Kafka takes (kafka.batch_bytes):
 	// a traceparent is not added to a record it would take over it.
 	MaxRecordBytes int
-	// BatchTimeout: the longest a span waits before its batch is sent
-	// (0: the SDK's 5 s).
-	BatchTimeout time.Duration
 }
 
 // Tracer makes the spans of one outboxd process.
@@ -98,10 +95,8 @@ func New(ctx context.Context, cfg Config) (*Tracer, error) {
 func newTracer(cfg Config, exp sdktrace.SpanExporter) *Tracer {
 	res := resource.NewSchemaless(semconv.ServiceName(cfg.ServiceName), semconv.ServiceVersion(cfg.Version))
 	t := &Tracer{propagate: cfg.Propagate, maxRecord: cfg.MaxRecordBytes, exporter: &counting{SpanExporter: exp}}
+	// The batch timeout is the SDK's (5 s; OTEL_BSP_SCHEDULE_DELAY).
 	bopts := []sdktrace.BatchSpanProcessorOption{sdktrace.WithMaxQueueSize(max(cfg.QueueSize, 1)), sdktrace.WithMaxExportBatchSize(min(max(cfg.QueueSize, 1), 2048))}
-	if cfg.BatchTimeout > 0 {
-		bopts = append(bopts, sdktrace.WithBatchTimeout(cfg.BatchTimeout))
-	}
 	t.provider = sdktrace.NewTracerProvider(
 		sdktrace.WithResource(res),
 		// A key is the service's, of any length.

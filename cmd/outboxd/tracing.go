@@ -30,10 +30,7 @@ func startTracing(ctx context.Context, cfg config.Config, metrics *health.Metric
 		return nil, nil, err
 	}
 	if metrics != nil {
-		metrics.Spans(func() health.SpanCounts {
-			c := tr.Counts()
-			return health.SpanCounts{Started: c.Started, Exported: c.Exported, Failed: c.Failed}
-		})
+		metrics.Spans(tr.Counts)
 	}
 	// The SDK reports an export that failed here (by default on the
 	// standard logger, unstructured).
