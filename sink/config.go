@@ -60,6 +60,12 @@ type Config struct {
 	// holds are not produced again (Skipped is told, then their Ack).
 	Stream  string
 	Skipped func(topic string)
+	// TailTimeout bounds how long a partition's records wait for its tail
+	// to be read (counted from the first one's handover, 0: unbounded);
+	// past it, or after a few failed reads, they go out without restart
+	// de-duplication and TailGivenUp is told (dedupe.go, giveUpTail).
+	TailTimeout time.Duration
+	TailGivenUp func(topic string)
 	// Timeline is the source's current timeline, Timelines it and its
 	// ancestors (where each began and ended), WALEnd the source's WAL
 	// position when the session began (dedupe.go, proof).
