@@ -123,15 +123,23 @@ func (p *Publisher) inFlight() (n, bytes int64) {
 // Wake is signalled after every outcome.
 func (p *Publisher) Wake() <-chan struct{} { return p.wake }
 
+// progressor is a Producer that learns from Kafka more than the outcomes
+// of records (the tails a session's start reads: sink.Producer.Progress).
+type progressor interface{ Progress() uint64 }
+
 // Check is the delivery timeout: an error once Kafka has acknowledged
 // nothing for DeliveryTimeout while records wait, so that a broker gone
 // without a reset is found within it instead of the operating system's TCP
 // timeouts. Its clock starts when records begin to wait and again at every
 // answer from Kafka a Check sees (an acknowledgement, or a refusal or
-// failure, which the caller handles); call it whenever the publishing
+// failure, which the caller handles) and at every step of the Producer's
+// progress (a partition's tail read); call it whenever the publishing
 // goroutine wakes.
 func (p *Publisher) Check(now time.Time) error {
 	back := p.back.n.Load()
+	if pr, ok := p.prod.(progressor); ok {
+		back += pr.Progress()
+	}
 	n, _ := p.inFlight()
 	if n == 0 || back != p.lastBack || p.lastBackAt.IsZero() {
 		p.lastBack, p.lastBackAt = back, now

@@ -384,3 +384,43 @@ func TestNoProofWhileADeadLetterIsOut(t *testing.T) {
 		t.Errorf("a record handed over while a refused record's replacement is out has position %#x, want none", got)
 	}
 }
+
+// progressing is a Producer that reports progress besides the outcomes of
+// records, as the sink does for the tails a session's start reads.
+type progressing struct {
+	publishtest.Producer
+	n uint64
+}
+
+func (p *progressing) Progress() uint64 { return p.n }
+
+// TestProgressIsNotSilence (issue 32, item 4): while a session's start
+// reads the tails of many partitions on a distant cluster, records wait
+// and none is acknowledged; each tail read answered is Kafka answering:
+// the delivery timeout counts from the last one, not from the first
+// record. Silent for the timeout after it, the broker is presumed
+// unreachable as before.
+func TestProgressIsNotSilence(t *testing.T) {
+	router, bs := publishtest.Outbox(t, "")
+	prod := &progressing{}
+	c := clocktest.New()
+	const timeout = 30 * time.Second
+	p := newPublisher(router, prod, c, timeout)
+	if err := p.Change(nil, bs, publishtest.Row(1, "1"), envelope.Position{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Check(c.Now()); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		c.Advance(20 * time.Second)
+		prod.n++
+		if err := p.Check(c.Now()); err != nil {
+			t.Fatalf("after %d tail reads, each within the timeout: %v", i+1, err)
+		}
+	}
+	c.Advance(timeout)
+	if err := p.Check(c.Now()); err == nil || !strings.Contains(err.Error(), "broker presumed unreachable") {
+		t.Fatalf("silent for the timeout after the last tail read: %v", err)
+	}
+}

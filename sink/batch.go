@@ -73,6 +73,8 @@ type partition struct {
 	held         []waitingRecord
 	tailAttempts int       // failed reads of the tail in a row
 	tailRetryAt  time.Time // when to read it again
+	tailSince    time.Time // when its first read began
+	tailReading  bool      // a read is running (tailReads)
 	// unproven: the broker refused a record of the stream here; the later
 	// ones go without the outboxd.stream header this session (dedupe.go).
 	unproven bool

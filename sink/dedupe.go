@@ -2,11 +2,9 @@ package sink
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"slices"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -70,7 +68,14 @@ func (p *Producer) dedupe() bool { return p.cfg.Stream != "" && p.cfg.Idempotenc
 // any record behind a held one (order). It pokes the sender, which reads
 // the tail (releaseHeld). Called with mu held.
 func (p *Producer) hold(t *topic, part *partition, r *outboxd.Record, now time.Time, ts int64) bool {
-	if !p.dedupe() || len(part.held) == 0 && (part.tail == tailPassed || r.Pos.LSN == 0 || t.resized) {
+	if !p.dedupe() {
+		return false
+	}
+	// Behind a held record every record waits (order). Otherwise only a
+	// record with a position waits, while its partition's tail may still
+	// skip it.
+	undecided := part.tail != tailPassed && r.Pos.LSN != 0 && !t.resized
+	if len(part.held) == 0 && !undecided {
 		return false
 	}
 	part.held = append(part.held, waitingRecord{rec: cloneRecord(r), now: now, ts: ts})
@@ -158,111 +163,101 @@ func parseStream(v []byte, identity string, partitions int) (tli uint32, start u
 	return uint32(n[0]), n[1], outboxd.Pos{LSN: n[2], Index: uint32(n[3]), Route: uint32(n[4])}, true
 }
 
-// tailReadsAtOnce bounds the tail reads a session makes side by side.
-const tailReadsAtOnce = 8
-
-// tailReader reads the position of the last record of the stream in a
-// partition (readTail; tests replace it).
-type tailReader func(ctx context.Context, topic string, partition int32, partitions int) (pos outboxd.Pos, found bool, err error)
-
-// releaseHeld reads the tail of every partition with records held whose
-// tail is not known (at most once per backoff step after a failure), then
-// lets the held records go: skipped when at or below the tail, added to
-// batches otherwise. It returns how soon to try again (0: nothing pending).
-// Called by the sender goroutine, without mu.
-func (p *Producer) releaseHeld(now time.Time) time.Duration {
+// readTails starts reading the tail of every partition with records held
+// whose tail is not known (at most once per backoff step after a failure,
+// as many at once as tailReads allows), and lets go the held records of
+// the partitions whose tail is: skipped when at or below it, added to
+// batches otherwise. A partition whose tail could not be read within its
+// budget gives up (giveUpTail). It returns how soon to look again (0:
+// only when an answer or a record comes). The sender's.
+func (p *Producer) readTails(now time.Time) time.Duration {
 	if !p.dedupe() {
 		return 0
 	}
 	p.mu.Lock()
-	early := p.transactional() && p.pid < 0
-	p.mu.Unlock()
-	if early {
+	if p.transactional() && p.pid < 0 {
+		p.mu.Unlock()
 		return 0 // producerID fences an earlier holder first (transaction.go)
 	}
-	type job struct {
-		pt    *partition
-		parts int
+	var skipped []waitingRecord
+	retry := time.Duration(0)
+	sooner := func(at time.Time) {
+		if w := max(at.Sub(now), time.Millisecond); retry == 0 || w < retry {
+			retry = w
+		}
 	}
-	var jobs []job
-	p.mu.Lock()
 	for _, pt := range p.parts {
-		if len(pt.held) == 0 || pt.tail != tailUnknown || now.Before(pt.tailRetryAt) {
-			continue
+		switch {
+		case len(pt.held) == 0 || pt.tailReading:
+		case pt.tail != tailUnknown:
+			skipped = p.release(pt, skipped)
+		case now.Before(pt.tailRetryAt):
+			sooner(pt.tailRetryAt)
+		case !pt.tailSince.IsZero() && !now.Before(p.tailDeadline(pt)):
+			p.giveUpTail(pt, errTailLate)
+			skipped = p.release(pt, skipped)
+		case p.reads.free():
+			if pt.tailSince.IsZero() {
+				pt.tailSince = now
+			}
+			pt.tailReading = true
+			p.reads.start(p.tailOf, pt, len(p.topics[pt.topic].ids), p.tailDeadline(pt).Sub(now))
 		}
-		if !now.Before(p.tailDeadline(pt)) {
-			p.giveUpTail(pt, errTailLate) // waited its budget before a read could start
-			continue
-		}
-		jobs = append(jobs, job{pt, len(p.topics[pt.topic].ids)})
 	}
 	p.mu.Unlock()
-	// The tails are read side by side (a few at a time): a topic of many
-	// partitions on a slow cluster would otherwise start one round trip
-	// per partition late.
-	type answer struct {
-		pos   outboxd.Pos
-		found bool
-		err   error
-	}
-	answers := make([]answer, len(jobs))
-	var wg sync.WaitGroup
-	slots := make(chan struct{}, tailReadsAtOnce)
-	for i, j := range jobs {
-		wg.Add(1)
-		slots <- struct{}{}
-		go func() {
-			defer func() { <-slots; wg.Done() }()
-			a := &answers[i]
-			p.mu.Lock()
-			left := p.tailDeadline(j.pt).Sub(p.clock.Now()) // on the producer's clock
-			p.mu.Unlock()
-			ctx, cancel := context.WithTimeout(p.ctx, left)
-			defer cancel()
-			a.pos, a.found, a.err = p.tailOf(ctx, j.pt.topic, j.pt.id, j.parts)
-		}()
-	}
-	wg.Wait()
-	var skipped []waitingRecord
-	for i, j := range jobs {
-		pos, found, err := answers[i].pos, answers[i].found, answers[i].err
-		p.mu.Lock()
-		switch {
-		case errors.Is(err, kafka.TopicAuthorizationFailed):
-			// The principal may write the topic but not read it: no
-			// de-duplication there (duplicates, never a loss), said once.
-			j.pt.tail = tailPassed
-			if !p.tailDenied {
-				p.tailDenied = true
-				p.log.Warn("cannot read the partition's tail to skip what a restart would produce again: grant the principal READ on the topic (docs/security.md); until then its records are produced again after a restart", "topic", j.pt.topic, "partition", j.pt.id, "error", err)
-			}
-		case err != nil:
-			j.pt.tailAttempts++
-			if j.pt.tailAttempts >= tailAttempts || !p.clock.Now().Before(p.tailDeadline(j.pt)) {
-				p.giveUpTail(j.pt, err)
-				break
-			}
-			j.pt.tailRetryAt = now.Add(backoff.Delay(j.pt.tailAttempts-1, retryMin, retryMax))
-			p.log.Debug("could not read the partition's tail; its records wait", "topic", j.pt.topic, "partition", j.pt.id, "attempt", j.pt.tailAttempts, "error", err)
-		case found:
-			j.pt.tail, j.pt.tailPos = tailKnown, pos
-			p.log.Debug("the partition holds the stream's records up to a position: the session's records at or below it are not produced again", "topic", j.pt.topic, "partition", j.pt.id, "lsn", pos.LSN, "index", pos.Index)
-		default:
-			j.pt.tail = tailPassed
+	p.ackSkipped(skipped)
+	return retry
+}
+
+// learnTail takes a read's answer: what pt's tail proves, or why it could
+// not be read (read again after a backoff step, or given up: giveUpTail);
+// then lets go its held records if the tail is known now. The sender's.
+func (p *Producer) learnTail(a tailAnswer) {
+	p.reads.took()
+	p.mu.Lock()
+	pt := a.pt
+	pt.tailReading = false
+	switch now := p.clock.Now(); {
+	case len(pt.held) == 0:
+		// Dropped meanwhile (a fence): nothing waits for the answer.
+	case errors.Is(a.err, kafka.TopicAuthorizationFailed):
+		// The principal may write the topic but not read it: no
+		// de-duplication there (duplicates, never a loss), said once.
+		pt.tail = tailPassed
+		if !p.tailDenied {
+			p.tailDenied = true
+			p.log.Warn("cannot read the partition's tail to skip what a restart would produce again: grant the principal READ on the topic (docs/security.md); until then its records are produced again after a restart", "topic", pt.topic, "partition", pt.id, "error", a.err)
 		}
-		// Released under the same lock as the tail is learnt: a record
-		// handed over meanwhile queues behind the held ones (hold).
-		skipped = p.release(j.pt, skipped)
-		p.mu.Unlock()
+	case a.err != nil:
+		pt.tailAttempts++
+		if pt.tailAttempts >= tailAttempts || !now.Before(p.tailDeadline(pt)) {
+			p.giveUpTail(pt, a.err)
+			break
+		}
+		pt.tailRetryAt = now.Add(backoff.Delay(pt.tailAttempts-1, retryMin, retryMax))
+		p.log.Debug("could not read the partition's tail; its records wait", "topic", pt.topic, "partition", pt.id, "attempt", pt.tailAttempts, "error", a.err)
+	case a.found:
+		pt.tail, pt.tailPos = tailKnown, a.pos
+		p.log.Debug("the partition holds the stream's records up to a position: the session's records at or below it are not produced again", "topic", pt.topic, "partition", pt.id, "lsn", a.pos.LSN, "index", a.pos.Index)
+	default:
+		pt.tail = tailPassed
 	}
-	skipped, retry := p.takeHeld(now, skipped)
+	// Released under the same lock as the tail is learnt: a record handed
+	// over meanwhile queues behind the held ones (hold).
+	skipped := p.release(pt, nil)
+	p.mu.Unlock()
+	p.ackSkipped(skipped)
+}
+
+// ackSkipped acknowledges the records a partition already holds, without
+// producing them, and counts them (Config.Skipped). Without mu.
+func (p *Producer) ackSkipped(skipped []waitingRecord) {
 	for i := range skipped {
 		if p.cfg.Skipped != nil {
 			p.cfg.Skipped(skipped[i].rec.Topic)
 		}
 		skipped[i].rec.Ack.Ack(nil)
 	}
-	return retry
 }
 
 // tailAttempts is how many times a partition's tail is read before its
@@ -274,13 +269,14 @@ const tailAttempts = 3
 var errTailLate = errors.New("not read within the time its records may wait (half of kafka.delivery_timeout)")
 
 // tailDeadline is when pt's held records stop waiting for its tail:
-// Config.TailTimeout after the first of them was handed over (never, when
-// it is 0). Called with mu held.
+// Config.TailTimeout after its first read began (a day, when it is 0:
+// WriteTimeout bounds each read, tailAttempts their number). Called with
+// mu held.
 func (p *Producer) tailDeadline(pt *partition) time.Time {
-	if p.cfg.TailTimeout <= 0 || len(pt.held) == 0 {
-		return p.clock.Now().Add(24 * time.Hour) // no bound: WriteTimeout bounds each read
+	if p.cfg.TailTimeout <= 0 {
+		return pt.tailSince.Add(24 * time.Hour)
 	}
-	return pt.held[0].now.Add(p.cfg.TailTimeout)
+	return pt.tailSince.Add(p.cfg.TailTimeout)
 }
 
 // giveUpTail lets pt's held records go without the proof of its tail,
@@ -294,25 +290,6 @@ func (p *Producer) giveUpTail(pt *partition, err error) {
 	if p.cfg.TailGivenUp != nil {
 		p.cfg.TailGivenUp(pt.topic)
 	}
-}
-
-// takeHeld releases the held records of every partition whose tail is
-// known (release), appending the skipped ones to skipped; and says how soon
-// a tail is to be read again.
-func (p *Producer) takeHeld(now time.Time, skipped []waitingRecord) ([]waitingRecord, time.Duration) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	retry := time.Duration(0)
-	for _, pt := range p.parts {
-		if len(pt.held) > 0 && pt.tail == tailUnknown {
-			if w := max(pt.tailRetryAt.Sub(now), time.Millisecond); retry == 0 || w < retry {
-				retry = w
-			}
-			continue
-		}
-		skipped = p.release(pt, skipped)
-	}
-	return skipped, retry
 }
 
 // release adds pt's held records to batches, in order, once its tail is

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -409,4 +410,63 @@ func (r *ackRecorder) has(k string) bool {
 	defer r.mu.Unlock()
 	_, ok := r.errs[k]
 	return ok
+}
+
+// TestTailReadsOffTheSender (issue 32, item 4): a tail read that waits on
+// the network (partition 0's: a distant leader) stops neither the sender
+// nor the other partitions: partition 1's tail is answered at once and its
+// records are produced and acknowledged while partition 0's read still
+// waits, which counts as the producer's progress; partition 0's records
+// go once its own tail is known. Before, every tail read of a pass had to
+// end before any held record went, and no acknowledgement was settled
+// meanwhile.
+func TestTailReadsOffTheSender(t *testing.T) {
+	b := &fakeBroker{partitions: 2}
+	cfg := Config{BatchSize: 1, Linger: time.Millisecond, Stream: "7000000000000000001/outboxd/abc", Timeline: 1,
+		Timelines: map[uint32]Timeline{1: {}}, WALEnd: 1 << 40}
+	p := idemProducer(t, b, cfg)
+	slow := make(chan struct{})
+	p.tailOf = func(ctx context.Context, _ string, partition int32, _ int) (outboxd.Pos, bool, error) {
+		if partition == 0 {
+			select {
+			case <-slow:
+			case <-ctx.Done():
+				return outboxd.Pos{}, false, ctx.Err()
+			}
+		}
+		return outboxd.Pos{}, false, nil
+	}
+	keyOf := func(partition int) string {
+		for i := 0; ; i++ {
+			k := fmt.Sprintf("K-%d", i)
+			if p.bal.Balance(kafka.Message{Key: []byte(k)}, 0, 1) == partition {
+				return k
+			}
+		}
+	}
+	r := newAckRecorder(4)
+	record := func(key, value string, lsn uint64) *outboxd.Record {
+		x := rec(r, key, value)
+		x.Pos = outboxd.Pos{LSN: lsn}
+		return x
+	}
+	produceOne(t, p, record(keyOf(0), "a0", 10), record(keyOf(1), "b0", 11), record(keyOf(0), "a1", 12), record(keyOf(1), "b1", 13))
+	deadline := time.Now().Add(10 * time.Second)
+	for len(b.topic(1)) < 2 || r.get("b0") != nil || r.get("b1") != nil || !slices.Contains(r.told(), "b1") {
+		if time.Now().After(deadline) {
+			t.Fatalf("partition 1's records were not acknowledged while partition 0's tail read waits: partition 1 holds %v, told %v", b.topic(1), r.told())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if got := b.topic(0); len(got) != 0 {
+		t.Fatalf("partition 0 holds %v before its tail is known", got)
+	}
+	if p.Progress() != 1 {
+		t.Errorf("the producer's progress is %d after one tail read answered, want 1", p.Progress())
+	}
+	close(slow)
+	r.wait(t)
+	if got := strings.Join(b.topic(0), " "); got != "a0 a1" {
+		t.Errorf("partition 0 holds %q, want \"a0 a1\"", got)
+	}
 }

@@ -120,9 +120,11 @@ type Producer struct {
 	// Scratch for the outboxd.stream header (withStream), under mu.
 	streamHeaders []outboxd.Header
 	streamValue   []byte
-	// tailOf reads a partition's tail (readKafkaTail; tests replace it);
-	// tailDenied: a read was refused for want of READ (said once).
+	// tailOf reads a partition's tail (readKafkaTail; tests replace it),
+	// reads runs it off the sender's path (tailreads.go); tailDenied: a
+	// read was refused for want of READ (said once).
 	tailOf     tailReader
+	reads      *tailReads
 	tailDenied bool
 }
 
@@ -170,7 +172,7 @@ func NewWithTransport(cfg Config, log hclog.Logger, rt kafka.RoundTripper) (*Pro
 	p := &Producer{cfg: cfg, rt: rt, addr: kafka.TCP(cfg.Brokers...), bal: bal, codec: cd, log: log, clock: clock.Or(cfg.Clock),
 		kick: make(chan struct{}, 1), done: make(chan struct{}), topics: map[string]*topic{}, topicWait: topicWait, metadataTTL: metadataTTL,
 		finished: make(chan *round, maxRounds), pid: -1, epoch: -1, lastPid: -1, lastEpoch: -1}
-	p.tailOf = p.readKafkaTail
+	p.tailOf, p.reads = p.readKafkaTail, newTailReads()
 	if rt == nil {
 		p.transport = newTransport(cfg)
 		p.rt = p.transport

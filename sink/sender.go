@@ -56,25 +56,32 @@ type round struct {
 // round it started having come back.
 func (p *Producer) run() {
 	defer close(p.done)
+	defer p.reads.stop()
 	for {
 		for settled := false; !settled; {
 			select {
 			case rd := <-p.finished:
 				p.finish(p.settle(rd))
+			case a := <-p.reads.answers:
+				p.learnTail(a)
 			default:
 				settled = true
 			}
 		}
 		now := p.clock.Now()
 		retry := p.resolveTopics(now)
-		// In this order: a commit before a reset's new epoch, the tails
-		// read once the producer id has fenced an earlier holder of its
-		// transactional id, partitions added once their batches may go.
-		for _, w := range [...]time.Duration{p.transact(now), p.producerID(now), p.releaseHeld(now), p.joinTransaction(now)} {
+		sooner := func(w time.Duration) {
 			if w > 0 && (retry == 0 || w < retry) {
 				retry = w
 			}
 		}
+		// In this order: a commit before a reset's new epoch; the tails
+		// read once the producer id has fenced an earlier holder of its
+		// transactional id; partitions added once their batches may go.
+		sooner(p.transact(now))
+		sooner(p.producerID(now))
+		sooner(p.readTails(now))
+		sooner(p.joinTransaction(now))
 		p.mu.Lock()
 		rd, wait, drop, exit := p.takeRound(p.clock.Now())
 		p.mu.Unlock()
@@ -109,6 +116,8 @@ func (p *Producer) run() {
 		case <-timer:
 		case rd := <-p.finished:
 			p.finish(p.settle(rd))
+		case a := <-p.reads.answers:
+			p.learnTail(a)
 		case <-ctxDone:
 		}
 	}
