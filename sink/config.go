@@ -60,6 +60,15 @@ type Config struct {
 	// holds are not produced again (Skipped is told, then their Ack).
 	Stream  string
 	Skipped func(topic string)
+	// StreamKey is the key of the header's MAC (streamkey.go): a record
+	// proves a position only when its MAC verifies under it, so only the
+	// instances that share it prove positions to each other. Empty: a
+	// random key of this producer's own (nothing an earlier process
+	// produced verifies: duplicates after a restart, never a loss).
+	// Rejected, when set, is told the topic of every record of the stream's
+	// identity in a partition's tail whose MAC does not verify.
+	StreamKey []byte
+	Rejected  func(topic string)
 	// Timeline is the source's current timeline, Timelines it and its
 	// ancestors (where each began and ended), WALEnd the source's WAL
 	// position when the session began (dedupe.go, proof).
