@@ -142,7 +142,9 @@ func (p *Producer) ofStream(v []byte) bool {
 }
 
 // rejections are the records of one tail read whose header names the
-// stream but whose MAC does not verify: each is counted, the last logged.
+// stream but proves nothing (its MAC does not verify, or, transactional,
+// it is not in a transaction of the producer id): each is counted, the
+// last logged.
 type rejections struct {
 	n      int
 	offset int64
