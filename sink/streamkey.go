@@ -69,6 +69,24 @@ func LoadStreamKey(path string) (key []byte, created bool, err error) {
 	return key, err == nil, err
 }
 
+// CheckStreamKey says, making nothing, what LoadStreamKey would do with
+// path: exists, the file is there (err: why it is unusable); otherwise err
+// nil, it would make one, or an error wrapping ErrStreamKeyNotKept, it
+// could not.
+func CheckStreamKey(path string) (exists bool, err error) {
+	_, err = readStreamKey(path)
+	if !errors.Is(err, fs.ErrNotExist) {
+		return true, err
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return false, fmt.Errorf("make %s: %w: %w", path, ErrStreamKeyNotKept, err)
+	}
+	tmp.Close()
+	os.Remove(tmp.Name())
+	return false, nil
+}
+
 func readStreamKey(path string) ([]byte, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {

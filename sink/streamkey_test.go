@@ -65,4 +65,25 @@ func TestLoadStreamKey(t *testing.T) {
 	if _, _, err := LoadStreamKey(filepath.Join(dir, "no such directory", "k")); !errors.Is(err, ErrStreamKeyNotKept) {
 		t.Errorf("a key file that cannot be made: %v, want ErrStreamKeyNotKept", err)
 	}
+
+	// CheckStreamKey (outboxd check) says the same and makes nothing.
+	for _, tc := range []struct {
+		path    string
+		exists  bool
+		notKept bool
+		bad     bool
+	}{
+		{path, true, false, false},
+		{filepath.Join(dir, "absent.key"), false, false, false},
+		{short, true, false, true},
+		{filepath.Join(dir, "no such directory", "k"), false, true, true},
+	} {
+		exists, err := CheckStreamKey(tc.path)
+		if exists != tc.exists || (err != nil) != tc.bad || errors.Is(err, ErrStreamKeyNotKept) != tc.notKept {
+			t.Errorf("CheckStreamKey(%s) = %v, %v; want exists %v, error %v (not kept %v)", tc.path, exists, err, tc.exists, tc.bad, tc.notKept)
+		}
+	}
+	if left, _ := filepath.Glob(filepath.Join(dir, "*absent*")); len(left) > 0 {
+		t.Errorf("CheckStreamKey left %v", left)
+	}
 }
