@@ -546,19 +546,9 @@ func TestDropPartitionsWaitsForAReader(t *testing.T) {
 	mustExec(f, `COMMENT ON TABLE outbox_late IS 'outboxd retention: detached from public.outbox once the replication slot had confirmed its rows; rows 0, id hash sum 0'`)
 	mustExec(f, "INSERT INTO outbox_late (id, agregat, agregat_id, tipus, carrega, creat_en) VALUES (gen_random_uuid(), 'comanda', 'P-1', 'comanda.creada', '{}', now() - interval '4 days')")
 
-	reader, err := pgx.Connect(ctx, f.dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer reader.Close(ctx)
-	tx, err := reader.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
-	var n int
-	if err := tx.QueryRow(ctx, "SELECT count(*) FROM outbox").Scan(&n); err != nil || n != 60 {
-		t.Fatalf("the reader sees %d rows (%v), want 60", n, err)
+	tx, n := outboxReader(f)
+	if n != 60 {
+		t.Fatalf("the reader sees %d rows, want 60", n)
 	}
 
 	topic := f.topic("comandes")
@@ -617,4 +607,118 @@ func TestDropPartitionsWaitsForAReader(t *testing.T) {
 		}
 	}
 	d.term()
+}
+
+// TestDropPartitionsKeptTableAdvice: a row that goes into a partition while
+// the job detaches it (here while the detach waits for a reader) keeps the
+// detached table, and the SQL the job logs for it works on an outbox
+// without a default partition, where INSERT INTO outbox SELECT * FROM the
+// table alone finds no partition for its rows: run as logged, in one
+// transaction, it puts the table's rows back into the outbox and drops
+// the table; the stream publishes them, the late row included, and the
+// job then drops their new partition like any other.
+func TestDropPartitionsKeptTableAdvice(t *testing.T) {
+	f := newFixture(t, dropSchema, map[string]int{"comandes": 1})
+	ctx := context.Background()
+	today := time.Now().UTC().Truncate(24 * time.Hour)
+	dailyParts(f, today, -4, 2)
+	part := "outbox_d" + today.AddDate(0, 0, -4).Format("20060102")
+	old := insertRows(t, f.db, "outbox", 10, "now() - interval '4 days'", false)
+
+	tx, _ := outboxReader(f)
+
+	topic := f.topic("comandes")
+	cfg := f.config(seedRoute(topic))
+	cfg.Retention = map[string]string{"mode": "drop_partitions", "max_age": "48h", "interval": "500ms", "confirm_timeout": "2s", "lock_timeout": "500ms"}
+	cfg.Postgres["idle_status_interval"] = "300ms"
+	d := f.start(cfg)
+	eventually(t, 30*time.Second, part+" detach pending (its DETACH ... CONCURRENTLY waits for the reader)", func() bool {
+		var pending bool
+		err := f.mon.QueryRow(ctx, "SELECT inhdetachpending FROM pg_inherits WHERE inhrelid = to_regclass($1)", part).Scan(&pending)
+		return err == nil && pending
+	})
+	late := insertRows(t, f.db, part, 1, "now() - interval '4 days'", false)
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	const kept = " holds rows outboxd did not see confirmed by the slot"
+	eventually(t, 30*time.Second, part+" kept for its late row", func() bool { return strings.Contains(d.Log(), part+kept) })
+	var line string
+	for _, l := range strings.Split(d.Log(), "\n") {
+		if strings.Contains(l, part+kept) {
+			line = strings.ReplaceAll(l, `\"`, `"`) // the log quotes the error
+		}
+	}
+	begin, commit := strings.Index(line, "BEGIN; "), strings.Index(line, " COMMIT;")
+	if begin < 0 || commit < begin {
+		t.Fatalf("the job's advice for %s is no BEGIN; ... COMMIT; to run:\n%s", part, line)
+	}
+	advice := line[begin+len("BEGIN; ") : commit]
+	t.Logf("the job's advice: %s", advice)
+	before := recordsOf(t, topic, late[0].id)
+
+	all := ids(old, late)
+	var n int
+	atx, err := f.db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = atx.Rollback(ctx) }()
+	if _, err := atx.Exec(ctx, advice); err != nil {
+		t.Fatalf("the job's advice fails: %v\n%s", err, advice)
+	}
+	if err := atx.QueryRow(ctx, "SELECT count(*) FROM outbox WHERE id::text = ANY($1)", all).Scan(&n); err != nil || n != len(all) {
+		t.Fatalf("after the advice the outbox holds %d of the kept table's %d rows (%v)", n, len(all), err)
+	}
+	if err := atx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var left int
+	if err := f.mon.QueryRow(ctx, "SELECT count(*) FROM pg_class WHERE relname = $1", part).Scan(&left); err != nil || left != 0 {
+		t.Fatalf("%s still there after the advice (%d, %v)", part, left, err)
+	}
+	eventually(t, 30*time.Second, "the late row published by the advice", func() bool { return recordsOf(t, topic, late[0].id) == before+1 })
+	eventually(t, 30*time.Second, "the partition the advice made dropped by the job", func() bool {
+		var m int
+		err := f.mon.QueryRow(ctx, "SELECT count(*) FROM pg_inherits WHERE inhparent = 'outbox'::regclass AND inhrelid::regclass::text LIKE $1", part+"%").Scan(&m)
+		return err == nil && m == 0
+	})
+	d.term()
+}
+
+// outboxReader opens a transaction that has read the outbox, as outboxd
+// replay does (REPEATABLE READ READ ONLY), and the rows it saw; the test's
+// end closes it.
+func outboxReader(f *fixture) (pgx.Tx, int) {
+	f.t.Helper()
+	ctx := context.Background()
+	reader, err := pgx.Connect(ctx, f.dsn)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(func() { reader.Close(ctx) })
+	tx, err := reader.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	var n int
+	if err := tx.QueryRow(ctx, "SELECT count(*) FROM outbox").Scan(&n); err != nil {
+		f.t.Fatal(err)
+	}
+	return tx, n
+}
+
+// recordsOf counts the records of event id in topic.
+func recordsOf(t *testing.T, topic, id string) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	all, _ := testenv.Consume(ctx, env.KafkaBrokers, topic, 0)
+	n := 0
+	for _, m := range all {
+		if header(m, "id_esdeveniment") == id {
+			n++
+		}
+	}
+	return n
 }

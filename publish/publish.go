@@ -144,7 +144,10 @@ type Publisher struct {
 	dropped      atomic.Uint64
 	_            [64]byte
 	back         tally // records Kafka answered: acknowledged, failed or refused
-	_            [64]byte
+	// deadOut: dead-letter records handed over and not answered yet
+	// (provable: records handed over meanwhile prove no position).
+	deadOut atomic.Int64
+	_       [64]byte
 
 	mu       sync.Mutex
 	refusals []refusal // refused records not replaced yet, oldest first
@@ -203,6 +206,9 @@ func (p *Publisher) Change(u Unit, bs []*envelope.Binding, row []envelope.Column
 		case verdict == envelope.Filtered:
 			continue
 		}
+		if !p.provable() {
+			rec.Pos = outboxd.Pos{}
+		}
 		var refusable *envelope.Binding
 		if rec.Refusable = DeadLetters(b); rec.Refusable {
 			refusable = b
@@ -230,8 +236,37 @@ func (p *Publisher) DeadLetter(u Unit, b *envelope.Binding, row []envelope.Colum
 	*rec = p.router.DeadLetter(b, row, reason, at, p.clock.Now())
 	p.log.Warn("row dead-lettered", "table", b.Name, "topic", rec.Topic, "lsn", at, "reason", reason.Error())
 	p.deadLettered.Add(1)
-	rec.Ack = p.hold(u, rec.Size(), nil, pos.CommitLSN)
+	rec.Ack = p.deadLetterAck(p.hold(u, rec.Size(), nil, pos.CommitLSN))
 	return p.produce(rec, pos)
+}
+
+// provable says whether a record handed over now may carry its stream
+// position, which proves after a restart that the partition holds every
+// record of the stream routed there up to it (sink/dedupe.go): not while a
+// dead-letter record of the session is unacknowledged. Were the session to
+// end before Kafka has it, the row it stands for would be in no topic, and
+// a later session that routes that row otherwise (kafka.batch_bytes
+// raised, the dead-letter topic created, a schema changed in the registry)
+// would take a later record of its partition as proof that the row is
+// there, and skip it. A record without a position is never skipped: at
+// worst a duplicate.
+func (p *Publisher) provable() bool { return p.deadOut.Load() == 0 }
+
+// deadLetterAck counts a dead-letter record in deadOut until its outcome,
+// which it passes on to next.
+func (p *Publisher) deadLetterAck(next outboxd.Acker) outboxd.Acker {
+	p.deadOut.Add(1)
+	return &deadLetterAcker{p: p, next: next}
+}
+
+type deadLetterAcker struct {
+	p    *Publisher
+	next outboxd.Acker
+}
+
+func (a *deadLetterAcker) Ack(err error) {
+	a.p.deadOut.Add(-1) // in Kafka (or the session is over): positions prove again
+	a.next.Ack(err)
 }
 
 // BadRowError is a change that cannot become a record on a route without a
@@ -308,7 +343,7 @@ func (p *Publisher) ReplaceRefused() error {
 		p.deadLettered.Add(1)
 		p.mu.Lock()
 		p.replaced++ // with the hold: Counts' Records never moves back
-		rec.Ack = p.hold(rf.u, rec.Size(), nil, rf.lsn)
+		rec.Ack = p.deadLetterAck(p.hold(rf.u, rec.Size(), nil, rf.lsn))
 		p.refusals[0] = refusal{}
 		if p.refusals = p.refusals[1:]; len(p.refusals) == 0 {
 			p.refusals = nil

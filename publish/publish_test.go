@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pglogrepl"
+
 	"github.com/outboxd/outboxd"
 	"github.com/outboxd/outboxd/clock"
 	"github.com/outboxd/outboxd/clock/clocktest"
@@ -331,5 +333,54 @@ func TestEachRecordItsOwnPosition(t *testing.T) {
 	a, b := prod.Record(t, 0), prod.Record(t, 1)
 	if a.Pos == b.Pos || a.Pos.LSN != 100 || a.Pos.Index != 3 || !b.Pos.After(a.Pos) {
 		t.Fatalf("positions %+v and %+v: want the change's, told apart by the route", a.Pos, b.Pos)
+	}
+}
+
+// TestNoProofWhileADeadLetterIsOut (issue 32, item 3): a record handed
+// over while a dead-letter record of the session is unacknowledged carries
+// no stream position, so it proves nothing after a restart: were the
+// session to end before Kafka had the dead-letter record, a later session
+// that routes the bad row otherwise (kafka.batch_bytes raised, its
+// dead-letter topic created) would take the later record as proof that
+// the row was delivered and skip it: a row in no topic. Once Kafka has the
+// dead-letter record, positions prove again. The same holds for the
+// replacement of a record the broker refused.
+func TestNoProofWhileADeadLetterIsOut(t *testing.T) {
+	router, bs := publishtest.Outbox(t, "comandes.dlq")
+	prod := &publishtest.Producer{}
+	p := newPublisher(router, prod, clocktest.New(), 0)
+	u := &unit{}
+	change := func(i int, versio string, lsn uint64) {
+		t.Helper()
+		if err := p.Change(u, bs, publishtest.Row(i, versio), envelope.Position{CommitLSN: pglogrepl.LSN(lsn)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	change(1, "1", 0x100)   // 0: proves
+	change(2, "dos", 0x200) // 1: the dead-letter record, out
+	change(3, "1", 0x300)   // 2: proves nothing
+	if got := prod.Record(t, 0).Pos.LSN; got != 0x100 {
+		t.Errorf("a record before any dead letter has position %#x, want 0x100", got)
+	}
+	if dl := prod.Record(t, 1); dl.Topic != "comandes.dlq" || dl.Pos.LSN != 0 {
+		t.Fatalf("record 1 is to %s with position %#x, want the dead-letter record, without one", dl.Topic, dl.Pos.LSN)
+	}
+	if got := prod.Record(t, 2).Pos.LSN; got != 0 {
+		t.Errorf("a record handed over while the dead-letter record is out has position %#x, want none", got)
+	}
+	prod.Record(t, 1).Ack.Ack(nil)
+	change(4, "1", 0x400) // 3: proves again
+	if got := prod.Record(t, 3).Pos.LSN; got != 0x400 {
+		t.Errorf("a record after the dead-letter record's acknowledgement has position %#x, want 0x400", got)
+	}
+
+	refused := prod.Record(t, 3)
+	refused.Ack.Ack(refuse(refused))
+	if err := p.ReplaceRefused(); err != nil {
+		t.Fatal(err)
+	}
+	change(5, "1", 0x500) // 5: its replacement (4) is out
+	if got := prod.Record(t, 5).Pos.LSN; got != 0 {
+		t.Errorf("a record handed over while a refused record's replacement is out has position %#x, want none", got)
 	}
 }

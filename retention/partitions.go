@@ -24,9 +24,14 @@ import (
 //  1. The partition's fingerprint (its rows' count and the sum of a hash
 //     of their ids), then L = pg_current_wal_insert_lsn(): every row the
 //     fingerprint counts was committed before L. Then, as for the DELETE,
-//     the cut-over lock shared and no marker, no replay hold, and the
-//     slot's confirmed_flush_lsn at L or past it (at most ConfirmTimeout):
-//     Kafka has every row the fingerprint counts.
+//     in a transaction of its own: the cut-over lock shared and no marker,
+//     no replay hold, and the slot's confirmed_flush_lsn at L or past it
+//     (at most ConfirmTimeout): Kafka has every row the fingerprint
+//     counts. That transaction ends there (ROLLBACK), and the cut-over
+//     lock with it: steps 2 and 3 hold no advisory lock, only the table
+//     locks they name. None is needed: rows in Kafka stay there whatever
+//     starts later, and a row that went in after the fingerprint was read
+//     is caught by reading it again in 2 or 3.
 //  2. With a default partition (which DETACH ... CONCURRENTLY refuses):
 //     DETACH PARTITION, the fingerprint again, and DROP TABLE, in one
 //     transaction, which takes the outbox's ACCESS EXCLUSIVE lock for a
@@ -40,7 +45,8 @@ import (
 //     went in between (which pgoutput may never send, if its transaction
 //     wrote while the partition was "detach pending", and which a later
 //     cut-over would not see) keeps the table, and the job says how to
-//     publish it. Then DROP TABLE.
+//     publish it again (republishAdvice; the comment carries the bound the
+//     partition had, for that). Then DROP TABLE.
 //
 // A detached table the job has not dropped yet keeps its comment, and each
 // pass finishes it first; an interrupted DETACH ... CONCURRENTLY leaves the
@@ -77,16 +83,30 @@ type fingerprint struct {
 
 func (f fingerprint) String() string { return fmt.Sprintf("rows %d, id hash sum %s", f.rows, f.sum) }
 
-// parseFingerprint reads the fingerprint at the end of a detached table's
-// comment.
-func parseFingerprint(comment, prefix string) (fingerprint, bool) {
-	var f fingerprint
+// boundMarker follows the fingerprint in the comment, then the bound the
+// table had as a partition (pg_get_expr(relpartbound)): what a kept table
+// needs to go back.
+const boundMarker = " as partition "
+
+// detachedComment is the comment of a partition the job detaches: the
+// fingerprint the proof covered and the partition's bound.
+func detachedComment(parent catalog.Table, f fingerprint, bound string) string {
+	return detachedPrefix(parent) + f.String() + boundMarker + bound
+}
+
+// parseFingerprint reads the fingerprint after prefix in a detached table's
+// comment, and the bound after it ("" when the comment has none: an older
+// outboxd wrote it).
+func parseFingerprint(comment, prefix string) (f fingerprint, bound string, ok bool) {
 	rest, ok := strings.CutPrefix(comment, prefix)
 	if !ok {
-		return f, false
+		return f, "", false
 	}
-	_, err := fmt.Sscanf(rest, "rows %d, id hash sum %s", &f.rows, &f.sum)
-	return f, err == nil
+	if _, err := fmt.Sscanf(rest, "rows %d, id hash sum %s", &f.rows, &f.sum); err != nil {
+		return f, "", false
+	}
+	_, bound, _ = strings.Cut(rest, boundMarker)
+	return f, bound, true
 }
 
 // dropPass drops t's due partitions, oldest first, after what an earlier
@@ -243,7 +263,7 @@ func (j *Job) dropPartition(ctx context.Context, conn *pgconn.PgConn, ps *catalo
 	}
 	if !ps.HasDefault {
 		if err := j.inTransaction(ctx, conn, func() error {
-			return j.exec(ctx, conn, "COMMENT ON TABLE "+name+" IS "+catalog.QuoteLiteral(detachedPrefix(parent)+f.String()))
+			return j.exec(ctx, conn, "COMMENT ON TABLE "+name+" IS "+catalog.QuoteLiteral(detachedComment(parent, f, p.Bound)))
 		}); err != nil {
 			return j.privilege(err, "comment on "+p.Name())
 		}
@@ -324,8 +344,9 @@ func (j *Job) dropDetached(ctx context.Context, conn *pgconn.PgConn, parent, d c
 		if err != nil {
 			return err
 		}
+		var bound string
 		var ok bool
-		if proven, ok = parseFingerprint(c, prefix); !ok {
+		if proven, bound, ok = parseFingerprint(c, prefix); !ok {
 			return fmt.Errorf("%s was detached by outboxd, but its comment holds no fingerprint of the rows the slot confirmed: kept; drop it by hand once its rows are in Kafka", d)
 		}
 		now, err := j.fingerprint(ctx, conn, d, id)
@@ -333,8 +354,8 @@ func (j *Job) dropDetached(ctx context.Context, conn *pgconn.PgConn, parent, d c
 			return err
 		}
 		if now != proven {
-			return fmt.Errorf("%s holds rows outboxd did not see confirmed by the slot (%s; when proven: %s): a writer added rows with an old creat_en while it was being detached, and they may never reach Kafka. It is kept: publish its rows again (INSERT INTO %s SELECT * FROM %s), then DROP TABLE %s",
-				d, now, proven, parent.Quoted(), d.Quoted(), d.Quoted())
+			return fmt.Errorf("%s holds rows outboxd did not see confirmed by the slot (%s; when proven: %s): a writer added rows with an old creat_en while it was being detached, and they may never reach Kafka. It is kept: publish its rows again through a partition that covers them, then drop it: %s",
+				d, now, proven, republishAdvice(parent, d, bound))
 		}
 		return j.exec(ctx, conn, "DROP TABLE "+d.Quoted())
 	})
@@ -343,6 +364,23 @@ func (j *Job) dropDetached(ctx context.Context, conn *pgconn.PgConn, parent, d c
 	}
 	j.dropped(parent, d, proven.rows)
 	return nil
+}
+
+// republishAdvice is the SQL that publishes again the rows of d, a table
+// detached from parent that once had bound, and drops it. The rows go back
+// into the outbox through a new partition with d's bound: an INSERT that
+// the stream publishes, and that retention drops again once the slot has
+// confirmed it. (INSERT INTO parent SELECT * FROM d alone finds no
+// partition for them; re-attaching d would publish nothing, and the next
+// pass would prove and drop its rows unpublished.) Without a known bound,
+// the operator writes one that covers the rows' creat_en.
+func republishAdvice(parent, d catalog.Table, bound string) string {
+	again := catalog.Table{Schema: d.Schema, Name: d.Name + "_again"}
+	if bound == "" {
+		bound = "FOR VALUES FROM (<the oldest creat_en in it>) TO (<past the newest>)"
+	}
+	return fmt.Sprintf("BEGIN; CREATE TABLE %s PARTITION OF %s %s; INSERT INTO %s SELECT * FROM %s; DROP TABLE %s; COMMIT; (skip the CREATE TABLE when a partition of %s covers those rows already)",
+		again.Quoted(), parent.Quoted(), bound, parent.Quoted(), d.Quoted(), d.Quoted(), parent)
 }
 
 func (j *Job) dropped(parent, part catalog.Table, rows int64) {

@@ -7,6 +7,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -78,6 +80,21 @@ type entry struct {
 	// uri is the schema's address in the registry (a CloudEvent's
 	// dataschema), contentType the media type of the values it writes.
 	uri, contentType []byte
+}
+
+// Identity names the schemas c writes by, by their ids in the registry:
+// what decides which rows pass (the restart de-duplication's stream
+// identity covers it).
+func (c *Codec) Identity() string {
+	if c.only != nil {
+		return strconv.Itoa(c.only.id)
+	}
+	keys := slices.Sorted(maps.Keys(c.byKey))
+	var b strings.Builder
+	for _, k := range keys {
+		fmt.Fprintf(&b, "%s=%d;", k, c.byKey[k].id)
+	}
+	return b.String()
 }
 
 // contentTypes are the media types of the formats' values.

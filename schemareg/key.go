@@ -3,6 +3,7 @@ package schemareg
 import (
 	"context"
 	"encoding/binary"
+	"strconv"
 	"unicode/utf8"
 )
 
@@ -57,6 +58,12 @@ func ResolveKey(ctx context.Context, c *Client, topic, format string, autoRegist
 		return nil, err
 	}
 	return &KeyCodec{format: format, prefix: wirePrefix(r.ID)}, nil
+}
+
+// Identity names the key schema by its id in the registry: part of the
+// key bytes the partitioner hashes.
+func (k *KeyCodec) Identity() string {
+	return strconv.Itoa(int(binary.BigEndian.Uint32(k.prefix[1:])))
 }
 
 // EncodeKey appends key's wire form to dst.

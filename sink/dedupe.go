@@ -226,9 +226,14 @@ func (p *Producer) releaseHeld(now time.Time) time.Duration {
 	var jobs []job
 	p.mu.Lock()
 	for _, pt := range p.parts {
-		if len(pt.held) > 0 && pt.tail == tailUnknown && !now.Before(pt.tailRetryAt) {
-			jobs = append(jobs, job{pt, len(p.topics[pt.topic].ids)})
+		if len(pt.held) == 0 || pt.tail != tailUnknown || now.Before(pt.tailRetryAt) {
+			continue
 		}
+		if !now.Before(p.tailDeadline(pt)) {
+			p.giveUpTail(pt, errTailLate) // waited its budget before a read could start
+			continue
+		}
+		jobs = append(jobs, job{pt, len(p.topics[pt.topic].ids)})
 	}
 	p.mu.Unlock()
 	// The tails are read side by side (a few at a time): a topic of many
@@ -248,7 +253,12 @@ func (p *Producer) releaseHeld(now time.Time) time.Duration {
 		go func() {
 			defer func() { <-slots; wg.Done() }()
 			a := &answers[i]
-			a.pos, a.found, a.err = p.tailOf(p.ctx, j.pt.topic, j.pt.id, j.parts)
+			p.mu.Lock()
+			left := p.tailDeadline(j.pt).Sub(p.clock.Now()) // on the producer's clock
+			p.mu.Unlock()
+			ctx, cancel := context.WithTimeout(p.ctx, left)
+			defer cancel()
+			a.pos, a.found, a.err = p.tailOf(ctx, j.pt.topic, j.pt.id, j.parts)
 		}()
 	}
 	wg.Wait()
@@ -267,6 +277,10 @@ func (p *Producer) releaseHeld(now time.Time) time.Duration {
 			}
 		case err != nil:
 			j.pt.tailAttempts++
+			if j.pt.tailAttempts >= tailAttempts || !p.clock.Now().Before(p.tailDeadline(j.pt)) {
+				p.giveUpTail(j.pt, err)
+				break
+			}
 			j.pt.tailRetryAt = now.Add(backoff.Delay(j.pt.tailAttempts-1, retryMin, retryMax))
 			p.log.Debug("could not read the partition's tail; its records wait", "topic", j.pt.topic, "partition", j.pt.id, "attempt", j.pt.tailAttempts, "error", err)
 		case found:
@@ -288,6 +302,37 @@ func (p *Producer) releaseHeld(now time.Time) time.Duration {
 		skipped[i].rec.Ack.Ack(nil)
 	}
 	return retry
+}
+
+// tailAttempts is how many times a partition's tail is read before its
+// records go out without it.
+const tailAttempts = 3
+
+// errTailLate is why a tail not read within Config.TailTimeout proves
+// nothing.
+var errTailLate = errors.New("not read within the time its records may wait (half of kafka.delivery_timeout)")
+
+// tailDeadline is when pt's held records stop waiting for its tail:
+// Config.TailTimeout after the first of them was handed over (never, when
+// it is 0). Called with mu held.
+func (p *Producer) tailDeadline(pt *partition) time.Time {
+	if p.cfg.TailTimeout <= 0 || len(pt.held) == 0 {
+		return p.clock.Now().Add(24 * time.Hour) // no bound: WriteTimeout bounds each read
+	}
+	return pt.held[0].now.Add(p.cfg.TailTimeout)
+}
+
+// giveUpTail lets pt's held records go without the proof of its tail,
+// which could not be read (err): a record the partition already holds may
+// go out again, a duplicate, never a loss, and never a wedge. Said at WARN
+// and counted (Config.TailGivenUp). Called with mu held.
+func (p *Producer) giveUpTail(pt *partition, err error) {
+	pt.tail = tailPassed
+	p.log.Warn("could not read the partition's tail to skip what an earlier session produced: its records go out without restart de-duplication (one the partition already holds may be produced again)",
+		"topic", pt.topic, "partition", pt.id, "attempts", pt.tailAttempts, "error", err)
+	if p.cfg.TailGivenUp != nil {
+		p.cfg.TailGivenUp(pt.topic)
+	}
 }
 
 // takeHeld releases the held records of every partition whose tail is

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -114,20 +115,81 @@ func TestRestartSkipsWhatThePartitionHolds(t *testing.T) {
 
 // TestNoEvidenceNoSkip: a partition without a record of the stream (a new
 // topic, or records of another identity: readKafkaTail finds none) skips
-// nothing; a tail that cannot be read holds the records, unsent, until it
-// can: none is skipped or produced on a guess.
+// nothing; a tail that cannot be read at once holds the records, unsent,
+// while it is read again: none is skipped or produced on a guess.
 func TestNoEvidenceNoSkip(t *testing.T) {
 	c := clocktest.New()
 	drive(t, c, time.Second)
 	b := &fakeBroker{}
-	x := &tails{fails: 3}
+	x := &tails{fails: tailAttempts - 1}
 	var skipped []string
 	p := dedupeProducer(t, b, x, &skipped, c)
 	r := newAckRecorder(2)
 	produceOne(t, p, posRec(r, "a", 50, 0), posRec(r, "b", 51, 0))
 	wantTopic(t, b, r, "a b")
-	if len(skipped) != 0 || x.reads != 4 {
-		t.Errorf("%d skipped, tail read %d times; want none skipped, read 4 times (3 failures)", len(skipped), x.reads)
+	if len(skipped) != 0 || x.reads != tailAttempts {
+		t.Errorf("%d skipped, tail read %d times; want none skipped, read %d times (%d failures)", len(skipped), x.reads, tailAttempts, tailAttempts-1)
+	}
+}
+
+// TestUnreadableTailGivesUp (issue 32, item 1): a tail that fails every
+// read (a partition whose oldest records retention deleted, read where
+// they were) does not hold its records for ever, session after session,
+// until the delivery timeout calls the broker unreachable: after
+// tailAttempts reads they go out without de-duplication (a duplicate at
+// worst), nothing skipped, and the partition is counted.
+func TestUnreadableTailGivesUp(t *testing.T) {
+	c := clocktest.New()
+	drive(t, c, time.Second)
+	b := &fakeBroker{}
+	x := &tails{fails: 1 << 30, err: fmt.Errorf("fetch: %w", kafka.OffsetOutOfRange)}
+	var skipped []string
+	p := dedupeProducer(t, b, x, &skipped, c)
+	var givenUp []string
+	p.cfg.TailGivenUp = func(topic string) { givenUp = append(givenUp, topic) }
+	r := newAckRecorder(2)
+	produceOne(t, p, posRec(r, "a", 50, 0), posRec(r, "b", 51, 0))
+	wantTopic(t, b, r, "a b")
+	if x.reads != tailAttempts || len(skipped) != 0 {
+		t.Errorf("tail read %d times, %d skipped; want %d failed reads, nothing skipped", x.reads, len(skipped), tailAttempts)
+	}
+	if len(givenUp) != 1 {
+		t.Errorf("TailGivenUp told %v, want the topic once", givenUp)
+	}
+}
+
+// TestSlowTailBoundedByTailTimeout (issue 32, item 1): a tail read that
+// hangs (a leader that never answers the fetch) is cut at TailTimeout
+// after the first held record was handed over, and its records go out:
+// the de-duplication never holds records up to the delivery timeout. On
+// the system clock: the read's context is a real one.
+func TestSlowTailBoundedByTailTimeout(t *testing.T) {
+	b := &fakeBroker{}
+	var givenUp atomic.Int32
+	cfg := Config{BatchSize: 1, Linger: time.Millisecond, Stream: "7000000000000000001/outboxd/abc", Timeline: 1,
+		Timelines: map[uint32]Timeline{1: {}}, WALEnd: 1 << 40, TailTimeout: 300 * time.Millisecond,
+		TailGivenUp: func(string) { givenUp.Add(1) }}
+	p := idemProducer(t, b, cfg)
+	var left atomic.Int64 // the first read's time left, in ns
+	p.tailOf = func(ctx context.Context, _ string, _ int32, _ int) (outboxd.Pos, bool, error) {
+		if d, ok := ctx.Deadline(); ok {
+			left.CompareAndSwap(0, int64(time.Until(d)))
+		}
+		<-ctx.Done()
+		return outboxd.Pos{}, false, fmt.Errorf("fetch: %w", ctx.Err())
+	}
+	r := newAckRecorder(2)
+	start := time.Now()
+	produceOne(t, p, posRec(r, "a", 50, 0), posRec(r, "b", 51, 0))
+	wantTopic(t, b, r, "a b")
+	if d := time.Duration(left.Load()); d <= 0 || d > 300*time.Millisecond {
+		t.Errorf("the tail read had %s left, want a deadline within TailTimeout (300ms)", d)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("the records went out %s after their handover, want about TailTimeout", took)
+	}
+	if givenUp.Load() != 1 {
+		t.Errorf("TailGivenUp told %d times, want once", givenUp.Load())
 	}
 }
 

@@ -27,32 +27,73 @@ const tailFetchBytes = 1 << 20
 
 // readKafkaTail is the tailReader: the position of the last record of the
 // stream (Config.Stream, under partitions partitions) below the
-// partition's last stable offset, from its leader, within WriteTimeout,
-// read as a read_committed consumer reads it. Only what every in-sync
-// replica holds counts (the last stable offset is at or below the high
-// watermark: a record above that may still be truncated), and only what
-// was committed (a record of a transaction left open or aborted, by an
-// instance the transaction coordinator fenced, proves nothing).
+// partition's last stable offset, from its leader, before deadline (and
+// within WriteTimeout), read as a read_committed consumer reads it. Only
+// what every in-sync replica holds counts (the last stable offset is at or
+// below the high watermark: a record above that may still be truncated),
+// and only what was committed (a record of a transaction left open or
+// aborted, by an instance the transaction coordinator fenced, proves
+// nothing).
+//
+// The tail is read from the larger of the window's start and the
+// partition's log start offset: Kafka's retention (retention.ms,
+// retention.bytes, DeleteRecords) deletes a partition's oldest records,
+// and a fetch below the log start is refused. A partition whose log start
+// has reached its end (every record deleted: a quiet partition a week
+// after its last record) holds nothing of the stream: it proves nothing,
+// and that is known at once. Retention that moves the log start while the
+// tail is read makes the fetch refuse the offset: the log start is read
+// again and the window starts over from it, a few times at most.
 func (p *Producer) readKafkaTail(ctx context.Context, topic string, partition int32, partitions int) (outboxd.Pos, bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.WriteTimeout)
 	defer cancel()
-	hw, err := p.highWatermark(ctx, topic, partition)
-	if err != nil || hw == 0 {
+	end, err := p.listOffset(ctx, topic, partition, offsetLatest)
+	if err != nil || end == 0 {
 		return outboxd.Pos{}, false, err
 	}
+	for moved := 0; ; moved++ {
+		start, err := p.listOffset(ctx, topic, partition, offsetEarliest)
+		if err != nil || start >= end {
+			return outboxd.Pos{}, false, err // an error, or nothing left to read
+		}
+		pos, found, err := p.scanWindows(ctx, topic, partition, start, end, partitions)
+		if errors.Is(err, kafka.OffsetOutOfRange) && moved < tailStartMoves {
+			continue // retention deleted records meanwhile: from the new log start
+		}
+		return pos, found, err
+	}
+}
+
+// tailStartMoves is how often readKafkaTail starts over when retention
+// deletes the records it was about to read.
+const tailStartMoves = 3
+
+// scanWindows looks for the stream's last record in [start, end) through
+// tailWindows, the window widened while nothing of the stream is found
+// and records before it remain.
+func (p *Producer) scanWindows(ctx context.Context, topic string, partition int32, start, end int64, partitions int) (outboxd.Pos, bool, error) {
 	for _, window := range tailWindows {
-		from := max(0, hw-window)
-		pos, found, err := p.lastOfStream(ctx, topic, partition, from, hw, partitions)
-		if err != nil || found || from == 0 {
+		from := max(start, end-window)
+		pos, found, err := p.lastOfStream(ctx, topic, partition, from, end, partitions)
+		if err != nil || found || from == start {
 			return pos, found, err
 		}
 	}
 	return outboxd.Pos{}, false, nil
 }
 
-func (p *Producer) highWatermark(ctx context.Context, topic string, partition int32) (int64, error) {
+// The ListOffsets timestamps that ask for a partition's end (its last
+// stable offset, read_committed) and its log start offset.
+const (
+	offsetLatest   = -1
+	offsetEarliest = -2
+)
+
+// listOffset is the partition's offset for timestamp (offsetLatest,
+// offsetEarliest), as a read_committed consumer sees it.
+func (p *Producer) listOffset(ctx context.Context, topic string, partition int32, timestamp int64) (int64, error) {
 	res, err := p.rt.RoundTrip(ctx, p.bootstrap(), &listoffsets.Request{ReplicaID: -1, IsolationLevel: readCommitted,
-		Topics: []listoffsets.RequestTopic{{Topic: topic, Partitions: []listoffsets.RequestPartition{{Partition: partition, CurrentLeaderEpoch: -1, Timestamp: -1}}}}})
+		Topics: []listoffsets.RequestTopic{{Topic: topic, Partitions: []listoffsets.RequestPartition{{Partition: partition, CurrentLeaderEpoch: -1, Timestamp: timestamp}}}}})
 	if err != nil {
 		return 0, fmt.Errorf("list offsets: %w", err)
 	}
@@ -91,10 +132,9 @@ func (p *Producer) lastOfStream(ctx context.Context, topic string, partition int
 		}
 		pa := r.Topics[0].Partitions[0]
 		if pa.ErrorCode != 0 {
-			if kafka.Error(pa.ErrorCode) == kafka.OffsetOutOfRange && next == from && from > 0 {
-				next = pa.LogStartOffset // deleted by retention meanwhile: from the start
-				continue
-			}
+			// OFFSET_OUT_OF_RANGE: below the log start (retention deleted
+			// the records meanwhile; the answer's log start is -1 then,
+			// so readKafkaTail asks again).
 			return last, false, fmt.Errorf("fetch: %w", kafka.Error(pa.ErrorCode))
 		}
 		read, err := scanRecords(committedBatches(&pa), hw, &next, func(b *tailBatch, offset int64, h []protocol.Header) {
@@ -221,13 +261,17 @@ func ProbeTail(ctx context.Context, cfg Config, topic string) error {
 	p := &Producer{cfg: cfg, rt: t, addr: kafka.TCP(cfg.Brokers...), clock: clock.Or(cfg.Clock)}
 	ctx, cancel := context.WithTimeout(ctx, probeBudget)
 	defer cancel()
-	hw, err := p.highWatermark(ctx, topic, 0)
+	hw, err := p.listOffset(ctx, topic, 0, offsetLatest)
 	if err != nil {
 		return err
 	}
-	// One record below the high watermark, or the empty log's start: a
-	// fetch either way, which is what READ governs.
-	from := max(0, hw-1)
+	start, err := p.listOffset(ctx, topic, 0, offsetEarliest)
+	if err != nil {
+		return err
+	}
+	// One record below the end, or the log's start when retention left
+	// nothing: a fetch either way, which is what READ governs.
+	from := max(start, hw-1)
 	_, _, err = p.lastOfStream(ctx, topic, 0, from, max(hw, from+1), 0)
 	return err
 }

@@ -126,6 +126,11 @@ func (d *Daemon) Start() error {
 	fmt.Fprintf(d.log, "==== testenv: start #%d at %s\n", d.starts, time.Now().Format("15:04:05.000"))
 	cmd := exec.Command(d.bin, "run", "-c", d.path)
 	cmd.Env = d.env
+	// It dies with this process, however that dies (the services do too:
+	// watchdog.go). The signal comes when the thread that started it ends,
+	// which in Go is the process: only a goroutine that locked its thread
+	// and returned ends one, and no test starts outboxd from such.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	cmd.Stdout, cmd.Stderr = d.log, d.log
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("testenv: start outboxd: %w", err)

@@ -133,6 +133,9 @@ func Start(o Options) (*Env, error) {
 	}
 	e := &Env{Dir: dir}
 	settings, err := o.environ()
+	if err == nil {
+		err = guard("services.sh", "down", dir)
+	}
 	if err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, err
@@ -263,8 +266,9 @@ func readEnvFile(path string) (map[string]string, error) {
 	return m, sc.Err()
 }
 
-// Cleanup stops and removes everything Start started. Safe to call twice;
-// it leaves attached services running.
+// Cleanup stops and removes everything Start started (the watchdog does it
+// if the process ends first: watchdog.go). Safe to call twice; it leaves
+// attached services running.
 func (e *Env) Cleanup() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -276,10 +280,12 @@ func (e *Env) Cleanup() {
 		if err := e.script(nil, "pg.sh", "destroy", dir); err != nil {
 			fmt.Fprintf(os.Stderr, "testenv: cleanup: %v\n", err)
 		}
+		unguard("pg.sh", "destroy", dir)
 	}
 	if err := e.script(nil, "services.sh", "down", e.Dir); err != nil {
 		fmt.Fprintf(os.Stderr, "testenv: cleanup: %v\n", err)
 	}
+	unguard("services.sh", "down", e.Dir)
 	_ = os.RemoveAll(e.Dir)
 }
 

@@ -49,6 +49,9 @@ func (e *Env) StartStandby() (*Standby, error) {
 	dir := filepath.Join(e.Dir, fmt.Sprintf("standby%d", len(e.extra)+1))
 	e.extra = append(e.extra, dir)
 	e.mu.Unlock()
+	if err := guard("pg.sh", "destroy", dir); err != nil {
+		return nil, err
+	}
 	if err := e.control("pg.sh", "standby", dir, e.Dir); err != nil {
 		return nil, err
 	}

@@ -236,3 +236,50 @@ loop:
 	})
 	return msgs, err
 }
+
+// DeleteRecords deletes topic's records below an offset in each partition
+// (-1: up to its high watermark) with the Apache Kafka admin client
+// (java/DeleteRecords.java, run from source with the broker's jars), as
+// kafka-delete-records.sh and retention do, and returns each partition's
+// new log start offset.
+func DeleteRecords(ctx context.Context, brokers, topic string, below map[int]int64) (map[int]int64, error) {
+	args := []string{brokers, topic}
+	for p, off := range below {
+		args = append(args, fmt.Sprintf("%d=%d", p, off))
+	}
+	out, err := runJava(ctx, "DeleteRecords.java", args...)
+	if err != nil {
+		return nil, fmt.Errorf("delete records: %w", err)
+	}
+	starts := map[int]int64{}
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		var p int
+		var start int64
+		if _, err := fmt.Sscan(line, &p, &start); err == nil {
+			starts[p] = start
+		}
+	}
+	return starts, nil
+}
+
+// LogOffsets reads each of topic's partitions' log start offset (below
+// it, retention deleted the records) and high watermark.
+func LogOffsets(ctx context.Context, brokers, topic string, partitions int) (start, end map[int]int64, err error) {
+	cl := &kafka.Client{Addr: kafka.TCP(splitBrokers(brokers)...)}
+	req := &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{}}
+	for p := range partitions {
+		req.Topics[topic] = append(req.Topics[topic], kafka.FirstOffsetOf(p), kafka.LastOffsetOf(p))
+	}
+	res, err := cl.ListOffsets(ctx, req)
+	if err != nil {
+		return nil, nil, fmt.Errorf("list offsets of %s: %w", topic, err)
+	}
+	start, end = map[int]int64{}, map[int]int64{}
+	for _, po := range res.Topics[topic] {
+		if po.Error != nil {
+			return nil, nil, fmt.Errorf("list offsets of %s/%d: %w", topic, po.Partition, po.Error)
+		}
+		start[po.Partition], end[po.Partition] = po.FirstOffset, po.LastOffset
+	}
+	return start, end, nil
+}

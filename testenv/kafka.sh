@@ -224,6 +224,10 @@ share.coordinator.state.topic.min.isr=1
 group.initial.rebalance.delay.ms=0
 auto.create.topics.enable=$AUTO_CREATE
 delete.topic.enable=true
+# Retention checked every second, not every 5 minutes: a test topic with a
+# short retention.ms loses its old records within seconds, as a week does
+# to a real one (restart de-duplication's tests).
+log.retention.check.interval.ms=1000
 # Short broker session so a broker restarted after SIGKILL re-registers fast
 # (the controller rejects the new incarnation until the old session expires).
 broker.heartbeat.interval.ms=500

@@ -22,6 +22,9 @@ type Collector struct {
 // StartCollector starts a collector with its state in dir (built from
 // testenv/otelcol the first time on a machine).
 func StartCollector(dir string) (*Collector, error) {
+	if err := guard("otelcol.sh", "stop", dir); err != nil {
+		return nil, err
+	}
 	out, err := runScript(context.Background(), nil, "otelcol.sh", "start", dir)
 	if err != nil {
 		return nil, err
@@ -44,6 +47,9 @@ func StartCollector(dir string) (*Collector, error) {
 // Stop stops it.
 func (c *Collector) Stop() error {
 	_, err := runScript(context.Background(), nil, "otelcol.sh", "stop", c.dir)
+	if err == nil {
+		unguard("otelcol.sh", "stop", c.dir)
+	}
 	return err
 }
 

@@ -20,6 +20,9 @@ type Registry struct {
 
 // StartRegistry starts a schema registry with its state in dir.
 func StartRegistry(dir string) (*Registry, error) {
+	if err := guard("registry.sh", "stop", dir); err != nil {
+		return nil, err
+	}
 	out, err := runScript(context.Background(), nil, "registry.sh", "start", dir)
 	if err != nil {
 		return nil, err
@@ -35,6 +38,9 @@ func StartRegistry(dir string) (*Registry, error) {
 // Stop stops it; its schemas go with it (in-memory storage).
 func (r *Registry) Stop() error {
 	_, err := runScript(context.Background(), nil, "registry.sh", "stop", r.dir)
+	if err == nil {
+		unguard("registry.sh", "stop", r.dir)
+	}
 	return err
 }
 

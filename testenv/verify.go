@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"slices"
 	"sort"
 	"sync"
@@ -90,6 +91,13 @@ func (v *Verifier) Start(ctx context.Context) {
 	v.first = map[string]delivery{}
 	v.offsets = map[int]int64{}
 	v.watermarks = newWatermarks(splitBrokers(v.Brokers))
+	// Below a partition's log start retention deleted the records: it is
+	// read from there (CaughtUp).
+	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	if start, _, err := LogOffsets(lctx, v.Brokers, v.Topic, v.Partitions); err == nil {
+		maps.Copy(v.offsets, start)
+	}
+	cancel()
 	ctx, v.cancel = context.WithCancel(ctx)
 	for p := 0; p < v.Partitions; p++ {
 		v.wg.Add(1)

@@ -93,7 +93,7 @@ func replay(ctx context.Context, path string, a replayArgs, stdout, stderr io.Wr
 	if err != nil {
 		return fmt.Errorf("kafka producer: %w", err)
 	}
-	if err := resolveSchemas(ctx, cfg, &routing, log.Named("schema")); err != nil {
+	if _, err := resolveSchemas(ctx, cfg, &routing, log.Named("schema")); err != nil {
 		return err
 	}
 	router, err := newRouter(cfg, routing)

@@ -9,6 +9,7 @@ import (
 	"hash/fnv"
 	"os"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"time"
 
@@ -57,6 +58,10 @@ func run(ctx context.Context, path string, proc *process) error {
 	sc.Observe = metrics.ObserveProduce
 	sc.Partitions = metrics.ObservePartitions
 	sc.Skipped = metrics.ObserveSkipped
+	sc.TailGivenUp = metrics.ObserveTailGivenUp
+	// Records held for their partition's tail go out before the delivery
+	// timeout could call the broker unreachable (sink/dedupe.go).
+	sc.TailTimeout = cfg.Kafka.DeliveryTimeout / 2
 	sc.Rejected = metrics.ObserveRejected
 	if sc.StreamKey, err = streamKey(cfg, log); err != nil {
 		return usageError{err}
@@ -81,7 +86,8 @@ func run(ctx context.Context, path string, proc *process) error {
 			Tables: rc.Tables, Brokers: cfg.Kafka.Brokers, Probe: probe, Interval: cfg.Health.PollInterval}, log.Named("health"))
 		rc.OnStreaming = mon.PollNow
 	}
-	if err := resolveSchemas(ctx, cfg, &routing, log.Named("schema")); err != nil {
+	schemas, err := resolveSchemas(ctx, cfg, &routing, log.Named("schema"))
+	if err != nil {
 		return err
 	}
 	router, err := newRouter(cfg, routing)
@@ -89,7 +95,7 @@ func run(ctx context.Context, path string, proc *process) error {
 		return usageError{err}
 	}
 	tableParts := onTables(cfg, routing.Tables(), conn, router, &rc, metrics, log)
-	runner := buildRunner(rc, sc, streamOf(cfg), transactionalID(cfg), router, log)
+	runner := buildRunner(rc, sc, streamOf(cfg, schemas), transactionalID(cfg), router, log)
 	if mon != nil {
 		// Bound now, so a port clash fails at start.
 		srv, err = health.Listen(cfg.Health.Listen, runner, mon, metrics,
@@ -267,12 +273,15 @@ func transactionalID(cfg config.Config) func(system string) string {
 }
 
 // streamOf is the part of the records' stream identity (sink.Config.Stream)
-// the configuration decides: the slot, and a digest of what routes a row
-// to a topic and a partition (the routes, the partitioner) and of the
-// publication (which changes a transaction's index counts); the session
+// the configuration decides: the slot, and a digest of everything that
+// decides a row's topic, partition or dead-letter fate: the routes, the
+// partitioner, kafka.batch_bytes (a larger row is a bad row), the
+// registry's schemas each route writes by (schemas: which rows pass, and
+// a registered key's bytes, which the partitioner hashes), and the
+// publication (which changes a transaction's index counts). The session
 // puts the database system's identifier before it. "" when
 // kafka.deduplicate is off.
-func streamOf(cfg config.Config) string {
+func streamOf(cfg config.Config, schemas string) string {
 	if !cfg.Kafka.Deduplicate {
 		return ""
 	}
@@ -281,8 +290,10 @@ func streamOf(cfg config.Config) string {
 		panic(err) // plain data: it always marshals
 	}
 	h := fnv.New64a()
-	h.Write(routes)
-	h.Write([]byte(cfg.Kafka.Partitioner))
-	h.Write([]byte(cfg.Postgres.Publication)) // what the slot decodes, so what a change's index counts
+	for _, part := range [][]byte{routes, []byte(cfg.Kafka.Partitioner), []byte(cfg.Postgres.Publication),
+		strconv.AppendInt(nil, cfg.Kafka.BatchBytes, 10), []byte(schemas)} {
+		h.Write(part)
+		h.Write([]byte{0}) // each part ends: no two configurations write the same bytes
+	}
 	return fmt.Sprintf("%s/%x", cfg.Postgres.Slot, h.Sum64())
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/hashicorp/go-hclog"
 
@@ -20,7 +21,12 @@ import (
 // not read meanwhile); a refusal (a subject or schema missing, a schema
 // incompatible, credentials refused) stops outboxd with the registry's
 // answer.
-func resolveSchemas(ctx context.Context, cfg config.Config, routing *envelope.Routing, log hclog.Logger) error {
+//
+// It returns the schemas' identity: the registry's ids of the schemas each
+// route writes by, which decide whether a row passes and its key's bytes
+// (streamOf: the restart de-duplication's stream identity covers them).
+func resolveSchemas(ctx context.Context, cfg config.Config, routing *envelope.Routing, log hclog.Logger) (string, error) {
+	var ids strings.Builder
 	for i, r := range cfg.Routes {
 		s := r.Registry
 		if s.URL == "" {
@@ -28,7 +34,7 @@ func resolveSchemas(ctx context.Context, cfg config.Config, routing *envelope.Ro
 		}
 		client, err := schemareg.NewClient(schemareg.Options{URL: s.URL, Username: s.Username, Password: s.Password, CAFile: s.CAFile})
 		if err != nil {
-			return usageError{fmt.Errorf("routes[%d].schema: %w", i, err)}
+			return "", usageError{fmt.Errorf("routes[%d].schema: %w", i, err)}
 		}
 		spec := schemareg.Spec{Format: s.Format, Strategy: s.SubjectStrategy, AutoRegister: s.AutoRegister, Schemas: s.Texts, Version: s.Version}
 		for attempt := 0; ; attempt++ {
@@ -39,21 +45,24 @@ func resolveSchemas(ctx context.Context, cfg config.Config, routing *envelope.Ro
 			}
 			if err == nil {
 				routing.Routes[i].Encoder = codec
+				fmt.Fprintf(&ids, "%d:%s", i, codec.Identity())
 				if key != nil {
 					routing.Routes[i].KeyEncoder = key
+					fmt.Fprintf(&ids, ":key=%s", key.Identity())
 				}
+				ids.WriteString(";")
 				log.Info("schemas found", "route", i, "registry", s.URL)
 				break
 			}
 			if schemareg.Permanent(err) || ctx.Err() != nil {
-				return fmt.Errorf("routes[%d].schema: %w", i, err)
+				return "", fmt.Errorf("routes[%d].schema: %w", i, err)
 			}
 			wait := backoff.Delay(attempt, cfg.Pipeline.BackoffMin, cfg.Pipeline.BackoffMax)
 			log.Warn("schema registry unreachable: nothing is streamed until it answers", "route", i, "error", err, "retry_in", wait)
 			if !clock.Sleep(ctx, clock.Or(nil), wait) {
-				return ctx.Err()
+				return "", ctx.Err()
 			}
 		}
 	}
-	return nil
+	return ids.String(), nil
 }
