@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"reflect"
 	"time"
 
@@ -122,6 +123,13 @@ type Kafka struct {
 	// Deduplicate: after a restart, records a partition already holds are
 	// not produced again (sink.Config.Stream; needs Idempotence).
 	Deduplicate bool `yaml:"deduplicate"`
+	// StreamKeyFile holds the key of the MAC that makes a record's
+	// outboxd.stream header outboxd's (sink.LoadStreamKey): made there at
+	// the first start when absent; the instances of a slot share it. A
+	// relative path is taken from the configuration file's directory (Load);
+	// "": a key in memory, so nothing an earlier process produced proves a
+	// position (duplicates after a restart, never a loss).
+	StreamKeyFile string `yaml:"stream_key_file"`
 	// Transactions: records go out in Kafka transactions (needs
 	// Idempotence), acknowledged once committed, at most
 	// TransactionInterval after their transaction began; an instance with
@@ -444,6 +452,7 @@ func Default() Config {
 			OnPartitionChange: sink.PartitionsFollow,
 			Idempotence:       true,
 			Deduplicate:       true,
+			StreamKeyFile:     "outboxd-stream.key",
 			// A commit costs a round trip to the coordinator and a marker
 			// in every partition of the transaction.
 			TransactionInterval: 100 * time.Millisecond,
@@ -483,6 +492,11 @@ func Load(path string) (Config, error) {
 	cfg, err := Parse(data, os.LookupEnv, os.ReadFile)
 	if err != nil {
 		return Config{}, fmt.Errorf("%s: %w", path, err)
+	}
+	if k := cfg.Kafka.StreamKeyFile; k != "" && !filepath.IsAbs(k) {
+		// Beside the file, whatever the working directory: the instances
+		// started from one configuration share one key.
+		cfg.Kafka.StreamKeyFile = filepath.Join(filepath.Dir(path), k)
 	}
 	return cfg, nil
 }

@@ -84,7 +84,7 @@ func TestDefault(t *testing.T) {
 			DeliveryTimeout:   30 * time.Second,
 			OnPartitionChange: "follow",
 			Idempotence:       true,
-			Deduplicate:       true, TransactionInterval: 100 * time.Millisecond,
+			Deduplicate:       true, StreamKeyFile: "outboxd-stream.key", TransactionInterval: 100 * time.Millisecond,
 		},
 		Pipeline: config.Pipeline{
 			MaxInFlightEvents: 1500,
@@ -197,7 +197,7 @@ func TestParseExamples(t *testing.T) {
 				DeliveryTimeout:   30 * time.Second,
 				OnPartitionChange: "follow",
 				Idempotence:       true,
-				Deduplicate:       true, TransactionInterval: 100 * time.Millisecond,
+				Deduplicate:       true, StreamKeyFile: "outboxd-stream.key", TransactionInterval: 100 * time.Millisecond,
 			}
 			if !reflect.DeepEqual(c.Kafka, wantKafka) {
 				t.Errorf("kafka =\n%+v\nwant\n%+v", c.Kafka, wantKafka)
@@ -260,6 +260,9 @@ func TestLoad(t *testing.T) {
 	}
 	if want := "postgres://outboxd:from-env@127.0.0.1/km0"; cfg.Postgres.DSN != want {
 		t.Errorf("dsn = %q, want %q (expanded from the process environment)", cfg.Postgres.DSN, want)
+	}
+	if want := filepath.Join(dir, "outboxd-stream.key"); cfg.Kafka.StreamKeyFile != want {
+		t.Errorf("kafka.stream_key_file = %q, want %q (beside the configuration file)", cfg.Kafka.StreamKeyFile, want)
 	}
 
 	secret := filepath.Join(dir, "pg-password")

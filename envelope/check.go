@@ -207,6 +207,8 @@ func (ps *problems) fields(r *Route) {
 			ps.add(at+".column", "required")
 		case (f.Header == "") == (f.Envelope == ""):
 			ps.add(at, "one of header: NAME or envelope: NAME (where the column's value goes, under which name)")
+		case strings.HasPrefix(strings.ToLower(f.Header), ReservedHeaderPrefix):
+			ps.add(at+".header", "%q: headers named %s... are outboxd's own (a row's column must not pass for one of them)", f.Header, ReservedHeaderPrefix)
 		case f.Header != "" && headers[f.Header]:
 			ps.add(at+".header", "%q is already a header of the record", f.Header)
 		case f.Envelope != "" && members[f.Envelope]:

@@ -37,6 +37,11 @@ const (
 	HeaderDebeziumID = "id"
 )
 
+// ReservedHeaderPrefix starts the names of outboxd's own headers (these,
+// the dead-letter record's, sink.HeaderStream): a route's fields may not
+// take one, so that no row's column reaches Kafka under such a name.
+const ReservedHeaderPrefix = "outboxd."
+
 // Source position headers (Route.Position).
 const (
 	HeaderCommitLSN = "outboxd.commit_lsn" // the transaction's commit LSN, decimal

@@ -26,6 +26,7 @@ type Metrics struct {
 	partChanges   *prometheus.CounterVec
 	skipped       *prometheus.CounterVec
 	tailGivenUp   *prometheus.CounterVec
+	rejected      *prometheus.CounterVec
 
 	clock clock.Clock
 
@@ -70,6 +71,8 @@ func NewMetrics(c clock.Clock) *Metrics {
 			Help: "Records a new session did not produce again because the partition already held them (kafka.deduplicate), by topic."}, []string{"topic"}),
 		tailGivenUp: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_dedupe_tails_given_up_total",
 			Help: "Partitions whose tail a session could not read, so that their records went out without restart de-duplication (a duplicate at worst), by topic."}, []string{"topic"}),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "outboxd_stream_headers_rejected_total",
+			Help: "Records found in a partition's tail whose outboxd.stream header names this stream but whose MAC does not verify under kafka.stream_key_file's key (forged, copied, or written under another key): they prove nothing, by topic."}, []string{"topic"}),
 		topics: map[string]*TopicStats{},
 	}
 	build := outboxd.BuildInfo()
@@ -77,7 +80,7 @@ func NewMetrics(c clock.Clock) *Metrics {
 		Help:        "Always 1; the labels say which build is running.",
 		ConstLabels: prometheus.Labels{"version": build.Version, "goversion": build.GoVersion}})
 	buildInfo.Set(1)
-	m.reg.MustRegister(m.events, m.bytes, m.produceErrors, m.produceTime, m.commitToAck, m.lastProduce, m.partitions, m.partChanges, m.skipped, m.tailGivenUp, buildInfo,
+	m.reg.MustRegister(m.events, m.bytes, m.produceErrors, m.produceTime, m.commitToAck, m.lastProduce, m.partitions, m.partChanges, m.skipped, m.tailGivenUp, m.rejected, buildInfo,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -124,6 +127,10 @@ func (m *Metrics) ObserveSkipped(topic string) { m.skipped.WithLabelValues(topic
 // ObserveTailGivenUp counts one partition whose records went out without
 // its tail read (sink.Config.TailGivenUp).
 func (m *Metrics) ObserveTailGivenUp(topic string) { m.tailGivenUp.WithLabelValues(topic).Inc() }
+
+// ObserveRejected counts one record whose stream header proves nothing
+// (sink.Config.Rejected).
+func (m *Metrics) ObserveRejected(topic string) { m.rejected.WithLabelValues(topic).Inc() }
 
 // ObserveConfirm records one confirmed transaction's commit-to-ack latency
 // (replication.Config.OnConfirm).

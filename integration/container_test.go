@@ -224,7 +224,7 @@ func containerImageTest(t *testing.T, podman, root, dsn, brokers string) {
 	// checkpoint's) until a keepalive, and made this check flaky.
 	var lastCommit pglogrepl.LSN
 	for _, m := range msgs {
-		if f := strings.Split(header(m, sink.HeaderStream), ";"); len(f) == 7 {
+		if f := strings.Split(header(m, sink.HeaderStream), ";"); len(f) == 8 {
 			if n, err := strconv.ParseUint(f[4], 10, 64); err == nil && pglogrepl.LSN(n) > lastCommit {
 				lastCommit = pglogrepl.LSN(n)
 			}

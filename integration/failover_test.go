@@ -622,8 +622,9 @@ func TestFailoverDuringCutover(t *testing.T) {
 		Retention: testenv.Section{"max_age": "1s", "interval": "300ms", "confirm_timeout": "1s"},
 		Log:       testenv.Section{"level": "info"},
 	}
+	dir := t.TempDir() // one stream key file for every instance
 	start := func() *daemon {
-		td, err := testenv.StartDaemon(t.TempDir(), cfg)
+		td, err := testenv.StartDaemon(dir, cfg)
 		if err != nil {
 			t.Fatal(err)
 		}

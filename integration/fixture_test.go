@@ -30,6 +30,10 @@ type fixture struct {
 	db     *pgx.Conn      // for the test's writer
 	mon    *pgx.Conn      // for observing the slot, concurrently with the writer
 	topics map[string]int // topic -> partitions
+	// dir holds the configuration files of the instances it starts, and
+	// so their default kafka.stream_key_file: one key for all of them, or
+	// a restart's de-duplication would trust nothing the last one wrote.
+	dir string
 }
 
 func newFixture(t *testing.T, schemaSQL string, topics map[string]int) *fixture {
@@ -55,7 +59,7 @@ func newFixtureOn(t *testing.T, e *testenv.Env, schemaSQL string, topics map[str
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fixture{t: t, env: e, name: name, dsn: dsn, db: db, mon: mon, topics: map[string]int{}}
+	f := &fixture{t: t, env: e, name: name, dsn: dsn, db: db, mon: mon, topics: map[string]int{}, dir: t.TempDir()}
 	t.Cleanup(func() {
 		// f's connections, which a test may have replaced after a restart.
 		f.mon.Close(context.Background())
@@ -246,7 +250,7 @@ func (f *fixture) start(cfg testenv.Config) *daemon {
 // when the test failed, prints its log.
 func (f *fixture) spawn(cfg testenv.Config) *daemon {
 	f.t.Helper()
-	td, err := testenv.StartDaemon(f.t.TempDir(), cfg)
+	td, err := testenv.StartDaemon(f.dir, cfg)
 	if err != nil {
 		f.t.Fatal(err)
 	}

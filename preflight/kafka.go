@@ -257,6 +257,42 @@ func dedupeLine(ctx context.Context, cfg config.Config, sc sink.Config, topics [
 	return evalDedupe(cfg.Kafka.Deduplicate, cfg.Kafka.Idempotence, probes)
 }
 
+// streamKeyLine is the line of kafka.stream_key_file: whether run finds
+// the key that signs the records' stream headers, or can make it
+// (sink.CheckStreamKey).
+func streamKeyLine(cfg config.Config) Result {
+	if !cfg.Kafka.Deduplicate || !cfg.Kafka.Idempotence {
+		return pass(streamKeyName, "not used (no restart de-duplication)")
+	}
+	path := cfg.Kafka.StreamKeyFile
+	var exists bool
+	var err error
+	if path != "" {
+		exists, err = sink.CheckStreamKey(path)
+	}
+	return evalStreamKey(path, exists, err)
+}
+
+const streamKeyName = "kafka stream key"
+
+// evalStreamKey judges kafka.stream_key_file from its path and what
+// sink.CheckStreamKey said of it.
+func evalStreamKey(path string, exists bool, err error) Result {
+	const degraded = "outboxd would sign with a key of its process alone: after each restart it produces again what the slot had not confirmed (duplicates, never a loss)"
+	switch {
+	case path == "":
+		return warn(streamKeyName, "kafka.stream_key_file is empty: "+degraded, "name a file every instance of the slot shares (docs/guarantees.md)")
+	case errors.Is(err, sink.ErrStreamKeyNotKept):
+		return warn(streamKeyName, path+" does not exist and cannot be made ("+oneLine(err.Error())+"): "+degraded,
+			"make its directory writable, or put there a key every instance of the slot shares (openssl rand -hex 32)")
+	case err != nil:
+		return fail(streamKeyName, oneLine(err.Error())+": outboxd run would stop", "replace it with a key of at least 16 bytes (openssl rand -hex 32) every instance of the slot shares")
+	case exists:
+		return pass(streamKeyName, "%s (every instance of the slot must have the same one)", path)
+	}
+	return pass(streamKeyName, "%s does not exist yet: the first start makes it (every instance of the slot must have the same one)", path)
+}
+
 // evalDedupe judges restart de-duplication from whether it is on, whether
 // the producer is idempotent, and each topic's tail probe.
 func evalDedupe(enabled, idempotent bool, probes map[string]error) Result {

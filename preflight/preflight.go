@@ -51,6 +51,7 @@ func Run(ctx context.Context, cfg config.Config, kafka sink.Config) []Result {
 	out := []Result{{Name: "config", Status: Pass, Detail: fmt.Sprintf("%d route(s), slot %s, publication %s", len(t.routing.Routes), cfg.Postgres.Slot, cfg.Postgres.Publication)}}
 	out = append(out, checkPostgres(ctx, &t)...)
 	out = append(out, checkKafka(ctx, t, kafka)...)
+	out = append(out, streamKeyLine(t.Config))
 	out = append(out, checkRegistries(ctx, t)...)
 	return out
 }

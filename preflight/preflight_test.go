@@ -3,6 +3,7 @@ package preflight
 import (
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 
@@ -264,6 +265,32 @@ func TestEvalDedupe(t *testing.T) {
 		{"another failure", true, true, map[string]error{"comandes": errors.New("i/o timeout")}, Warn, "could not read the tail of comandes", "brokers' logs"},
 	} {
 		r := evalDedupe(tc.on, tc.idem, tc.probes)
+		if r.Status != tc.status || !strings.Contains(r.Detail, tc.detail) || !strings.Contains(r.Fix, tc.fix) {
+			t.Errorf("%s: %v %q (fix %q)", tc.name, r.Status, r.Detail, r.Fix)
+		}
+	}
+}
+
+// TestEvalStreamKey: the kafka stream key line (issue 32): a key there or
+// to be made passes; none configured, or none that can be made, warns
+// (restarts duplicate); a file there but unusable fails, as run would.
+func TestEvalStreamKey(t *testing.T) {
+	notKept := fmt.Errorf("make /etc/outboxd/k: %w: %w", sink.ErrStreamKeyNotKept, os.ErrPermission)
+	for _, tc := range []struct {
+		name        string
+		path        string
+		exists      bool
+		err         error
+		status      string
+		detail, fix string
+	}{
+		{"there", "/k", true, nil, Pass, "/k (every instance", ""},
+		{"to be made", "/k", false, nil, Pass, "the first start makes it", ""},
+		{"empty", "", false, nil, Warn, "kafka.stream_key_file is empty", "every instance of the slot shares"},
+		{"cannot be made", "/etc/outboxd/k", false, notKept, Warn, "cannot be made", "make its directory writable"},
+		{"too short", "/k", true, errors.New("stream key /k: 4 bytes, want at least 16"), Fail, "would stop", "openssl rand -hex 32"},
+	} {
+		r := evalStreamKey(tc.path, tc.exists, tc.err)
 		if r.Status != tc.status || !strings.Contains(r.Detail, tc.detail) || !strings.Contains(r.Fix, tc.fix) {
 			t.Errorf("%s: %v %q (fix %q)", tc.name, r.Status, r.Detail, r.Fix)
 		}

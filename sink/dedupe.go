@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/outboxd/outboxd"
@@ -22,7 +23,10 @@ import (
 // gets the session's first record with a position, the producer reads the
 // partition's tail (tail.go) for the last record of the same stream under
 // the same partition count; the session's records at or below its
-// position are acknowledged without being produced (Config.Skipped).
+// position are acknowledged without being produced (Config.Skipped). Only
+// a record outboxd produced proves anything: the header ends with a MAC
+// under the stream key the instances of a slot share (streamkey.go), and a
+// header whose MAC does not verify proves nothing (Config.Rejected).
 //
 // Why that loses nothing: the stream produces in commit order, and the
 // idempotent producer appends a partition's records in the order they were
@@ -49,7 +53,7 @@ import (
 // they are.
 
 // HeaderStream is the header that carries a record's stream identity and
-// position: "<identity>;<partitions>;<timeline>;<its start>;<commit LSN>;<index>;<route>".
+// position, and their MAC (streamkey.go): "<identity>;<partitions>;<timeline>;<its start>;<commit LSN>;<index>;<route>;<MAC>".
 const HeaderStream = "outboxd.stream"
 
 // tailState is what a partition knows of the stream's records in it.
@@ -92,6 +96,7 @@ func (p *Producer) withStream(t *topic, part *partition, r *outboxd.Record) *out
 		return r
 	}
 	p.streamValue = appendStream(p.streamValue[:0], p.cfg.Stream, len(t.ids), p.cfg.Timeline, p.cfg.Timelines[p.cfg.Timeline].Start, r.Pos)
+	p.streamValue = p.mac.appendMAC(p.streamValue, part.topic, part.id)
 	p.streamHeaders = append(append(p.streamHeaders[:0], r.Headers...), outboxd.Header{Key: HeaderStream, Value: p.streamValue})
 	c := *r
 	c.Headers = p.streamHeaders
@@ -112,7 +117,8 @@ type Timeline struct {
 	Start, End uint64 // where it began (its parent's switch point) and ended (0: the current one)
 }
 
-// proof is the position a HeaderStream value v proves for this session: a
+// proof is the position a HeaderStream value v, its MAC verified and cut
+// off (macVerifier.verify), proves for this session: a
 // record of the same identity, under the same partition count, of this
 // timeline or of an ancestor, the same branch (the same start: timeline
 // numbers repeat across branches made without a shared archive), before
@@ -130,6 +136,39 @@ func (p *Producer) proof(v []byte, partitions int) (pos outboxd.Pos, ok bool) {
 		return pos, false
 	}
 	return pos, tli == p.cfg.Timeline || pos.LSN < tl.End
+}
+
+// ofStream says whether v, a HeaderStream value, names this session's
+// stream identity: only those are judged by their MAC (a record of another
+// outboxd, under its own key, is no forgery).
+func (p *Producer) ofStream(v []byte) bool {
+	n := len(p.cfg.Stream)
+	return p.mac != nil && n > 0 && len(v) > n && v[n] == ';' && string(v[:n]) == p.cfg.Stream
+}
+
+// rejections are the records of one tail read whose header names the
+// stream but proves nothing (its MAC does not verify, or, transactional,
+// it is not in a transaction of the producer id): each is counted, the
+// last logged.
+type rejections struct {
+	n      int
+	offset int64
+	why    string
+}
+
+func (r *rejections) add(topic string, offset int64, why string, count func(topic string)) {
+	r.n++
+	r.offset, r.why = offset, why
+	if count != nil {
+		count(topic)
+	}
+}
+
+func (r *rejections) log(log hclog.Logger, topic string, partition int32) {
+	if r.n > 0 && log != nil {
+		log.Warn("a record in the partition's tail carries an outboxd.stream header outboxd did not write: it proves nothing, so no record is skipped on its word",
+			"topic", topic, "partition", partition, "offset", r.offset, "why", r.why, "records", r.n)
+	}
 }
 
 // parseStream is the timeline, its start and the position in a

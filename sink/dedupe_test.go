@@ -2,8 +2,13 @@ package sink
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -11,7 +16,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/protocol"
+	"github.com/segmentio/kafka-go/protocol/fetch"
 
 	"github.com/outboxd/outboxd"
 	"github.com/outboxd/outboxd/clock/clocktest"
@@ -48,7 +56,7 @@ func dedupeProducer(t *testing.T, b *fakeBroker, x *tails, skipped *[]string, c 
 	t.Helper()
 	var mu sync.Mutex
 	cfg := Config{BatchSize: 1, Linger: time.Millisecond, Stream: "7000000000000000001/outboxd/abc", Timeline: 1,
-		Timelines: map[uint32]Timeline{1: {}}, WALEnd: 1 << 40, Clock: c,
+		Timelines: map[uint32]Timeline{1: {}}, WALEnd: 1 << 40, Clock: c, StreamKey: testKey,
 		Skipped: func(topic string) {
 			mu.Lock()
 			defer mu.Unlock()
@@ -94,7 +102,7 @@ func TestRestartSkipsWhatThePartitionHolds(t *testing.T) {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if got, want := b.streams["d"], "7000000000000000001/outboxd/abc;1;1;0;100;2;0"; got != want {
+	if got, want := b.streams["d"], signed(testKey, "t", 0, "7000000000000000001/outboxd/abc;1;1;0;100;2;0"); got != want {
 		t.Errorf("d's %s header is %q, want %q", HeaderStream, got, want)
 	}
 	if _, has := b.streams["snap"]; has {
@@ -468,5 +476,193 @@ func TestTailReadsOffTheSender(t *testing.T) {
 	r.wait(t)
 	if got := strings.Join(b.topic(0), " "); got != "a0 a1" {
 		t.Errorf("partition 0 holds %q, want \"a0 a1\"", got)
+	}
+}
+
+// testKey is the stream key of the unit tests.
+var testKey = []byte("0123456789abcdef0123456789abcdef")
+
+// signed is v with the MAC an idempotent (not transactional) outboxd
+// appends for topic's partition under key, computed here from the
+// definition: HMAC-SHA256 over the topic, a NUL, the partition (4 bytes,
+// big endian), the mode ('i'; 't' when transactional) and v, its first 16
+// bytes in hex.
+func signed(key []byte, topic string, partition int32, v string) string {
+	h := hmac.New(sha256.New, key)
+	h.Write([]byte(topic))
+	h.Write([]byte{0})
+	_ = binary.Write(h, binary.BigEndian, partition)
+	h.Write([]byte{'i'})
+	h.Write([]byte(v))
+	return v + ";" + hex.EncodeToString(h.Sum(nil)[:16])
+}
+
+// tailAnswers is a RoundTripper that answers a tail read's fetch of
+// partition 0 with its batches.
+type tailAnswers struct{ batches []protocol.RecordReader }
+
+func (a tailAnswers) RoundTrip(_ context.Context, _ net.Addr, req protocol.Message) (protocol.Message, error) {
+	if _, ok := req.(*fetch.Request); !ok {
+		return nil, fmt.Errorf("unexpected request %T", req)
+	}
+	return &fetch.Response{Topics: []fetch.ResponseTopic{{Topic: "t", Partitions: []fetch.ResponsePartition{{
+		RecordSet: protocol.RecordSet{Records: &protocol.RecordStream{Records: a.batches}},
+	}}}}}, nil
+}
+
+// headerBatch is a record batch of producer pid from offset from, a
+// record per header value.
+func headerBatch(from int64, pid int64, transactional bool, values ...string) *protocol.RecordBatch {
+	var rs []protocol.Record
+	for i, v := range values {
+		rs = append(rs, protocol.Record{Offset: from + int64(i), Headers: []protocol.Header{{Key: HeaderStream, Value: []byte(v)}}})
+	}
+	b := &protocol.RecordBatch{BaseOffset: from, ProducerID: pid, Records: protocol.NewRecordReader(rs...)}
+	if transactional {
+		b.Attributes = protocol.Transactional
+	}
+	return b
+}
+
+// tailProducer reads the tail batches make, as the stream id of
+// identity and with testKey; rejected collects the counted forgeries, and
+// the log what it says.
+func tailProducer(id string, txnPID int64, batches []protocol.RecordReader, rejected *[]string, log *strings.Builder) *Producer {
+	cfg := Config{Stream: id, Timeline: 1, Timelines: map[uint32]Timeline{1: {}}, WALEnd: 1 << 40,
+		Rejected: func(topic string) { *rejected = append(*rejected, topic) }}
+	if txnPID >= 0 {
+		cfg.TransactionalID = "outboxd-7-s"
+	}
+	return &Producer{cfg: cfg, rt: tailAnswers{batches}, addr: kafka.TCP("127.0.0.1:1"), clock: clocktest.New(),
+		mac: newStreamMAC(testKey, txnPID >= 0), pid: txnPID, log: hclog.New(&hclog.LoggerOptions{Output: log})}
+}
+
+// TestTailTrustsOnlySignedHeaders (issue 32): a record proves a position
+// only when its outboxd.stream header's MAC verifies under the stream key
+// for its topic and partition. The tail ends with what another producer
+// could write: copies of a genuine header with a larger LSN (signed with
+// the old MAC, with another key, for another partition, without a MAC),
+// and the header of another outboxd (another identity, its own key). The
+// proof is the last genuine record's; each forgery of this identity is
+// counted and one WARN names the last one, never a record of another
+// identity. Were the MAC not checked, the proof would be 999 and the
+// records between 120 and 999 skipped: lost.
+func TestTailTrustsOnlySignedHeaders(t *testing.T) {
+	const id = "7/outboxd/abc"
+	genuine := signed(testKey, "t", 0, at(id, 120))
+	values := []string{
+		signed(testKey, "t", 0, at(id, 100)),
+		genuine,
+		strings.Replace(genuine, ";120;", ";999;", 1),                            // the LSN changed, the MAC kept
+		signed(testKey, "t", 1, at(id, 999)),                                     // signed for another partition
+		signed([]byte("another key, another key, another"), "t", 0, at(id, 999)), // another key
+		signed(testKey, "u", 0, at(id, 999)),                                     // another topic
+		at(id, 999),                                                              // no MAC (the format before issue 32)
+		at(id, 999) + ";" + strings.Repeat("zz", 16),                             // not hex
+		at(id, 999) + ";00",                                                      // a short MAC
+		signed([]byte("the other outboxd's key, 32 bytes"), "t", 0, "8/outboxd/abc;1;1;0;999;0;0"), // another identity
+	}
+	var rejected []string
+	var logged strings.Builder
+	p := tailProducer(id, -1, []protocol.RecordReader{headerBatch(0, 9, false, values...)}, &rejected, &logged)
+	pos, found, err := p.lastOfStream(context.Background(), "t", 0, 0, int64(len(values)), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !found || pos.LSN != 120 {
+		t.Errorf("the tail proves %v (found %v), want 120: only a header outboxd signed for this partition proves", pos, found)
+	}
+	if len(rejected) != 7 {
+		t.Errorf("%d records counted as rejected (%v), want 7: each forgery of this identity, not the other outboxd's", len(rejected), rejected)
+	}
+	out := logged.String()
+	if strings.Count(out, "[WARN]") != 1 || !strings.Contains(out, "offset=8") || !strings.Contains(out, "records=7") || !strings.Contains(out, "partition=0") {
+		t.Errorf("want one WARN naming the partition, the last forgery's offset (8) and the count (7); logged:\n%s", out)
+	}
+}
+
+// TestTransactionalTailTrustsItsOwnTransactions (issue 32): with
+// kafka.transactions a record proves a position only in a committed
+// transaction of the producer id the transactional id keeps across
+// sessions: a copy of a signed header (say, of an aborted transaction's
+// record, readable in the log) in another producer's batch, transactional
+// or not, proves nothing; nor does an idempotent producer's signed header.
+func TestTransactionalTailTrustsItsOwnTransactions(t *testing.T) {
+	const id = "7/outboxd/abc"
+	sign := func(lsn uint64) string {
+		return string(newStreamMAC(testKey, true).appendMAC(appendStream(nil, id, 1, 1, 0, outboxd.Pos{LSN: lsn}), "t", 0))
+	}
+	batches := []protocol.RecordReader{
+		headerBatch(0, 7, true, sign(100), sign(120)),
+		headerBatch(2, 7, false, sign(999)),                           // our producer id, outside a transaction
+		headerBatch(3, 9, true, sign(999)),                            // another transactional producer
+		headerBatch(4, -1, false, sign(999)),                          // a plain producer
+		headerBatch(5, 7, true, signed(testKey, "t", 0, at(id, 999))), // an idempotent outboxd's header
+	}
+	var rejected []string
+	var logged strings.Builder
+	p := tailProducer(id, 7, batches, &rejected, &logged)
+	pos, found, err := p.lastOfStream(context.Background(), "t", 0, 0, 6, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !found || pos.LSN != 120 {
+		t.Errorf("the tail proves %v (found %v), want 120: only this producer id's committed transactions prove", pos, found)
+	}
+	if len(rejected) != 4 || !strings.Contains(logged.String(), "offset=5") {
+		t.Errorf("%d records rejected, want 4, the last (offset 5) logged:\n%s", len(rejected), logged.String())
+	}
+}
+
+// at is the header value of the stream id at lsn, under one partition.
+func at(id string, lsn uint64) string {
+	return string(appendStream(nil, id, 1, 1, 0, outboxd.Pos{LSN: lsn}))
+}
+
+// TestStreamMACVerifies: what withStream appends, verify accepts for the
+// same topic and partition and key, and for nothing else; verify hands
+// back the value without its MAC, the one proof parses.
+func TestStreamMACVerifies(t *testing.T) {
+	v := appendStream(nil, "7/outboxd/abc", 3, 1, 0, outboxd.Pos{LSN: 42, Index: 1, Route: 2})
+	tagged := newStreamMAC(testKey, false).appendMAC(slices.Clone(v), "t", 2)
+	if string(tagged) != signed(testKey, "t", 2, string(v)) {
+		t.Fatalf("appendMAC made %q, want %q", tagged, signed(testKey, "t", 2, string(v)))
+	}
+	mv := newStreamMAC(testKey, false).verifier()
+	if payload, why := mv.verify("t", 2, tagged); why != "" || string(payload) != string(v) {
+		t.Errorf("verify(its own) = %q, %q; want %q, no reason", payload, why, v)
+	}
+	for _, tc := range []struct {
+		name      string
+		topic     string
+		partition int32
+		mac       *streamMAC
+	}{
+		{"another partition", "t", 1, newStreamMAC(testKey, false)},
+		{"another topic", "t2", 2, newStreamMAC(testKey, false)},
+		{"another key", "t", 2, newStreamMAC([]byte("0123456789abcdef0123456789abcdeF"), false)},
+		{"no key file: a key of its own", "t", 2, newStreamMAC(nil, false)},
+		{"a transactional producer", "t", 2, newStreamMAC(testKey, true)},
+	} {
+		if _, why := tc.mac.verifier().verify(tc.topic, tc.partition, tagged); why == "" {
+			t.Errorf("%s: verified", tc.name)
+		}
+	}
+}
+
+// BenchmarkWithStream is the cost of the stream header per record, in the
+// drain's path (withStream, under mu): the value, its MAC, the headers.
+func BenchmarkWithStream(b *testing.B) {
+	p := &Producer{cfg: Config{Stream: "7000000000000000001/outboxd/9f86d081884c7d65", Idempotence: true, Timeline: 1,
+		Timelines: map[uint32]Timeline{1: {}}}, mac: newStreamMAC(testKey, false)}
+	t := &topic{name: "km0.comandes", ids: []int{0, 1, 2, 3, 4, 5}}
+	part := &partition{topic: t.name, id: 3}
+	r := &outboxd.Record{Topic: t.name, Headers: []outboxd.Header{{Key: "tipus", Value: []byte("comanda.creada")}, {Key: "id_esdeveniment", Value: []byte("0b7c1a6e-4a8f-4d5e-9c1b-2f3e4d5c6b7a")}}}
+	b.ReportAllocs()
+	for i := range b.N {
+		r.Pos = outboxd.Pos{LSN: 0x1_6B37_4D28 + uint64(i), Index: uint32(i % 500)}
+		if c := p.withStream(t, part, r); len(c.Headers) != 3 {
+			b.Fatal("no stream header")
+		}
 	}
 }

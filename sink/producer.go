@@ -120,6 +120,7 @@ type Producer struct {
 	// Scratch for the outboxd.stream header (withStream), under mu.
 	streamHeaders []outboxd.Header
 	streamValue   []byte
+	mac           *streamMAC // its MAC (streamkey.go)
 	// tailOf reads a partition's tail (readKafkaTail; tests replace it),
 	// reads runs it off the sender's path (tailreads.go); tailDenied: a
 	// read was refused for want of READ (said once).
@@ -173,6 +174,7 @@ func NewWithTransport(cfg Config, log hclog.Logger, rt kafka.RoundTripper) (*Pro
 		kick: make(chan struct{}, 1), done: make(chan struct{}), topics: map[string]*topic{}, topicWait: topicWait, metadataTTL: metadataTTL,
 		finished: make(chan *round, maxRounds), pid: -1, epoch: -1, lastPid: -1, lastEpoch: -1}
 	p.tailOf, p.reads = p.readKafkaTail, newTailReads()
+	p.mac = newStreamMAC(cfg.StreamKey, cfg.TransactionalID != "")
 	if rt == nil {
 		p.transport = newTransport(cfg)
 		p.rt = p.transport

@@ -111,6 +111,15 @@ func (p *Producer) listOffset(ctx context.Context, topic string, partition int32
 // lastOfStream reads [from, hw) and returns the position of the last record
 // of the stream in it.
 func (p *Producer) lastOfStream(ctx context.Context, topic string, partition int32, from, hw int64, partitions int) (last outboxd.Pos, found bool, err error) {
+	var mv *macVerifier
+	if p.mac != nil {
+		mv = p.mac.verifier()
+	}
+	p.mu.Lock()
+	pid := p.pid // a transactional producer's: the same across its sessions
+	p.mu.Unlock()
+	var forged rejections
+	defer forged.log(p.log, topic, partition)
 	for next := from; next < hw; {
 		res, err := p.rt.RoundTrip(ctx, p.bootstrap(), &fetch.Request{ReplicaID: -1, MaxBytes: tailFetchBytes, IsolationLevel: readCommitted,
 			Topics: []fetch.RequestTopic{{Topic: topic, Partitions: []fetch.RequestPartition{{Partition: partition, CurrentLeaderEpoch: -1, FetchOffset: next, LogStartOffset: -1, PartitionMaxBytes: tailFetchBytes}}}}})
@@ -128,12 +137,21 @@ func (p *Producer) lastOfStream(ctx context.Context, topic string, partition int
 			// so readKafkaTail asks again).
 			return last, false, fmt.Errorf("fetch: %w", kafka.Error(pa.ErrorCode))
 		}
-		read, err := scanRecords(committedBatches(&pa), hw, &next, func(h []protocol.Header) {
+		read, err := scanRecords(committedBatches(&pa), hw, &next, func(b *tailBatch, offset int64, h []protocol.Header) {
 			for _, x := range h {
-				if x.Key == HeaderStream {
-					if pos, ok := p.proof(x.Value, partitions); ok {
-						last, found = pos, true
-					}
+				if x.Key != HeaderStream || !p.ofStream(x.Value) {
+					continue
+				}
+				v, why := mv.verify(topic, partition, x.Value)
+				if why == "" && p.transactional() && (!b.transactional || b.producerID != pid) {
+					why = "not in a transaction of this transactional id's producer id"
+				}
+				if why != "" {
+					forged.add(topic, offset, why, p.cfg.Rejected)
+					continue
+				}
+				if pos, ok := p.proof(v, partitions); ok {
+					last, found = pos, true
 				}
 			}
 		})
@@ -155,6 +173,9 @@ const readCommitted = 1
 type tailBatch struct {
 	records protocol.RecordReader
 	visible bool
+	// transactional and producerID: those of a record batch (v2).
+	transactional bool
+	producerID    int64
 }
 
 // committedBatches says which batches of a fetch answer a read_committed
@@ -167,7 +188,7 @@ func committedBatches(pa *fetch.ResponsePartition) []tailBatch {
 		if pa.RecordSet.Records == nil {
 			return nil
 		}
-		return []tailBatch{{pa.RecordSet.Records, true}}
+		return []tailBatch{{records: pa.RecordSet.Records, visible: true, producerID: -1}}
 	}
 	aborted := slices.Clone(pa.AbortedTransactions)
 	slices.SortFunc(aborted, func(a, b fetch.ResponseTransaction) int { return cmp.Compare(a.FirstOffset, b.FirstOffset) })
@@ -188,22 +209,24 @@ func committedBatches(pa *fetch.ResponsePartition) []tailBatch {
 		switch b := r.(type) {
 		case *protocol.ControlBatch:
 			delete(open, b.ProducerID)
-			out = append(out, tailBatch{b, false})
+			out = append(out, tailBatch{records: b})
 		case *protocol.RecordBatch:
-			out = append(out, tailBatch{b, !b.Attributes.Transactional() || !open[b.ProducerID]})
+			txn := b.Attributes.Transactional()
+			out = append(out, tailBatch{b, !txn || !open[b.ProducerID], txn, b.ProducerID})
 		default:
-			out = append(out, tailBatch{r, true}) // a v0 or v1 message set: never transactional
+			out = append(out, tailBatch{records: r, visible: true, producerID: -1}) // a v0 or v1 message set: never transactional
 		}
 	}
 	return out
 }
 
-// scanRecords calls each with the headers of every record below hw of
-// the visible batches, moves *next past every record below hw and returns
-// how many it passed.
-func scanRecords(batches []tailBatch, hw int64, next *int64, each func([]protocol.Header)) (int, error) {
+// scanRecords calls each with the batch, offset and headers of every
+// record below hw of the visible batches, moves *next past every record
+// below hw and returns how many it passed.
+func scanRecords(batches []tailBatch, hw int64, next *int64, each func(*tailBatch, int64, []protocol.Header)) (int, error) {
 	n := 0
-	for _, b := range batches {
+	for i := range batches {
+		b := &batches[i]
 		for {
 			rec, err := b.records.ReadRecord()
 			if errors.Is(err, io.EOF) {
@@ -219,7 +242,7 @@ func scanRecords(batches []tailBatch, hw int64, next *int64, each func([]protoco
 				return n, nil
 			}
 			if b.visible {
-				each(rec.Headers)
+				each(b, rec.Offset, rec.Headers)
 			}
 			*next = rec.Offset + 1
 			n++

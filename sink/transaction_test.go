@@ -211,7 +211,7 @@ func TestTailReadsCommittedOnly(t *testing.T) {
 	}
 	var seen []string
 	next := int64(0)
-	n, err := scanRecords(committedBatches(&pa), 100, &next, func(h []protocol.Header) { seen = append(seen, string(h[0].Value)) })
+	n, err := scanRecords(committedBatches(&pa), 100, &next, func(_ *tailBatch, _ int64, h []protocol.Header) { seen = append(seen, string(h[0].Value)) })
 	if err != nil {
 		t.Fatal(err)
 	}

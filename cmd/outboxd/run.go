@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"os"
@@ -60,6 +62,10 @@ func run(ctx context.Context, path string, proc *process) error {
 	// Records held for their partition's tail go out before the delivery
 	// timeout could call the broker unreachable (sink/dedupe.go).
 	sc.TailTimeout = cfg.Kafka.DeliveryTimeout / 2
+	sc.Rejected = metrics.ObserveRejected
+	if sc.StreamKey, err = streamKey(cfg, log); err != nil {
+		return usageError{err}
+	}
 	warnInsecure(cfg, log)
 	tracer, stopTracing, err := startTracing(ctx, cfg, metrics, log.Named("tracing"))
 	if err != nil {
@@ -111,6 +117,41 @@ func run(ctx context.Context, path string, proc *process) error {
 		}}, part{name: "health monitor", run: func(ctx context.Context) error { mon.Run(ctx, srv.Watch); return nil }})
 	}
 	return runBeside(ctx, runner.Run, append(parts, tableParts...))
+}
+
+// streamKey is the key of the stream header's MAC (sink.LoadStreamKey)
+// when de-duplicating; nil otherwise. When the key file can be neither
+// read nor made it is, said loudly, a random key of this process's own:
+// its sessions prove positions to each other, but nothing an earlier
+// process produced proves one (duplicates after a restart, never a loss).
+func streamKey(cfg config.Config, log hclog.Logger) ([]byte, error) {
+	if !cfg.Kafka.Deduplicate || !cfg.Kafka.Idempotence {
+		return nil, nil
+	}
+	const degraded = "restart de-duplication signs its records with a key that dies with this process: after a restart, the records the slot had not confirmed are produced again (duplicates, never a loss); "
+	path := cfg.Kafka.StreamKeyFile
+	if path == "" {
+		log.Warn("NO STREAM KEY: kafka.stream_key_file is empty: " + degraded + "give the instances of the slot one key file (docs/guarantees.md)")
+		return processKey(), nil
+	}
+	key, created, err := sink.LoadStreamKey(path)
+	switch {
+	case errors.Is(err, sink.ErrStreamKeyNotKept):
+		log.Warn("NO STREAM KEY FILE: "+degraded+"make kafka.stream_key_file's directory writable, or mount there the key the instances of the slot share (docs/guarantees.md)", "error", err)
+		return processKey(), nil
+	case err != nil:
+		return nil, fmt.Errorf("kafka.stream_key_file: %w", err)
+	case created:
+		log.Info("made the stream key: every instance of this slot needs the same file (docs/guarantees.md)", "file", path)
+	}
+	return key, nil
+}
+
+// processKey is a random stream key for this process alone.
+func processKey() []byte {
+	key := make([]byte, 32)
+	_, _ = rand.Read(key) // crypto/rand never fails on a supported platform
+	return key
 }
 
 // warnInsecure logs, at every start, each setting that leaves a connection
