@@ -70,7 +70,7 @@ func (p *Producer) dedupe() bool { return p.cfg.Stream != "" && p.cfg.Idempotenc
 // hold keeps r back, as a copy, while its partition's tail decides whether
 // it goes out: a record with a position before the tail is passed, and
 // any record behind a held one (order). It pokes the sender, which reads
-// the tail (releaseHeld). Called with mu held.
+// the tail (readTails, tailReads). Called with mu held.
 func (p *Producer) hold(t *topic, part *partition, r *outboxd.Record, now time.Time, ts int64) bool {
 	if !p.dedupe() {
 		return false
