@@ -66,18 +66,9 @@ type partition struct {
 	// does not know).
 	pipelined bool
 	acked     time.Time // its last acknowledgement, on the producer's clock
-	// De-duplication (dedupe.go): what is known of the stream's records
-	// in the partition, and the records held until it is.
-	tail         tailState
-	tailPos      outboxd.Pos
-	held         []waitingRecord
-	tailAttempts int       // failed reads of the tail in a row
-	tailRetryAt  time.Time // when to read it again
-	tailSince    time.Time // when its first read began
-	tailReading  bool      // a read is running (tailReads)
-	// unproven: the broker refused a record of the stream here; the later
-	// ones go without the outboxd.stream header this session (dedupe.go).
-	unproven bool
+	// proof: what restart de-duplication knows of the partition
+	// (dedupe.go).
+	proof partProof
 }
 
 // batch is one partition's record batch being filled: the records are

@@ -61,9 +61,35 @@ type tailState uint8
 
 const (
 	tailUnknown tailState = iota // not read yet: records with a position wait (held)
-	tailKnown                    // read: records at or below tailPos are skipped
+	tailKnown                    // read: records at or below partProof.pos are skipped
 	tailPassed                   // a record above it went out, or none was found: nothing more to skip
 )
+
+// partProof is what restart de-duplication knows of one partition: what
+// its tail proves, the records held until that is known, and the reads of
+// the tail. Under the producer's mu.
+type partProof struct {
+	tail     tailState
+	pos      outboxd.Pos // tailKnown: the stream's last position in the partition
+	held     []waitingRecord
+	attempts int       // failed reads of the tail in a row
+	retryAt  time.Time // when to read it again
+	since    time.Time // when its first read began
+	reading  bool      // a read is running (tailReads)
+	// unproven: the broker refused a record of the stream here; the later
+	// ones go without the outboxd.stream header this session.
+	unproven bool
+}
+
+// holding says whether records wait for the partition's tail.
+func (pp *partProof) holding() bool { return len(pp.held) > 0 }
+
+// drop takes the held records away (a fence fails them).
+func (pp *partProof) drop() []waitingRecord {
+	held := pp.held
+	pp.held = nil
+	return held
+}
 
 func (p *Producer) dedupe() bool { return p.cfg.Stream != "" && p.cfg.Idempotence }
 
@@ -78,11 +104,11 @@ func (p *Producer) hold(t *topic, part *partition, r *outboxd.Record, now time.T
 	// Behind a held record every record waits (order). Otherwise only a
 	// record with a position waits, while its partition's tail may still
 	// skip it.
-	undecided := part.tail != tailPassed && r.Pos.LSN != 0 && !t.resized
-	if len(part.held) == 0 && !undecided {
+	undecided := part.proof.tail != tailPassed && r.Pos.LSN != 0 && !t.resized
+	if len(part.proof.held) == 0 && !undecided {
 		return false
 	}
-	part.held = append(part.held, waitingRecord{rec: cloneRecord(r), now: now, ts: ts})
+	part.proof.held = append(part.proof.held, waitingRecord{rec: cloneRecord(r), now: now, ts: ts})
 	p.poke()
 	return true
 }
@@ -92,7 +118,7 @@ func (p *Producer) hold(t *topic, part *partition, r *outboxd.Record, now time.T
 // producer's scratch until the next call: the batch copies its bytes.
 // Called with mu held.
 func (p *Producer) withStream(t *topic, part *partition, r *outboxd.Record) *outboxd.Record {
-	if !p.dedupe() || r.Pos.LSN == 0 || part.unproven || t.resized {
+	if !p.dedupe() || r.Pos.LSN == 0 || part.proof.unproven || t.resized {
 		return r
 	}
 	p.streamValue = appendStream(p.streamValue[:0], p.cfg.Stream, len(t.ids), p.cfg.Timeline, p.cfg.Timelines[p.cfg.Timeline].Start, r.Pos)
@@ -175,31 +201,31 @@ func (r *rejections) log(log hclog.Logger, topic string, partition int32) {
 // HeaderStream value written by the stream identity under partitions
 // partitions; ok false for any other.
 func parseStream(v []byte, identity string, partitions int) (tli uint32, start uint64, pos outboxd.Pos, ok bool) {
-	prefix := appendStream(nil, identity, partitions, 0, 0, outboxd.Pos{})
-	prefix = prefix[:len(prefix)-len("0;0;0;0;0")]
-	rest, found := bytes.CutPrefix(v, prefix)
-	if !found {
+	rest, found := bytes.CutPrefix(v, []byte(identity))
+	if !found || len(rest) == 0 || rest[0] != ';' {
 		return 0, 0, pos, false
 	}
-	f := bytes.Split(rest, []byte{';'})
-	if len(f) != 5 {
+	// The fields after the identity, in appendStream's order, each with
+	// its width.
+	var parts, timeline, lsn, index, route uint64
+	fields := [...]struct {
+		n    *uint64
+		bits int
+	}{{&parts, 32}, {&timeline, 32}, {&start, 64}, {&lsn, 64}, {&index, 32}, {&route, 32}}
+	texts := bytes.Split(rest[1:], []byte{';'})
+	if len(texts) != len(fields) {
 		return 0, 0, pos, false
 	}
-	var n [5]uint64
-	for i, x := range f {
-		bits := 32
-		if i == 1 || i == 2 {
-			bits = 64
-		}
+	for i, f := range fields {
 		var err error
-		if n[i], err = strconv.ParseUint(string(x), 10, bits); err != nil {
+		if *f.n, err = strconv.ParseUint(string(texts[i]), 10, f.bits); err != nil {
 			return 0, 0, pos, false
 		}
 	}
-	if n[2] == 0 {
+	if parts != uint64(partitions) || lsn == 0 {
 		return 0, 0, pos, false
 	}
-	return uint32(n[0]), n[1], outboxd.Pos{LSN: n[2], Index: uint32(n[3]), Route: uint32(n[4])}, true
+	return uint32(timeline), start, outboxd.Pos{LSN: lsn, Index: uint32(index), Route: uint32(route)}, true
 }
 
 // readTails starts reading the tail of every partition with records held
@@ -227,19 +253,19 @@ func (p *Producer) readTails(now time.Time) time.Duration {
 	}
 	for _, pt := range p.parts {
 		switch {
-		case len(pt.held) == 0 || pt.tailReading:
-		case pt.tail != tailUnknown:
+		case len(pt.proof.held) == 0 || pt.proof.reading:
+		case pt.proof.tail != tailUnknown:
 			skipped = p.release(pt, skipped)
-		case now.Before(pt.tailRetryAt):
-			sooner(pt.tailRetryAt)
-		case !pt.tailSince.IsZero() && !now.Before(p.tailDeadline(pt)):
+		case now.Before(pt.proof.retryAt):
+			sooner(pt.proof.retryAt)
+		case !pt.proof.since.IsZero() && !now.Before(p.tailDeadline(pt)):
 			p.giveUpTail(pt, errTailLate)
 			skipped = p.release(pt, skipped)
 		case p.reads.free():
-			if pt.tailSince.IsZero() {
-				pt.tailSince = now
+			if pt.proof.since.IsZero() {
+				pt.proof.since = now
 			}
-			pt.tailReading = true
+			pt.proof.reading = true
 			p.reads.start(p.tailOf, pt, len(p.topics[pt.topic].ids), p.tailDeadline(pt).Sub(now))
 		}
 	}
@@ -255,31 +281,31 @@ func (p *Producer) learnTail(a tailAnswer) {
 	p.reads.took()
 	p.mu.Lock()
 	pt := a.pt
-	pt.tailReading = false
+	pt.proof.reading = false
 	switch now := p.clock.Now(); {
-	case len(pt.held) == 0:
+	case len(pt.proof.held) == 0:
 		// Dropped meanwhile (a fence): nothing waits for the answer.
 	case errors.Is(a.err, kafka.TopicAuthorizationFailed):
 		// The principal may write the topic but not read it: no
 		// de-duplication there (duplicates, never a loss), said once.
-		pt.tail = tailPassed
+		pt.proof.tail = tailPassed
 		if !p.tailDenied {
 			p.tailDenied = true
 			p.log.Warn("cannot read the partition's tail to skip what a restart would produce again: grant the principal READ on the topic (docs/security.md); until then its records are produced again after a restart", "topic", pt.topic, "partition", pt.id, "error", a.err)
 		}
 	case a.err != nil:
-		pt.tailAttempts++
-		if pt.tailAttempts >= tailAttempts || !now.Before(p.tailDeadline(pt)) {
+		pt.proof.attempts++
+		if pt.proof.attempts >= tailAttempts || !now.Before(p.tailDeadline(pt)) {
 			p.giveUpTail(pt, a.err)
 			break
 		}
-		pt.tailRetryAt = now.Add(backoff.Delay(pt.tailAttempts-1, retryMin, retryMax))
-		p.log.Debug("could not read the partition's tail; its records wait", "topic", pt.topic, "partition", pt.id, "attempt", pt.tailAttempts, "error", a.err)
+		pt.proof.retryAt = now.Add(backoff.Delay(pt.proof.attempts-1, retryMin, retryMax))
+		p.log.Debug("could not read the partition's tail; its records wait", "topic", pt.topic, "partition", pt.id, "attempt", pt.proof.attempts, "error", a.err)
 	case a.found:
-		pt.tail, pt.tailPos = tailKnown, a.pos
+		pt.proof.tail, pt.proof.pos = tailKnown, a.pos
 		p.log.Debug("the partition holds the stream's records up to a position: the session's records at or below it are not produced again", "topic", pt.topic, "partition", pt.id, "lsn", a.pos.LSN, "index", a.pos.Index)
 	default:
-		pt.tail = tailPassed
+		pt.proof.tail = tailPassed
 	}
 	// Released under the same lock as the tail is learnt: a record handed
 	// over meanwhile queues behind the held ones (hold).
@@ -313,9 +339,9 @@ var errTailLate = errors.New("not read within the time its records may wait (hal
 // mu held.
 func (p *Producer) tailDeadline(pt *partition) time.Time {
 	if p.cfg.TailTimeout <= 0 {
-		return pt.tailSince.Add(24 * time.Hour)
+		return pt.proof.since.Add(24 * time.Hour)
 	}
-	return pt.tailSince.Add(p.cfg.TailTimeout)
+	return pt.proof.since.Add(p.cfg.TailTimeout)
 }
 
 // giveUpTail lets pt's held records go without the proof of its tail,
@@ -323,9 +349,9 @@ func (p *Producer) tailDeadline(pt *partition) time.Time {
 // go out again, a duplicate, never a loss, and never a wedge. Said at WARN
 // and counted (Config.TailGivenUp). Called with mu held.
 func (p *Producer) giveUpTail(pt *partition, err error) {
-	pt.tail = tailPassed
+	pt.proof.tail = tailPassed
 	p.log.Warn("could not read the partition's tail to skip what an earlier session produced: its records go out without restart de-duplication (one the partition already holds may be produced again)",
-		"topic", pt.topic, "partition", pt.id, "attempts", pt.tailAttempts, "error", err)
+		"topic", pt.topic, "partition", pt.id, "attempts", pt.proof.attempts, "error", err)
 	if p.cfg.TailGivenUp != nil {
 		p.cfg.TailGivenUp(pt.topic)
 	}
@@ -335,25 +361,25 @@ func (p *Producer) giveUpTail(pt *partition, err error) {
 // known, but those at or below the tail, which it appends to skipped.
 // Called with mu held.
 func (p *Producer) release(pt *partition, skipped []waitingRecord) []waitingRecord {
-	if len(pt.held) == 0 || pt.tail == tailUnknown {
+	if len(pt.proof.held) == 0 || pt.proof.tail == tailUnknown {
 		return skipped
 	}
 	t := p.topics[pt.topic]
 	if t.resized {
-		pt.tail = tailPassed // routed under another count than the tail's: nothing proven
+		pt.proof.tail = tailPassed // routed under another count than the tail's: nothing proven
 	}
-	for i := range pt.held {
-		w := &pt.held[i]
-		if w.rec.Pos.LSN != 0 && pt.tail == tailKnown {
-			if !w.rec.Pos.After(pt.tailPos) {
+	for i := range pt.proof.held {
+		w := &pt.proof.held[i]
+		if w.rec.Pos.LSN != 0 && pt.proof.tail == tailKnown {
+			if !w.rec.Pos.After(pt.proof.pos) {
 				skipped = append(skipped, *w)
 				continue
 			}
-			pt.tail = tailPassed
+			pt.proof.tail = tailPassed
 		}
 		p.appendRecord(t, pt, &w.rec, w.now, w.ts)
 	}
-	pt.held = nil
+	pt.proof.held = nil
 	return skipped
 }
 

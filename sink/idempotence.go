@@ -186,7 +186,7 @@ func (p *Producer) producerID(now time.Time) time.Duration {
 // hasWork says whether any batch waits to be sent. Called with mu held.
 func (p *Producer) hasWork() bool {
 	for _, pt := range p.parts {
-		if pt.open != nil || len(pt.queued) > 0 || len(pt.sent) > 0 || len(pt.held) > 0 {
+		if pt.open != nil || len(pt.queued) > 0 || len(pt.sent) > 0 || pt.proof.holding() {
 			return true
 		}
 	}

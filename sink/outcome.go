@@ -233,7 +233,7 @@ func (p *Producer) isolate(b *batch, err error, now time.Time) {
 		// Its dead-letter record goes to another topic, unordered with
 		// this partition's later records: those must not prove it
 		// delivered to a later session (dedupe.go).
-		b.part.unproven = true
+		b.part.proof.unproven = true
 		b.state, b.err = failed, &outboxd.RefusedError{Topic: r.Topic, Key: bytes.Clone(r.Key), Headers: cloneHeaders(r.Headers),
 			Size: r.WireSize(), Err: fmt.Errorf("%s: %s: %w", codeName(err), way, err)}
 		p.resetAfterRefusal(b)

@@ -56,8 +56,7 @@ func (p *Producer) dropAll() *dropped {
 		}
 		pt.queued, pt.open = nil, nil
 		drop.batches = append(drop.batches, pt.pop()...)
-		drop.records = append(drop.records, pt.held...)
-		pt.held = nil
+		drop.records = append(drop.records, pt.proof.drop()...)
 	}
 	for _, t := range p.topics {
 		drop.records = append(drop.records, t.waiting...)
@@ -155,7 +154,7 @@ func (p *Producer) collectRound(now time.Time) *round {
 			}
 			pt.sent = append(pt.sent, b)
 		}
-		if pt.unproven && b.stream {
+		if pt.proof.unproven && b.stream {
 			p.withoutStream(b)
 		}
 		p.stamp(b)

@@ -290,7 +290,7 @@ func (p *Producer) logIdleWithWork() {
 	defer p.mu.Unlock()
 	held := false
 	for _, pt := range p.parts {
-		held = held || len(pt.held) > 0
+		held = held || pt.proof.holding()
 	}
 	// A kick pending: records came (appendRecord pokes under mu) after the
 	// round was taken, and the select wakes at once.
