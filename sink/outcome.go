@@ -161,7 +161,7 @@ func (pt *partition) openBefore(b *batch) bool {
 // (Producer.reset): producerID then asks for a new one, and those batches
 // are stamped with it when sent again. Called with mu held.
 func (p *Producer) resetProducerID() {
-	if !p.resetReady() || !p.txn.started.IsZero() {
+	if !p.resetReady() || p.txn.open() {
 		return // a transaction open under the old id commits first (transact)
 	}
 	p.pid, p.epoch, p.reset = -1, -1, false

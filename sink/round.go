@@ -41,7 +41,7 @@ func (p *Producer) takeRound(now time.Time) (rd *round, wait time.Duration, drop
 // settled at the head of each partition, to be completed in that order.
 // Called with mu held.
 func (p *Producer) dropAll() *dropped {
-	drop := &dropped{err: p.fenced, batches: p.uncommitted(p.fenced)}
+	drop := &dropped{err: p.fenced, batches: p.txn.aborted(p.fenced)}
 	for _, pt := range p.parts {
 		for _, b := range pt.sent {
 			if b.state == retrying {
@@ -82,7 +82,7 @@ func (p *Producer) roundReady(now time.Time) (ready bool, wait time.Duration, ex
 	for _, t := range p.topics {
 		waiting = waiting || len(t.waiting) > 0
 	}
-	if p.closing && !waiting && p.rounds == 0 && !p.hasWork() && p.txn.started.IsZero() {
+	if p.closing && !waiting && p.rounds == 0 && !p.hasWork() && !p.txn.open() {
 		return false, 0, true
 	}
 	if p.rounds >= p.maxRounds() {
@@ -191,7 +191,7 @@ func (p *Producer) collectRound(now time.Time) *round {
 // limit are in flight. A partition recovering from a failure thus has one
 // batch in flight at a time. Called with mu held.
 func (p *Producer) nextBatch(pt *partition, now time.Time) (b *batch, fresh bool, at time.Time) {
-	if p.transactional() && !p.txn.parts[pt] {
+	if p.transactional() && !p.txn.in(pt) {
 		return nil, false, time.Time{} // joinTransaction adds it first
 	}
 	if p.cfg.Idempotence && p.pid < 0 {

@@ -75,6 +75,62 @@ type txnState struct {
 	retryAt  time.Time
 }
 
+// open says whether a transaction is open (a partition joined it).
+func (t *txnState) open() bool { return !t.started.IsZero() }
+
+// in says whether pt joined the open transaction.
+func (t *txnState) in(pt *partition) bool { return t.parts[pt] }
+
+// keep holds settled batches until the transaction commits.
+func (t *txnState) keep(bs []*batch) { t.done = append(t.done, bs...) }
+
+// joined adds parts to the transaction, which begins at now with the
+// first, and forgets the failures before.
+func (t *txnState) joined(parts []*partition, now time.Time) {
+	if t.parts == nil {
+		t.parts = map[*partition]bool{}
+		t.started = now
+	}
+	for _, pt := range parts {
+		t.parts[pt] = true
+	}
+	t.attempts, t.retryAt = 0, time.Time{}
+}
+
+// committed ends the transaction, committed: its batches, to be completed
+// in order.
+func (t *txnState) committed() []*batch {
+	done := t.done
+	*t = txnState{}
+	return done
+}
+
+// aborted ends the transaction, aborted: its batches, failed with err
+// (acknowledged by their leaders, they are aborted all the same).
+func (t *txnState) aborted(err error) []*batch {
+	done := t.done
+	for _, b := range done {
+		if b.state == acked {
+			b.state, b.err = failed, err
+		}
+	}
+	*t = txnState{}
+	return done
+}
+
+// failedAt counts a join or a commit that failed with err at now and says
+// when to try again: soon after CONCURRENT_TRANSACTIONS (the coordinator
+// writing the last commit's markers), else after the usual backoff.
+func (t *txnState) failedAt(err error, now time.Time) time.Time {
+	t.attempts++
+	lo, hi := retryMin, retryMax
+	if errors.Is(err, kafka.ConcurrentTransactions) {
+		lo, hi = concurrentMin, concurrentMax
+	}
+	t.retryAt = now.Add(backoff.Delay(t.attempts-1, lo, hi))
+	return t.retryAt
+}
+
 func (p *Producer) transactional() bool { return p.cfg.TransactionalID != "" }
 
 // finish completes settled batches, or, in a transaction, keeps them until
@@ -85,22 +141,8 @@ func (p *Producer) finish(bs []*batch) {
 		return
 	}
 	p.mu.Lock()
-	p.txn.done = append(p.txn.done, bs...)
+	p.txn.keep(bs)
 	p.mu.Unlock()
-}
-
-// uncommitted takes the batches of the open transaction, to be failed with
-// err: acknowledged by their leaders, they are aborted all the same.
-// Called with mu held.
-func (p *Producer) uncommitted(err error) []*batch {
-	done := p.txn.done
-	for _, b := range done {
-		if b.state == acked {
-			b.state, b.err = failed, err
-		}
-	}
-	p.txn = txnState{}
-	return done
 }
 
 // transact commits the open transaction when a commit is due and no round
@@ -112,7 +154,7 @@ func (p *Producer) transact(now time.Time) time.Duration {
 		return 0
 	}
 	p.mu.Lock()
-	if p.fenced != nil || p.txn.started.IsZero() {
+	if p.fenced != nil || !p.txn.open() {
 		p.mu.Unlock()
 		return 0
 	}
@@ -141,8 +183,7 @@ func (p *Producer) transact(now time.Time) time.Duration {
 		defer p.mu.Unlock()
 		return p.txnFailed("commit the transaction", err, now)
 	}
-	done := p.txn.done
-	p.txn = txnState{}
+	done := p.txn.committed()
 	p.mu.Unlock()
 	p.completeAll(done)
 	return 0
@@ -172,19 +213,9 @@ func (p *Producer) txnFailed(step string, err error, now time.Time) time.Duratio
 		p.fence(txnFailure(step, p.cfg.TransactionalID, err))
 		return 0
 	}
-	p.txn.attempts++
-	p.txn.retryAt = now.Add(p.txnBackoff(err))
+	retryAt := p.txn.failedAt(err, now)
 	p.log.Debug(step+" failed; retrying", "attempt", p.txn.attempts, "error", err)
-	return p.txn.retryAt.Sub(now)
-}
-
-// txnBackoff is how long to wait after a join or a commit failed with
-// err, the txn.attempts-th in a row. Called with mu held.
-func (p *Producer) txnBackoff(err error) time.Duration {
-	if errors.Is(err, kafka.ConcurrentTransactions) {
-		return backoff.Delay(p.txn.attempts-1, concurrentMin, concurrentMax)
-	}
-	return backoff.Delay(p.txn.attempts-1, retryMin, retryMax)
+	return retryAt.Sub(now)
 }
 
 // sendable says whether a batch of a partition is open, queued, in flight
@@ -224,7 +255,7 @@ func (p *Producer) joinTransaction(now time.Time) time.Duration {
 	// transaction that sends nothing in it costs a marker.
 	var join []*partition
 	for _, pt := range p.parts {
-		if !p.txn.parts[pt] && (pt.open != nil || len(pt.queued) > 0 || len(pt.sent) > 0) {
+		if !p.txn.in(pt) && (pt.open != nil || len(pt.queued) > 0 || len(pt.sent) > 0) {
 			join = append(join, pt)
 		}
 	}
@@ -239,14 +270,7 @@ func (p *Producer) joinTransaction(now time.Time) time.Duration {
 	if err != nil {
 		return p.txnFailed("add partitions to the transaction", err, now)
 	}
-	if p.txn.parts == nil {
-		p.txn.parts = map[*partition]bool{}
-		p.txn.started = now
-	}
-	for _, pt := range join {
-		p.txn.parts[pt] = true
-	}
-	p.txn.attempts, p.txn.retryAt = 0, time.Time{}
+	p.txn.joined(join, now)
 	return 0
 }
 

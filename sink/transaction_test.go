@@ -272,7 +272,7 @@ func TestSplitHalvesStayTransactional(t *testing.T) {
 // TestFenceFailsAcknowledgedBehindOpen: a refused commit while a batch
 // whose answer was lost is open and one behind it was acknowledged: neither
 // record is acknowledged. (dropAll fails acknowledged batches that wait
-// behind an open one, as uncommitted fails those settled in the
+// behind an open one, as txnState.aborted fails those settled in the
 // transaction; this test does not isolate that path: the lost answer's
 // retry, a duplicate, usually settles first.)
 func TestFenceFailsAcknowledgedBehindOpen(t *testing.T) {
