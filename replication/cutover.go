@@ -163,6 +163,12 @@ func (r *Runner) publishSnapshot(ctx context.Context, conn *pgconn.PgConn, c *cu
 		}
 		return err
 	}
+	// Recorded before the marker goes and the lock is released: from its
+	// snapshot on, the slot vouches for the rows of tables with
+	// publicat_en (catalog.SlotRecord).
+	if err := r.writeRecord(ctx, conn, true, true); err != nil {
+		return err
+	}
 	marker := catalog.CutoverMarker(r.cfg.Slot)
 	if _, err := scalar(ctx, conn, "SELECT pg_drop_replication_slot("+catalog.QuoteLiteral(marker)+")"); err != nil {
 		return fmt.Errorf("drop the cut-over marker slot %q: %w", marker, err)

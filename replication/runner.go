@@ -36,9 +36,13 @@ import (
 type Config struct {
 	// Conn is the parsed connection (postgres.dsn and password); each
 	// session opens a replication connection with it (replicationSession).
-	Conn              *pgconn.Config
-	Slot              string
-	Publication       string
+	Conn        *pgconn.Config
+	Slot        string
+	Publication string
+	// SlotTable is where the slot record is kept (catalog.SlotRecord):
+	// that outboxd has seen the slot, beyond this process's life, and
+	// which rows it vouches for (the retention job reads it).
+	SlotTable         catalog.Table
 	CreateSlot        bool
 	CreatePublication bool
 	// FailoverSlot: on a server with failover slots (PostgreSQL 17+) the
@@ -154,6 +158,11 @@ type Runner struct {
 	// is the operator's decision. Read and written on Run's goroutine only
 	// (readSlot, createSlot).
 	slotSeen bool
+	// record is the slot's row of Config.SlotTable when a session read
+	// one (it sets slotSeen); noRecord, that the table could not be
+	// written (said once).
+	record   *catalog.SlotRecord
+	noRecord bool
 
 	// What the streams of every session add to as they go.
 	txns         atomic.Uint64
