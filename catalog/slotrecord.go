@@ -2,8 +2,10 @@ package catalog
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -19,7 +21,7 @@ import (
 //     the slot missing refuses to create it again until the operator
 //     forgets the row (outboxd slot forget), since events committed
 //     after the old slot's position are in no new slot;
-//   - which rows the slot vouches for (Since, Snapshot): a slot created now
+//   - which rows the slot vouches for (Since, Covers): a slot created now
 //     decodes only transactions committed after its consistent point, so
 //     its confirmed position says nothing about older rows. The retention
 //     job deletes or drops a row only when the record covers it.
@@ -37,23 +39,25 @@ type SlotRecord struct {
 	// clock once the slot existed (its creation, or the first start that
 	// found it without a row).
 	Since time.Time
-	// Snapshot: the slot began with a cut-over whose snapshot Kafka
-	// acknowledged: every row of a table with publicat_en that was
-	// committed before the slot went to Kafka, by the relay or by the
-	// snapshot.
-	Snapshot bool
+	// Covers: the tables (Table.String) of the cut-over the slot began
+	// with, whose snapshot Kafka acknowledged: every row of theirs that
+	// was committed before the slot went to Kafka, by the relay
+	// (publicat_en set) or by the snapshot (NULL). Empty: no cut-over.
+	Covers []string
 	// Seen is the slot's confirmed position when a session last found it,
 	// at SeenAt: events committed after it may not be in Kafka.
 	Seen   pglogrepl.LSN
 	SeenAt time.Time
+	// Missing is when a start found the slot missing (zero: never since
+	// the row was written). A slot found after that was made again
+	// outside outboxd: it vouches for nothing older than itself.
+	Missing time.Time
 }
 
-// Covers reports whether the slot vouches for every row of a table,
-// whatever its creat_en: it began with a cut-over snapshot, and the table
-// has a publicat_en column (its rows before the slot were published by
-// the relay or by the snapshot).
-func (r *SlotRecord) Covers(publicatEn string) bool {
-	return r != nil && r.Snapshot && publicatEn != ""
+// CoversTable reports whether the slot vouches for every row of t,
+// whatever its creat_en: its cut-over snapshot covered t.
+func (r *SlotRecord) CoversTable(t Table) bool {
+	return r != nil && slices.Contains(r.Covers, t.String())
 }
 
 // CreateSlotTableSQL creates the record's table t.
@@ -61,9 +65,10 @@ func CreateSlotTableSQL(t Table) string {
 	return "CREATE TABLE " + t.Quoted() + ` (
 	slot text PRIMARY KEY,          -- the replication slot's name
 	since timestamptz NOT NULL,     -- rows with creat_en at or after it were committed after the slot's consistent point
-	snapshot boolean NOT NULL,      -- the slot began with a cut-over snapshot that Kafka acknowledged
+	covers jsonb NOT NULL,          -- the tables whose rows before the slot its cut-over snapshot (or the relay) published
 	seen_lsn pg_lsn NOT NULL,       -- the slot's confirmed position when outboxd last found it
-	seen_at timestamptz NOT NULL
+	seen_at timestamptz NOT NULL,
+	missing_since timestamptz       -- when a start found the slot missing
 )`
 }
 
@@ -89,36 +94,53 @@ func EnsureSlotTable(ctx context.Context, conn *pgconn.PgConn, t Table) (bool, e
 
 // ReadSlotRecord reads slot's row of t: nil when there is none.
 func ReadSlotRecord(ctx context.Context, conn *pgconn.PgConn, t Table, slot string) (*SlotRecord, error) {
-	rows, err := query(ctx, conn, `SELECT to_char(since AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), snapshot, seen_lsn,
-		to_char(seen_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') FROM `+t.Quoted()+` WHERE slot = `+QuoteLiteral(slot))
+	rows, err := query(ctx, conn, `SELECT to_char(since AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), covers, seen_lsn,
+		to_char(seen_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+		to_char(missing_since AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') FROM `+t.Quoted()+` WHERE slot = `+QuoteLiteral(slot))
 	if err != nil || len(rows) == 0 {
 		return nil, err
 	}
 	r := rows[0]
-	rec := &SlotRecord{Slot: slot, Snapshot: str(r[1]) == "t", Seen: lsn(r[2])}
+	rec := &SlotRecord{Slot: slot, Seen: lsn(r[2])}
+	if err := json.Unmarshal([]byte(str(r[1])), &rec.Covers); err != nil {
+		return nil, fmt.Errorf("%s: covers of slot %q: %w", t, slot, err)
+	}
 	if rec.Since, err = time.Parse(time.RFC3339Nano, str(r[0])); err != nil {
 		return nil, fmt.Errorf("%s: since of slot %q: %w", t, slot, err)
 	}
 	if rec.SeenAt, err = time.Parse(time.RFC3339Nano, str(r[3])); err != nil {
 		return nil, fmt.Errorf("%s: seen_at of slot %q: %w", t, slot, err)
 	}
+	if r[4] != nil {
+		if rec.Missing, err = time.Parse(time.RFC3339Nano, *r[4]); err != nil {
+			return nil, fmt.Errorf("%s: missing_since of slot %q: %w", t, slot, err)
+		}
+	}
 	return rec, nil
 }
 
 // RecordSlot writes slot's row of t: a new one (Since now, on the server's
-// clock, with snapshot) when fresh or when there is none, then its
-// position seen (the slot's confirmed position, read now).
+// clock, covering the tables of its cut-over) when fresh or when there is
+// none, then its position seen (the slot's confirmed position, read now).
 // A slot just created is fresh: its row, if any, was an earlier slot's.
-func RecordSlot(ctx context.Context, conn *pgconn.PgConn, t Table, slot string, fresh, snapshot bool) error {
+func RecordSlot(ctx context.Context, conn *pgconn.PgConn, t Table, slot string, fresh bool, covers []Table) error {
+	names := []string{}
+	for _, c := range covers {
+		names = append(names, c.String())
+	}
+	js, err := json.Marshal(names)
+	if err != nil {
+		return err
+	}
 	seen := "(SELECT confirmed_flush_lsn FROM pg_catalog.pg_replication_slots WHERE slot_name = " + QuoteLiteral(slot) + ")"
 	onConflict := "seen_lsn = EXCLUDED.seen_lsn, seen_at = EXCLUDED.seen_at"
 	if fresh {
-		onConflict = "since = EXCLUDED.since, snapshot = EXCLUDED.snapshot, " + onConflict
+		onConflict = "since = EXCLUDED.since, covers = EXCLUDED.covers, missing_since = NULL, " + onConflict
 	}
-	sql := fmt.Sprintf(`INSERT INTO %s (slot, since, snapshot, seen_lsn, seen_at)
-		SELECT %s, clock_timestamp(), %t, %s, clock_timestamp() WHERE %s IS NOT NULL
-		ON CONFLICT (slot) DO UPDATE SET %s`, t.Quoted(), QuoteLiteral(slot), snapshot, seen, seen, onConflict)
-	_, err := conn.Exec(ctx, sql).ReadAll()
+	sql := fmt.Sprintf(`INSERT INTO %s (slot, since, covers, seen_lsn, seen_at)
+		SELECT %s, clock_timestamp(), %s::jsonb, %s, clock_timestamp() WHERE %s IS NOT NULL
+		ON CONFLICT (slot) DO UPDATE SET %s`, t.Quoted(), QuoteLiteral(slot), QuoteLiteral(string(js)), seen, seen, onConflict)
+	_, err = conn.Exec(ctx, sql).ReadAll()
 	return err
 }
 
@@ -137,9 +159,19 @@ func hasCode(err error, code string) bool {
 }
 
 // SeeSlot moves slot's seen position in t to the slot's confirmed
-// position now, when both the row and the slot exist.
+// position now, when both the row and the slot exist and the slot was not
+// found missing since the row was written (a slot made again by hand is
+// not the one the position was seen on).
 func SeeSlot(ctx context.Context, conn *pgconn.PgConn, t Table, slot string) error {
 	_, err := conn.Exec(ctx, `UPDATE `+t.Quoted()+` r SET seen_lsn = s.confirmed_flush_lsn, seen_at = clock_timestamp()
-		FROM pg_catalog.pg_replication_slots s WHERE s.slot_name = r.slot AND r.slot = `+QuoteLiteral(slot)+` AND s.confirmed_flush_lsn IS NOT NULL`).ReadAll()
+		FROM pg_catalog.pg_replication_slots s
+		WHERE s.slot_name = r.slot AND r.slot = `+QuoteLiteral(slot)+` AND s.confirmed_flush_lsn IS NOT NULL AND r.missing_since IS NULL`).ReadAll()
+	return err
+}
+
+// MarkSlotMissing records that slot was found missing now, unless that is
+// recorded already.
+func MarkSlotMissing(ctx context.Context, conn *pgconn.PgConn, t Table, slot string) error {
+	_, err := conn.Exec(ctx, "UPDATE "+t.Quoted()+" SET missing_since = clock_timestamp() WHERE missing_since IS NULL AND slot = "+QuoteLiteral(slot)).ReadAll()
 	return err
 }

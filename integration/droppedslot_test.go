@@ -75,13 +75,7 @@ func droppedSlotRun(t *testing.T, mode string) {
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	// The DBA: the walsender terminated, then the slot dropped (outboxd
-	// reconnects meanwhile, so until the drop finds the slot inactive).
-	eventually(t, 30*time.Second, "the slot dropped", func() bool {
-		_, _ = f.mon.Exec(ctx, "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active", f.name)
-		_, err := f.mon.Exec(ctx, "SELECT pg_drop_replication_slot($1)", f.name)
-		return err == nil
-	})
+	dropSlotAsADBA(f)
 	// exited waits for d to exit by itself, with want (0: any failure),
 	// while the 100 rows stay.
 	exited := func(d *daemon, what string, want int) string {
@@ -137,6 +131,57 @@ func droppedSlotRun(t *testing.T, mode string) {
 	}
 	wantRecords(t, topic, append(ids(before, after), gap...))
 	d.term()
+}
+
+// TestSlotMadeByHandAfterADrop: the slot dropped while Kafka is down (100
+// undelivered rows dated an hour ago, in a table without publicat_en), the
+// outboxd that finds it missing exits, and the DBA creates the slot again
+// by hand. The next start streams from it, warning that the events in
+// between are in no slot, and the retention job takes it for the new slot
+// it is: the 100 rows stay in the table.
+func TestSlotMadeByHandAfterADrop(t *testing.T) {
+	f := newFixture(t, seedSchema, map[string]int{"comandes": 1})
+	route := seedRoute(f.topic("comandes"))
+	route.More = testenv.Section{"columns": `{publicat_en: "-"}`}
+	cfg := f.config(route)
+	cfg.Retention = map[string]string{"max_age": "10m", "interval": "300ms", "confirm_timeout": "1s"}
+	d := f.start(cfg)
+	insertRows(t, f.db, "outbox", 5, "now()", false)
+	f.waitConfirmed(f.walLSN(), 30*time.Second)
+	startKafka := stopKafka(t)
+	gap := ids(insertRows(t, f.db, "outbox", 100, "now() - interval '1 hour'", false))
+	dropSlotAsADBA(f)
+	if err := d.exited(60 * time.Second); err == nil {
+		t.Fatalf("outboxd exited with status 0 after its slot was dropped\n%s", d.Log())
+	}
+	startKafka()
+	mustExec(f, fmt.Sprintf("SELECT pg_create_logical_replication_slot('%s', 'pgoutput')", f.name))
+
+	d = f.start(cfg)
+	insertRows(t, f.db, "outbox", 5, "now()", false)
+	f.waitConfirmed(f.walLSN(), 30*time.Second)
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(250 * time.Millisecond) {
+		if n := f.count("outbox", gap); n != len(gap) {
+			t.Fatalf("the retention job removed %d of the %d rows committed before the slot made by hand\n%s", len(gap)-n, len(gap), d.Log())
+		}
+	}
+	if !strings.Contains(d.Log(), "created again outside outboxd") {
+		t.Fatalf("the start on the slot made by hand does not warn of the gap:\n%s", d.Log())
+	}
+	d.term()
+}
+
+// dropSlotAsADBA frees the WAL the slot holds the usual way: its walsender
+// terminated, then the slot dropped (outboxd reconnects meanwhile, so
+// until the drop finds the slot inactive).
+func dropSlotAsADBA(f *fixture) {
+	f.t.Helper()
+	ctx := context.Background()
+	eventually(f.t, 30*time.Second, "the slot dropped", func() bool {
+		_, _ = f.mon.Exec(ctx, "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1 AND active", f.name)
+		_, err := f.mon.Exec(ctx, "SELECT pg_drop_replication_slot($1)", f.name)
+		return err == nil
+	})
 }
 
 // forgetSlot does what the error of a missing slot in log tells the
@@ -203,12 +248,12 @@ func TestSlotRecordNeedsItsTable(t *testing.T) {
 		t.Fatalf("sql/005_slot_record.sql: %v", err)
 	}
 	d = f.start(cfg)
-	var snapshot bool
+	var covers string
 	eventually(t, 10*time.Second, "the slot recorded", func() bool {
-		return f.mon.QueryRow(ctx, "SELECT snapshot FROM outboxd_slots WHERE slot = $1", f.name).Scan(&snapshot) == nil
+		return f.mon.QueryRow(ctx, "SELECT covers::text FROM outboxd_slots WHERE slot = $1", f.name).Scan(&covers) == nil
 	})
-	if snapshot {
-		t.Fatal("a slot found without a row is recorded as begun with a cut-over snapshot")
+	if covers != "[]" {
+		t.Fatalf("a slot found without a row is recorded as covering %s, as if it had begun with a cut-over", covers)
 	}
 	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(300 * time.Millisecond) {
 		if n := f.count("outbox", ids(old)); n != len(old) {

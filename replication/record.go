@@ -47,13 +47,14 @@ func (r *Runner) readRecord(ctx context.Context, conn *pgconn.PgConn) error {
 }
 
 // writeRecord records the slot (catalog.RecordSlot): fresh when just
-// created, with snapshot when its cut-over snapshot is in Kafka. A role
-// that may not write the table is said once, as readRecord does.
-func (r *Runner) writeRecord(ctx context.Context, conn *pgconn.PgConn, fresh, snapshot bool) error {
+// created, covering the cut-over's tables (Config.SnapshotTables) when
+// its snapshot is in Kafka. A role that may not write the table is said
+// once, as readRecord does.
+func (r *Runner) writeRecord(ctx context.Context, conn *pgconn.PgConn, fresh bool, covers []catalog.Table) error {
 	if r.noRecord {
 		return nil
 	}
-	err := catalog.RecordSlot(ctx, conn, r.cfg.SlotTable, r.cfg.Slot, fresh, snapshot)
+	err := catalog.RecordSlot(ctx, conn, r.cfg.SlotTable, r.cfg.Slot, fresh, covers)
 	switch {
 	case hasCode(err, "42501") || hasCode(err, "25006"): // no privilege, a read-only standby
 		r.recordMissing(err)
@@ -79,6 +80,48 @@ func (r *Runner) recordMissing(err error) {
 type SlotGoneError struct{ msg string }
 
 func (e *SlotGoneError) Error() string { return e.msg }
+
+// gone is the error of a slot outboxd has seen (Runner.slotSeen) and
+// found missing, after recording that it was missing: a slot found later
+// under its name was made outside outboxd (rehired).
+func (r *Runner) gone(ctx context.Context, conn *pgconn.PgConn) error {
+	if r.record != nil {
+		if err := catalog.MarkSlotMissing(ctx, conn, r.cfg.SlotTable, r.cfg.Slot); err != nil {
+			r.log.Warn("could not record that the slot is missing", "table", r.cfg.SlotTable.String(), "error", err)
+		}
+	}
+	return r.slotGone()
+}
+
+// rehired records a slot made again outside outboxd after a start had
+// found it missing (catalog.SlotRecord.Missing) as new: it vouches for no
+// row older than itself, and the events between the old slot's position
+// and its creation are in no slot. Under the cut-over lock, as a slot
+// outboxd creates (createRecorded).
+func (r *Runner) rehired(ctx context.Context, conn *pgconn.PgConn, slot *catalog.Slot) error {
+	rec := r.record
+	r.log.Warn("replication slot was missing and has been created again outside outboxd: events committed after the old slot's position and before the new one's creation are in no slot; reconcile them (outboxd replay --from the creat_en of the first of them). The retention job treats the slot as new: it deletes no row older than it",
+		"slot", r.cfg.Slot, "old_confirmed", rec.Seen.String(), "seen_at", rec.SeenAt.UTC().Format(time.RFC3339),
+		"missing_since", rec.Missing.UTC().Format(time.RFC3339), "new_confirmed", slot.ConfirmedFlush.String())
+	return r.withCreationLock(ctx, conn, func() error { return r.writeRecord(ctx, conn, true, nil) })
+}
+
+// withCreationLock runs do holding the cut-over lock (catalog.CutoverLock)
+// exclusively: the retention job holds it shared from before its snapshot
+// until it has read the slot, so it reads either the old record and the
+// old slot, or the new slot's record (retention.go).
+func (r *Runner) withCreationLock(ctx context.Context, conn *pgconn.PgConn, do func() error) error {
+	lock := catalog.CutoverLock(r.cfg.Slot)
+	locked, err := scalar(ctx, conn, fmt.Sprintf("SELECT pg_try_advisory_lock(%d)", lock))
+	if err != nil {
+		return fmt.Errorf("take the cut-over lock: %w", err)
+	}
+	if locked != "t" {
+		return &standbyError{fmt.Errorf("the cut-over lock of replication slot %q is held (another instance creating it, or the retention job reading it)", r.cfg.Slot)}
+	}
+	defer func() { _, _ = scalar(ctx, conn, fmt.Sprintf("SELECT pg_advisory_unlock(%d)", lock)) }()
+	return do()
+}
 
 // slotGone is the error of a slot outboxd has seen (Runner.slotSeen) and
 // found missing.

@@ -74,6 +74,10 @@ type Config struct {
 	// cut-over that did not finish, and Snapshot reads the rows pending
 	// now. Nil: the slot is created without one.
 	Snapshot func(ctx context.Context, snapshot, consistentPoint string, prod Producer) error
+	// SnapshotTables are the tables whose pending rows Snapshot publishes
+	// (those with publicat_en): the slot record says the slot vouches for
+	// all their rows once the snapshot is in Kafka.
+	SnapshotTables []catalog.Table
 	// Mark, when set, wraps the Acker of the record of a row of table
 	// whose id is id (postgres.mark_published): next learns the outcome
 	// only once the row is marked published.

@@ -114,7 +114,7 @@ func (r *Runner) ensureSlot(ctx context.Context, conn *pgconn.PgConn, srv catalo
 		// replayed its rows and dropped it, the slot vouches for the rows
 		// before it as a finished cut-over's does.
 		if slot != nil {
-			if err := r.writeRecord(ctx, conn, true, true); err != nil {
+			if err := r.writeRecord(ctx, conn, true, r.cfg.SnapshotTables); err != nil {
 				return 0, nil, err
 			}
 		}
@@ -137,7 +137,7 @@ func (r *Runner) ensureSlot(ctx context.Context, conn *pgconn.PgConn, srv catalo
 	if slot == nil {
 		switch {
 		case r.slotSeen:
-			return 0, nil, r.slotGone()
+			return 0, nil, r.gone(ctx, conn)
 		case !mayCreate:
 			return 0, nil, Fatal(fmt.Errorf("replication slot %q does not exist and postgres.create_slot is false: reconcile the events committed since the old slot's position, if any (outboxd replay), then set postgres.create_slot: true, or create the slot (SELECT pg_create_logical_replication_slot('%s', 'pgoutput'))", name, name))
 		}
@@ -156,30 +156,27 @@ func (r *Runner) ensureSlot(ctx context.Context, conn *pgconn.PgConn, srv catalo
 	if err := r.alignFailover(ctx, conn, srv, slot); err != nil {
 		return 0, nil, err
 	}
-	if err := r.writeRecord(ctx, conn, false, false); err != nil {
+	if r.record != nil && !r.record.Missing.IsZero() {
+		if err := r.rehired(ctx, conn, slot); err != nil {
+			return 0, nil, err
+		}
+	}
+	if err := r.writeRecord(ctx, conn, false, nil); err != nil {
 		return 0, nil, err
 	}
 	return slot.ConfirmedFlush, nil, nil
 }
 
 // createRecorded creates the slot without a snapshot and records it, under
-// the cut-over lock: the retention job holds the lock shared from before
-// its snapshot until it has read the slot, so it reads either the old
-// record and no new slot, or the new slot's record (retention.go).
+// the cut-over lock (withCreationLock).
 func (r *Runner) createRecorded(ctx context.Context, conn *pgconn.PgConn, srv catalog.Server) (*catalog.Slot, error) {
-	lock := catalog.CutoverLock(r.cfg.Slot)
-	locked, err := scalar(ctx, conn, fmt.Sprintf("SELECT pg_try_advisory_lock(%d)", lock))
+	err := r.withCreationLock(ctx, conn, func() error {
+		if _, err := r.createSlot(ctx, conn, srv, false); err != nil {
+			return err
+		}
+		return r.writeRecord(ctx, conn, true, nil)
+	})
 	if err != nil {
-		return nil, fmt.Errorf("take the cut-over lock: %w", err)
-	}
-	if locked != "t" {
-		return nil, &standbyError{fmt.Errorf("the cut-over lock of replication slot %q is held (another instance creating it, or the retention job reading it)", r.cfg.Slot)}
-	}
-	defer func() { _, _ = scalar(ctx, conn, fmt.Sprintf("SELECT pg_advisory_unlock(%d)", lock)) }()
-	if _, err := r.createSlot(ctx, conn, srv, false); err != nil {
-		return nil, err
-	}
-	if err := r.writeRecord(ctx, conn, true, false); err != nil {
 		return nil, err
 	}
 	slot, err := catalog.ReadSlot(ctx, conn, r.cfg.Slot)

@@ -30,8 +30,7 @@
 //     was committed after it was created, so its position says nothing
 //     about older rows. Its record says from which creat_en on it vouches
 //     (Since, plus ClockSkew), or that it vouches for every row of a table
-//     with publicat_en (it began with a cut-over snapshot). No record:
-//     nothing.
+//     its cut-over snapshot covered. No record: nothing.
 //  5. DELETE, in that same snapshot, at most BatchSize rows whose creat_en
 //     is older than MaxAge and that the slot vouches for: rows committed
 //     after L are invisible to it, however old their creat_en. A
@@ -355,7 +354,7 @@ func (j *Job) lockCreation(ctx context.Context, conn *pgconn.PgConn) (func(), er
 
 // vouched reads, under lockCreation, from which creat_en on the slot
 // vouches for t's rows (catalog.SlotRecord): zero when for all of them
-// (it began with a cut-over snapshot and t has publicat_en). A row older
+// (it began with a cut-over whose snapshot covered t). A row older
 // may have been committed before the slot existed, and its confirmed
 // position says nothing about it. No record: nothing is vouched for.
 func (j *Job) vouched(ctx context.Context, conn *pgconn.PgConn, t envelope.Table) (time.Time, error) {
@@ -367,7 +366,9 @@ func (j *Job) vouched(ctx context.Context, conn *pgconn.PgConn, t envelope.Table
 		return time.Time{}, fmt.Errorf("read the slot record %s: %w", j.cfg.SlotTable, err)
 	case rec == nil:
 		return time.Time{}, &notYet{reason: fmt.Sprintf("no record of replication slot %q in %s yet (outboxd writes it when it finds or creates the slot): nothing is known about which rows it vouches for", j.cfg.Slot, j.cfg.SlotTable)}
-	case rec.Covers(t.Route.Columns.PublicatEn):
+	case !rec.Missing.IsZero():
+		return time.Time{}, &notYet{reason: fmt.Sprintf("replication slot %q was found missing at %s and outboxd has not recorded the slot since: nothing is known about which rows it vouches for", j.cfg.Slot, rec.Missing.UTC().Format(time.RFC3339))}
+	case rec.CoversTable(catalog.Table{Schema: t.Schema, Name: t.Name}):
 		return time.Time{}, nil
 	}
 	return rec.Since.Add(ClockSkew), nil

@@ -15,9 +15,10 @@
 CREATE TABLE IF NOT EXISTS public.outboxd_slots (
 	slot text PRIMARY KEY,          -- the replication slot's name
 	since timestamptz NOT NULL,     -- rows with creat_en at or after it were committed after the slot's consistent point
-	snapshot boolean NOT NULL,      -- the slot began with a cut-over snapshot that Kafka acknowledged
+	covers jsonb NOT NULL,          -- the tables whose rows before the slot its cut-over snapshot (or the relay) published
 	seen_lsn pg_lsn NOT NULL,       -- the slot's confirmed position when outboxd last found it
-	seen_at timestamptz NOT NULL
+	seen_at timestamptz NOT NULL,
+	missing_since timestamptz       -- when a start found the slot missing
 );
 
 GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE public.outboxd_slots TO outboxd;

@@ -137,6 +137,11 @@ func onTables(cfg config.Config, tables []envelope.Table, conn *pgconn.Config, r
 		// runner stops on a permanent one (a missing privilege).
 		parts = append(parts, part{name: "mark_published", run: func(ctx context.Context) error { marker.Run(ctx); return nil }})
 	}
+	for _, t := range tables {
+		if t.Route.Columns.PublicatEn != "" {
+			rc.SnapshotTables = append(rc.SnapshotTables, catalog.Table{Schema: t.Schema, Name: t.Name})
+		}
+	}
 	if cfg.Postgres.Snapshot == config.SnapshotPending {
 		snap := &republish.Snapshotter{Conn: conn, Router: router, Tables: tables, Marker: marker, Trace: rc.Trace,
 			MaxInFlight: cfg.Pipeline.MaxInFlightEvents, DeliveryTimeout: cfg.Kafka.DeliveryTimeout, Log: log.Named("snapshot")}
