@@ -56,7 +56,12 @@ func (r *Runner) writeRecord(ctx context.Context, conn *pgconn.PgConn, fresh boo
 	}
 	err := catalog.RecordSlot(ctx, conn, r.cfg.SlotTable, r.cfg.Slot, fresh, covers)
 	switch {
-	case hasCode(err, "42501") || hasCode(err, "25006"): // no privilege, a read-only standby
+	case hasCode(err, "25006"):
+		// A standby (read-only: a multi-host DSN before the promotion, or
+		// decoding on a standby): its primary's outboxd writes the record,
+		// which the standby replays.
+		r.log.Debug("slot record not written: the server is read-only", "table", r.cfg.SlotTable.String())
+	case hasCode(err, "42501"):
 		r.recordMissing(err)
 	case err != nil:
 		return fmt.Errorf("write the slot record %s: %w", r.cfg.SlotTable, err)
