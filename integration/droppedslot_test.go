@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxd/outboxd/catalog"
 	"github.com/outboxd/outboxd/testenv"
 )
 
@@ -141,6 +142,7 @@ func droppedSlotRun(t *testing.T, mode string) {
 // it is: the 100 rows stay in the table.
 func TestSlotMadeByHandAfterADrop(t *testing.T) {
 	f := newFixture(t, seedSchema, map[string]int{"comandes": 1})
+	ctx := context.Background()
 	route := seedRoute(f.topic("comandes"))
 	route.More = testenv.Section{"columns": `{publicat_en: "-"}`}
 	cfg := f.config(route)
@@ -156,6 +158,18 @@ func TestSlotMadeByHandAfterADrop(t *testing.T) {
 	}
 	startKafka()
 	mustExec(f, fmt.Sprintf("SELECT pg_create_logical_replication_slot('%s', 'pgoutput')", f.name))
+	// The position seen stays the old slot's: the one made by hand is not it.
+	seen := func() (s string) {
+		t.Helper()
+		if err := f.mon.QueryRow(ctx, "SELECT seen_lsn::text FROM outboxd_slots WHERE slot = $1", f.name).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	was := seen()
+	if err := catalog.SeeSlot(ctx, f.mon.PgConn(), outboxdSlots, f.name); err != nil || seen() != was {
+		t.Fatalf("the position seen moved to the slot made by hand (%s, was %s, %v)", seen(), was, err)
+	}
 
 	d = f.start(cfg)
 	insertRows(t, f.db, "outbox", 5, "now()", false)
@@ -168,8 +182,19 @@ func TestSlotMadeByHandAfterADrop(t *testing.T) {
 	if !strings.Contains(d.Log(), "created again outside outboxd") {
 		t.Fatalf("the start on the slot made by hand does not warn of the gap:\n%s", d.Log())
 	}
+	// Recorded as new, the position seen follows it (RecordKeeper's update).
+	before, _ := f.slot()
+	if err := catalog.SeeSlot(ctx, f.mon.PgConn(), outboxdSlots, f.name); err != nil {
+		t.Fatal(err)
+	}
+	if s := lsn(t, seen()); s < before {
+		t.Fatalf("the position seen is %s, behind the slot's %s", s, before)
+	}
 	d.term()
 }
+
+// outboxdSlots is the slot record's default table.
+var outboxdSlots = catalog.Table{Schema: "public", Name: "outboxd_slots"}
 
 // dropSlotAsADBA frees the WAL the slot holds the usual way: its walsender
 // terminated, then the slot dropped (outboxd reconnects meanwhile, so

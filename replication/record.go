@@ -152,27 +152,24 @@ type RecordKeeper struct {
 	Log   hclog.Logger
 }
 
-// Run updates the record until ctx ends; a failure is logged at debug
+// Run updates the record until ctx ends, on a connection of its own for
+// each update (none held between them); a failure is logged at debug
 // level and tried again at the next tick (the record is a hint for the
 // operator there, not a proof).
 func (k *RecordKeeper) Run(ctx context.Context) {
 	c := clock.Or(k.Clock)
-	var conn *pgconn.PgConn
-	defer func() {
-		if conn != nil {
-			_ = conn.Close(context.Background())
-		}
-	}()
 	for clock.Sleep(ctx, c, k.Every) {
-		var err error
-		if conn == nil || conn.IsClosed() {
-			conn, err = postgres.Connect(ctx, k.Conn, postgres.Session{App: "outboxd-record"})
-		}
-		if err == nil {
-			err = catalog.SeeSlot(ctx, conn, k.Table, k.Slot)
-		}
-		if err != nil && ctx.Err() == nil {
+		if err := k.see(ctx); err != nil && ctx.Err() == nil {
 			k.Log.Debug("slot record: could not update the position seen", "table", k.Table.String(), "error", err)
 		}
 	}
+}
+
+func (k *RecordKeeper) see(ctx context.Context) error {
+	conn, err := postgres.Connect(ctx, k.Conn, postgres.Session{App: "outboxd-record"})
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	return catalog.SeeSlot(ctx, conn, k.Table, k.Slot)
 }
