@@ -32,6 +32,13 @@ import (
 //
 // Each caller keeps its own verdict on a Delivery that is not delivered
 // yet (retention: delete nothing this time; replay: wait, then refuse).
+//
+// All this proves something only about rows the slot decoded: those
+// committed after it was created. A slot created after a row (its
+// predecessor dropped) is past it and says nothing about it. Replay only
+// needs "the slot is past these rows" (no copy before a first delivery);
+// the retention job also asks the slot record (slotrecord.go) whether the
+// slot vouches for them.
 
 // Delivery is what the catalogs say, inside a transaction BeginDelivery
 // began, about the rows it sees.

@@ -61,6 +61,9 @@ type Postgres struct {
 	Publication       string `yaml:"publication"`        // required
 	CreateSlot        bool   `yaml:"create_slot"`        // create the slot at start when absent
 	CreatePublication bool   `yaml:"create_publication"` // create the publication at start when absent
+	// SlotTable is the table (schema.table) where outboxd records the slots
+	// it has seen and which rows each vouches for (catalog.SlotRecord).
+	SlotTable string `yaml:"slot_table"`
 	// FailoverSlot makes the slot a failover slot where the server has them
 	// (PostgreSQL 17+): created with FAILOVER, or altered to it, so that
 	// standbys with sync_replication_slots keep a copy (ignored before 17).
@@ -431,6 +434,7 @@ func Default() Config {
 		Postgres: Postgres{
 			CreateSlot:         true,
 			CreatePublication:  true,
+			SlotTable:          "public.outboxd_slots",
 			FailoverSlot:       true,
 			StatusInterval:     100 * time.Millisecond,
 			IdleStatusInterval: 10 * time.Second,

@@ -64,6 +64,7 @@ func TestDefault(t *testing.T) {
 		Postgres: config.Postgres{
 			CreateSlot:         true,
 			CreatePublication:  true,
+			SlotTable:          "public.outboxd_slots",
 			FailoverSlot:       true,
 			StatusInterval:     100 * time.Millisecond,
 			IdleStatusInterval: 10 * time.Second,
@@ -173,6 +174,7 @@ func TestParseExamples(t *testing.T) {
 				Publication:        "outboxd_inventari",
 				CreateSlot:         false,
 				CreatePublication:  false,
+				SlotTable:          "public.outboxd_slots",
 				FailoverSlot:       true,
 				StatusInterval:     500 * time.Millisecond,
 				IdleStatusInterval: 30 * time.Second,

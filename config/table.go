@@ -76,3 +76,10 @@ func ident(s string) (name, rest string, err error) {
 	}
 	return name, rest, nil
 }
+
+// SlotTableName is postgres.slot_table's schema and name (valid once
+// Validate passed).
+func (p Postgres) SlotTableName() (schema, name string) {
+	schema, name, _ = splitTable(p.SlotTable)
+	return schema, name
+}

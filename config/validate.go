@@ -62,6 +62,9 @@ func (v *validator) postgres(p Postgres) {
 	} else if len(p.Publication) > 63 {
 		v.add("postgres.publication", "longer than 63 bytes")
 	}
+	if _, _, err := splitTable(p.SlotTable); err != nil {
+		v.add("postgres.slot_table", "%q: %v", p.SlotTable, err)
+	}
 	v.positive("postgres.status_interval", p.StatusInterval)
 	v.positive("postgres.idle_status_interval", p.IdleStatusInterval)
 	v.positive("postgres.connect_timeout", p.ConnectTimeout)

@@ -121,6 +121,8 @@ func TestValidateErrors(t *testing.T) {
 			[]string{`line 12: routes[0].columns.versio: column name must not be empty (write "-" if the table has no version column)`}},
 		{"bad slot", strings.Replace(minimal, "slot: outboxd_comandes", "slot: Outboxd-Comandes", 1),
 			[]string{`line 4: postgres.slot: "Outboxd-Comandes" is not a valid slot name`}},
+		{"bad slot table", strings.Replace(minimal, "slot: outboxd_comandes", "slot: outboxd_comandes\n  slot_table: outboxd_slots", 1),
+			[]string{`line 5: postgres.slot_table: "outboxd_slots": must be schema.table`}},
 		{"missing dsn uses the section's line", strings.Replace(minimal, "  dsn: \"postgres://outboxd@127.0.0.1/km0\"\n", "", 1),
 			[]string{`line 2: postgres.dsn: required`}},
 		{"missing origen has no line", strings.Replace(minimal, "origen: comandes\n", "", 1),

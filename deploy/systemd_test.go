@@ -67,7 +67,7 @@ func TestSystemdUnit(t *testing.T) {
 	}
 	for k, want := range map[string]string{
 		"DynamicUser": "yes", "NoNewPrivileges": "yes", "ProtectSystem": "strict", "ProtectHome": "yes",
-		"PrivateTmp": "yes", "CapabilityBoundingSet": "", "KillSignal": "SIGTERM", "RestartPreventExitStatus": "2",
+		"PrivateTmp": "yes", "CapabilityBoundingSet": "", "KillSignal": "SIGTERM", "RestartPreventExitStatus": "2 3",
 	} {
 		if got := one(k); got != want {
 			t.Errorf("%s=%s, want %s", k, got, want)

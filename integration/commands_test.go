@@ -347,7 +347,8 @@ func TestCheckInvalidConfig(t *testing.T) {
 }
 
 // TestSlotDropCommand: refuses an active slot, refuses without --yes (and
-// says what would be lost), drops with --yes, then reports it absent.
+// says what would be lost), drops with --yes, then reports it absent; the
+// next start creates it again.
 func TestSlotDropCommand(t *testing.T) {
 	f := newFixture(t, seedSchema, map[string]int{"comandes": 1})
 	dc := f.config(seedRoute(f.topic("comandes")))
@@ -389,6 +390,13 @@ func TestSlotDropCommand(t *testing.T) {
 	r = outboxd(t, f.dsn, "slot", "drop", "-c", path, "--yes")
 	if r.code != 1 || !strings.Contains(r.stderr, "does not exist") {
 		t.Fatalf("slot drop of an absent slot:\n%s", r)
+	}
+	// Dropped with outboxd's own command: the slot record forgets it, and
+	// the next start creates it (a slot dropped otherwise stops outboxd:
+	// TestDroppedSlotKeepsUndeliveredRows).
+	f.start(dc).term()
+	if !exists() {
+		t.Fatal("the start after slot drop --yes did not create the slot")
 	}
 }
 

@@ -31,8 +31,8 @@ import (
 // duplicates and the recovery time are reported.
 //
 // PostgreSQL 14 to 16 (no failover slots): the slot does not exist on the
-// new primary; outboxd stops with "does not exist" and, restarted with
-// create_slot: true as an operator would, begins at the new primary's
+// new primary; outboxd stops with "does not exist" and, once the operator
+// forgot the slot (outboxd slot forget) and restarted it, begins at the new primary's
 // current position, with the exported snapshot of postgres.snapshot:
 // pending (the default), which publishes every row still pending
 // (publicat_en NULL): nothing is lost, the window's rows included, at the
@@ -159,8 +159,11 @@ func TestFailover(t *testing.T) {
 		if !strings.Contains(d.Log(), "does not exist") {
 			t.Fatalf("outboxd's error does not say the slot does not exist:\n%s", d.Log())
 		}
-		// The operator's restart: create_slot (the default) makes a new
-		// slot at the new primary's current position.
+		// The operator's restart: the standby has the slot record too, so
+		// outboxd creates a slot only once told to (slot forget); then
+		// create_slot (the default) makes a new slot at the new primary's
+		// current position.
+		forgetSlot(t, dsn, d.ConfigPath(), d.Log())
 		time.Sleep(2 * time.Second)
 		if err := d.Start(); err != nil {
 			t.Fatal(err)

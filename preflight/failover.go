@@ -157,7 +157,7 @@ func evalFailover(cfg target, v failoverView) Result {
 			remedy = "postgres.failover_slot: true removes this window"
 		}
 		detail += "; outboxd stops on the promoted standby (\"does not exist\"), and the events committed after the slot's last confirmed position, up to its re-creation on the new primary, are not delivered unless reconciled"
-		fix := "after a failover, reconcile (docs/failover.md) and start outboxd with postgres.create_slot: true; " + remedy
+		fix := "after a failover, reconcile (docs/failover.md), accept the gap (outboxd slot forget --gap-from, with the position outboxd's error names) and start outboxd with postgres.create_slot: true; " + remedy
 		tables := coveredTables(cfg, v.stats)
 		switch {
 		case pg.Snapshot == config.SnapshotNone:
@@ -166,7 +166,7 @@ func evalFailover(cfg target, v failoverView) Result {
 			detail += "; the re-created slot's snapshot covers no route"
 		default:
 			detail += fmt.Sprintf("; with postgres.snapshot: pending the re-created slot's snapshot publishes again every row still pending (publicat_en NULL) of %s, which covers their window as long as rows stay in the table until delivered (duplicates, not loss)", strings.Join(tables, ", "))
-			fix = "after a failover, start outboxd with postgres.create_slot: true (its snapshot publishes the window of the tables it covers again) and reconcile each route a \"failover\" line below names (docs/failover.md); " + remedy
+			fix = "after a failover, accept the gap (outboxd slot forget --gap-from, with the position outboxd's error names), start outboxd with postgres.create_slot: true (its snapshot publishes the window of the tables it covers again) and reconcile each route a \"failover\" line below names (docs/failover.md); " + remedy
 		}
 		if s := standbyNames(v); s != "" {
 			detail += "; standbys: " + s

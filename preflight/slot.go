@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxd/outboxd/catalog"
 	"github.com/outboxd/outboxd/config"
@@ -128,7 +130,14 @@ func checkSlot(ctx context.Context, conn *pgx.Conn, cfg target) []Result {
 			c.pending = append(c.pending, fmt.Sprintf("%s: %d", name, n))
 		}
 	}
+	record, rec := checkRecord(ctx, conn, cfg.Postgres)
 	out := []Result{evalSlot(cfg.Postgres, s, c)}
+	if s == nil && rec != nil && !c.marker {
+		out[0] = fail("slot", fmt.Sprintf("replication slot %s does not exist, though outboxd has seen it (it had confirmed %s at %s, recorded in %s): events committed after that position may be in no slot, and outboxd stops at start (exit status 3) until told to create it again",
+			cfg.Postgres.Slot, rec.Seen, rec.SeenAt.UTC().Format(time.RFC3339), cfg.Postgres.SlotTable),
+			fmt.Sprintf("accept the gap (outboxd slot forget --gap-from %s), start outboxd, and reconcile the events (outboxd replay; docs/operations.md#a-dropped-slot)", rec.Seen))
+	}
+	out = append(out, record)
 	hold := catalog.ReplayHold(cfg.Postgres.Slot)
 	h, err := catalog.ReadSlot(ctx, conn.PgConn(), hold)
 	if err != nil {
@@ -214,4 +223,31 @@ func holder(s *catalog.Slot) string {
 		return fmt.Sprintf(" (%s)", s.Holder)
 	}
 	return " (another outboxd, or a client this role cannot see)"
+}
+
+// checkRecord is the slot record's line (catalog.SlotRecord), and the
+// slot's row when there is one.
+func checkRecord(ctx context.Context, conn *pgx.Conn, pg config.Postgres) (Result, *catalog.SlotRecord) {
+	schema, name := pg.SlotTableName()
+	t := catalog.Table{Schema: schema, Name: name}
+	const lost = "only the process that saw the slot would remember it (a restart after the slot is dropped creates a new one silently), and the retention job deletes nothing"
+	rec, err := catalog.ReadSlotRecord(ctx, conn.PgConn(), t, pg.Slot)
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == "42P01":
+		var may bool
+		if err := conn.QueryRow(ctx, "SELECT has_schema_privilege($1, 'CREATE')", schema).Scan(&may); err != nil || !may {
+			return warn("slot record", fmt.Sprintf("%s does not exist and this role may not create it: %s", t, lost),
+				"run sql/005_slot_record.sql as the schema's owner (it grants outboxd INSERT, UPDATE, DELETE on the table)"), nil
+		}
+		return pass("slot record", "%s does not exist; will be created at start", t), nil
+	case errors.As(err, &pgErr) && pgErr.Code == "42501":
+		return warn("slot record", fmt.Sprintf("%s cannot be read by this role: %s", t, lost),
+			fmt.Sprintf("GRANT SELECT, INSERT, UPDATE, DELETE ON %s TO <outboxd's role>", t)), nil
+	case err != nil:
+		return queryFailed("slot record", err)[0], nil
+	case rec == nil:
+		return pass("slot record", "%s holds no row of %s yet; the next start writes it", t, pg.Slot), nil
+	}
+	return pass("slot record", "%s: outboxd last found %s at %s (%s)", t, pg.Slot, rec.Seen, rec.SeenAt.UTC().Format(time.RFC3339)), rec
 }

@@ -100,7 +100,7 @@ func (r *Runner) prepareCutover(ctx context.Context, conn *pgconn.PgConn, srv ca
 	case slot != nil && slot.Active:
 		return nil, nil, &standbyError{fmt.Errorf("replication slot %q is active for PID %d while its cut-over marker exists", name, slot.ActivePID)}
 	case slot == nil && r.slotSeen:
-		return nil, nil, r.slotGone()
+		return nil, nil, r.gone(ctx, conn)
 	}
 	if !hasMarker {
 		if _, err := conn.Exec(ctx, "CREATE_REPLICATION_SLOT "+marker+" PHYSICAL").ReadAll(); err != nil {
@@ -161,6 +161,12 @@ func (r *Runner) publishSnapshot(ctx context.Context, conn *pgconn.PgConn, c *cu
 		if isPermanent(err) {
 			return Fatal(err)
 		}
+		return err
+	}
+	// Recorded before the marker goes and the lock is released: from its
+	// snapshot on, the slot vouches for every row of the tables the
+	// snapshot covered (catalog.SlotRecord).
+	if err := r.writeRecord(ctx, conn, true, r.cfg.SnapshotTables); err != nil {
 		return err
 	}
 	marker := catalog.CutoverMarker(r.cfg.Slot)

@@ -36,9 +36,13 @@ import (
 type Config struct {
 	// Conn is the parsed connection (postgres.dsn and password); each
 	// session opens a replication connection with it (replicationSession).
-	Conn              *pgconn.Config
-	Slot              string
-	Publication       string
+	Conn        *pgconn.Config
+	Slot        string
+	Publication string
+	// SlotTable is where the slot record is kept (catalog.SlotRecord):
+	// that outboxd has seen the slot, beyond this process's life, and
+	// which rows it vouches for (the retention job reads it).
+	SlotTable         catalog.Table
 	CreateSlot        bool
 	CreatePublication bool
 	// FailoverSlot: on a server with failover slots (PostgreSQL 17+) the
@@ -70,6 +74,10 @@ type Config struct {
 	// cut-over that did not finish, and Snapshot reads the rows pending
 	// now. Nil: the slot is created without one.
 	Snapshot func(ctx context.Context, snapshot, consistentPoint string, prod Producer) error
+	// SnapshotTables are the tables whose pending rows Snapshot publishes
+	// (those with publicat_en): the slot record says the slot vouches for
+	// all their rows once the snapshot is in Kafka.
+	SnapshotTables []catalog.Table
 	// Mark, when set, wraps the Acker of the record of a row of table
 	// whose id is id (postgres.mark_published): next learns the outcome
 	// only once the row is marked published.
@@ -154,6 +162,11 @@ type Runner struct {
 	// is the operator's decision. Read and written on Run's goroutine only
 	// (readSlot, createSlot).
 	slotSeen bool
+	// record is the slot's row of Config.SlotTable when a session read
+	// one (it sets slotSeen); noRecord, that the table could not be
+	// written (said once).
+	record   *catalog.SlotRecord
+	noRecord bool
 
 	// What the streams of every session add to as they go.
 	txns         atomic.Uint64

@@ -85,13 +85,18 @@ func (r *Runner) ensurePublication(ctx context.Context, conn *pgconn.PgConn, ver
 
 // ensureSlot returns the slot's confirmed position, where streaming
 // resumes, creating the slot when absent and allowed: postgres.create_slot
-// and no session of this process has seen it (Runner.slotSeen). A slot is
+// and outboxd has not seen it: neither a session of this process
+// (Runner.slotSeen) nor any earlier process (its row in the slot record,
+// catalog.SlotRecord). The slot found or created is recorded. A slot is
 // a failover slot where the server has them and postgres.failover_slot
 // asks for one; a slot created, or kept from an unfinished cut-over, with
 // pending rows to publish first comes with its cutover (cutover.go), and
 // becomes a failover slot only once they are published.
 func (r *Runner) ensureSlot(ctx context.Context, conn *pgconn.PgConn, srv catalog.Server) (pglogrepl.LSN, *cutover, error) {
 	name := r.cfg.Slot
+	if err := r.readRecord(ctx, conn); err != nil {
+		return 0, nil, err
+	}
 	mayCreate := r.cfg.CreateSlot && !r.slotSeen
 	slot, hasMarker, err := r.readSlot(ctx, conn)
 	if err != nil {
@@ -104,6 +109,14 @@ func (r *Runner) ensureSlot(ctx context.Context, conn *pgconn.PgConn, srv catalo
 		marker, hold := catalog.CutoverMarker(name), catalog.ReplayHold(name)
 		if _, err := scalar(ctx, conn, "SELECT pg_create_physical_replication_slot("+catalog.QuoteLiteral(hold)+")"); err != nil && !hasCode(err, "42710") {
 			return 0, nil, slotError(fmt.Errorf("create the replay hold slot %q: %w", hold, err))
+		}
+		// The hold stands for the snapshot: once the operator has
+		// replayed its rows and dropped it, the slot vouches for the rows
+		// before it as a finished cut-over's does.
+		if slot != nil {
+			if err := r.writeRecord(ctx, conn, true, r.cfg.SnapshotTables); err != nil {
+				return 0, nil, err
+			}
 		}
 		r.log.Warn("an earlier cut-over did not finish, and postgres.snapshot is now none: giving it up; its snapshot rows may not all be in Kafka. "+
 			"Republish them (outboxd replay --from the creat_en of the oldest row the relay had not published), then drop the hold: the retention job deletes nothing until then",
@@ -124,15 +137,12 @@ func (r *Runner) ensureSlot(ctx context.Context, conn *pgconn.PgConn, srv catalo
 	if slot == nil {
 		switch {
 		case r.slotSeen:
-			return 0, nil, r.slotGone()
+			return 0, nil, r.gone(ctx, conn)
 		case !mayCreate:
 			return 0, nil, Fatal(fmt.Errorf("replication slot %q does not exist and postgres.create_slot is false: reconcile the events committed since the old slot's position, if any (outboxd replay), then set postgres.create_slot: true, or create the slot (SELECT pg_create_logical_replication_slot('%s', 'pgoutput'))", name, name))
 		}
-		if _, err := r.createSlot(ctx, conn, srv, false); err != nil {
+		if slot, err = r.createRecorded(ctx, conn, srv); err != nil {
 			return 0, nil, err
-		}
-		if slot, err = catalog.ReadSlot(ctx, conn, name); err != nil || slot == nil {
-			return 0, nil, fmt.Errorf("read replication slot after creating it: %v", err)
 		}
 	}
 	switch {
@@ -146,13 +156,34 @@ func (r *Runner) ensureSlot(ctx context.Context, conn *pgconn.PgConn, srv catalo
 	if err := r.alignFailover(ctx, conn, srv, slot); err != nil {
 		return 0, nil, err
 	}
+	if r.record != nil && !r.record.Missing.IsZero() {
+		if err := r.rehired(ctx, conn, slot); err != nil {
+			return 0, nil, err
+		}
+	}
+	if err := r.writeRecord(ctx, conn, false, nil); err != nil {
+		return 0, nil, err
+	}
 	return slot.ConfirmedFlush, nil, nil
 }
 
-// slotGone is the error of a slot this process has seen (Runner.slotSeen)
-// and found missing.
-func (r *Runner) slotGone() error {
-	return Fatal(fmt.Errorf("replication slot %q does not exist, though this outboxd has seen it (dropped, or a failover to a standby that did not have it: before PostgreSQL 17 no slot is synchronised to standbys, on 17 only a failover slot, which outboxd's is from the end of its cut-over on): events committed since it went are not in any slot; outboxd will not recreate it silently. Recreate it deliberately (restart with postgres.create_slot: true) after reconciling (docs/failover.md)", r.cfg.Slot))
+// createRecorded creates the slot without a snapshot and records it, under
+// the cut-over lock (withCreationLock).
+func (r *Runner) createRecorded(ctx context.Context, conn *pgconn.PgConn, srv catalog.Server) (*catalog.Slot, error) {
+	err := r.withCreationLock(ctx, conn, func() error {
+		if _, err := r.createSlot(ctx, conn, srv, false); err != nil {
+			return err
+		}
+		return r.writeRecord(ctx, conn, true, nil)
+	})
+	if err != nil {
+		return nil, err
+	}
+	slot, err := catalog.ReadSlot(ctx, conn, r.cfg.Slot)
+	if err != nil || slot == nil {
+		return nil, fmt.Errorf("read replication slot after creating it: %v", err)
+	}
+	return slot, nil
 }
 
 // failover says whether a slot created on srv is a failover slot: where the

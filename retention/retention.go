@@ -4,8 +4,11 @@
 //
 // How that is known, in one REPEATABLE READ transaction per batch (the
 // proof is catalog.BeginDelivery and catalog.ReadDelivery, which replay
-// shares):
+// shares, and the slot record, catalog.SlotRecord):
 //
+//  0. Before the transaction, the cut-over lock shared for the session
+//     (lockCreation): outboxd creates a slot and writes its record under
+//     it held exclusively, so the record read in 4 is the slot's read in 3.
 //  1. SELECT pg_current_wal_insert_lsn(): the first statement fixes the
 //     transaction's snapshot, then reads the WAL insert position L. A
 //     transaction is visible in a snapshot only once its commit record has
@@ -23,10 +26,16 @@
 //     reaches L. outboxd confirms a position only when Kafka acknowledged
 //     every event of every transaction committed before it, so from then on
 //     every row the snapshot sees is in Kafka.
-//  4. DELETE, in that same snapshot, at most BatchSize rows whose creat_en
-//     is older than MaxAge: rows committed after L are invisible to it,
-//     however old their creat_en. A partitioned table is pruned through
-//     itself, each row by its partition and place (tableoid, ctid).
+//  4. The slot vouches for the rows (vouched): a slot decodes only what
+//     was committed after it was created, so its position says nothing
+//     about older rows. Its record says from which creat_en on it vouches
+//     (Since, plus ClockSkew), or that it vouches for every row of a table
+//     its cut-over snapshot covered. No record: nothing.
+//  5. DELETE, in that same snapshot, at most BatchSize rows whose creat_en
+//     is older than MaxAge and that the slot vouches for: rows committed
+//     after L are invisible to it, however old their creat_en. A
+//     partitioned table is pruned through itself, each row by its
+//     partition and place (tableoid, ctid).
 //
 // If the slot does not reach L in time (Kafka is down, outboxd is stopped or
 // behind), the batch deletes nothing and the job tries again later.
@@ -54,9 +63,12 @@ import (
 
 // Config is the job's configuration; durations and BatchSize are positive.
 type Config struct {
-	Conn   *pgconn.Config
-	Slot   string
-	Tables []envelope.Table // each by its first route's creat_en
+	Conn *pgconn.Config
+	Slot string
+	// SlotTable holds the slot record (catalog.SlotRecord): which rows the
+	// slot vouches for.
+	SlotTable catalog.Table
+	Tables    []envelope.Table // each by its first route's creat_en
 	// DropPartitions drops old partitions whole instead of deleting old
 	// rows (retention.mode drop_partitions).
 	DropPartitions bool
@@ -102,6 +114,12 @@ func (e *notYet) Error() string {
 	return e.reason + " (" + e.detail + ")"
 }
 
+// notVouched is a partition the slot does not vouch for (Job.vouched):
+// kept, and said once, while the pass goes on with the others.
+type notVouched struct{ reason string }
+
+func (e *notVouched) Error() string { return e.reason }
+
 // Run deletes old rows every Interval until ctx ends. Failures are logged
 // (once per change) and the next pass tries again.
 func (j *Job) Run(ctx context.Context) {
@@ -130,11 +148,14 @@ func (j *Job) Run(ctx context.Context) {
 			err = j.pass(ctx, conn)
 		}
 		var ny *notYet
+		var nv *notVouched
 		waiting := errors.As(err, &ny)
 		key := ""
 		switch {
 		case waiting:
 			key = ny.reason
+		case errors.As(err, &nv):
+			waiting, key = true, nv.reason
 		case err != nil:
 			key = err.Error()
 		}
@@ -220,6 +241,11 @@ func (j *Job) deletePass(ctx context.Context, conn *pgconn.PgConn, t envelope.Ta
 // batch deletes at most BatchSize old rows of t that the slot has
 // confirmed, in one transaction (see the package comment).
 func (j *Job) batch(ctx context.Context, conn *pgconn.PgConn, t envelope.Table) (int, error) {
+	unlock, err := j.lockCreation(ctx, conn)
+	if err != nil {
+		return 0, err
+	}
+	defer unlock() // after the ROLLBACK below: not inside a failed transaction
 	committed := false
 	defer func() {
 		if !committed {
@@ -233,13 +259,21 @@ func (j *Job) batch(ctx context.Context, conn *pgconn.PgConn, t envelope.Table) 
 	if err := j.waitConfirmed(ctx, conn, l); err != nil {
 		return 0, err
 	}
+	since, err := j.vouched(ctx, conn, t)
+	if err != nil {
+		return 0, err
+	}
+	from := "-infinity"
+	if !since.IsZero() {
+		from = since.Format(time.RFC3339Nano)
+	}
 	table, creat := t.Quoted(), catalog.QuoteIdent(t.Route.Columns.CreatEn)
 	// A row by (tableoid, ctid): through a partitioned table, a ctid alone
 	// names a row in each partition (a TID scan per partition finds them).
 	res := conn.ExecParams(ctx, fmt.Sprintf(`DELETE FROM %s t USING (
-		SELECT tableoid, ctid FROM %s WHERE %s < now() - make_interval(secs => $1) ORDER BY %s LIMIT $2) old
-		WHERE t.tableoid = old.tableoid AND t.ctid = old.ctid`, table, table, creat, creat),
-		[][]byte{[]byte(strconv.FormatFloat(j.cfg.MaxAge.Seconds(), 'f', -1, 64)), []byte(strconv.Itoa(j.cfg.BatchSize))}, nil, nil, nil).Read()
+		SELECT tableoid, ctid FROM %s WHERE %s < now() - make_interval(secs => $1) AND %s >= $3::timestamptz ORDER BY %s LIMIT $2) old
+		WHERE t.tableoid = old.tableoid AND t.ctid = old.ctid`, table, table, creat, creat, creat),
+		[][]byte{[]byte(strconv.FormatFloat(j.cfg.MaxAge.Seconds(), 'f', -1, 64)), []byte(strconv.Itoa(j.cfg.BatchSize)), []byte(from)}, nil, nil, nil).Read()
 	if err := res.Err; err != nil {
 		if hasCode(err, "42501") {
 			return 0, fmt.Errorf("delete from %s: %w: the retention job needs DELETE on the outbox table (GRANT DELETE ON ... TO outboxd)", table, err)
@@ -291,6 +325,53 @@ func (j *Job) waitConfirmed(ctx context.Context, conn *pgconn.PgConn, l pglogrep
 			return ctx.Err()
 		}
 	}
+}
+
+// ClockSkew is how far ahead of the database's clock a creat_en may run
+// (a service that sets it from its own clock): a row vouched for by the
+// slot record's Since alone must have a creat_en this much past it.
+const ClockSkew = time.Minute
+
+// lockCreation takes the cut-over lock shared for the session, before the
+// snapshot the proof reads the slot record in: outboxd creates a slot and
+// writes its record under the same lock held exclusively, so while the
+// job holds it the record it reads and the slot it reads are the same
+// slot's. The unlock it returns runs outside a transaction.
+func (j *Job) lockCreation(ctx context.Context, conn *pgconn.PgConn) (func(), error) {
+	lock := catalog.CutoverLock(j.cfg.Slot)
+	res := conn.Exec(ctx, fmt.Sprintf("SELECT pg_catalog.pg_try_advisory_lock_shared(%d)", lock))
+	rows, err := res.ReadAll()
+	if err != nil {
+		return nil, fmt.Errorf("take the cut-over lock: %w", err)
+	}
+	if len(rows) != 1 || len(rows[0].Rows) != 1 || string(rows[0].Rows[0][0]) != "t" {
+		return nil, &notYet{reason: "a cut-over is publishing its snapshot, or the slot is being created"}
+	}
+	return func() {
+		_, _ = conn.Exec(context.Background(), fmt.Sprintf("SELECT pg_catalog.pg_advisory_unlock_shared(%d)", lock)).ReadAll()
+	}, nil
+}
+
+// vouched reads, under lockCreation, from which creat_en on the slot
+// vouches for t's rows (catalog.SlotRecord): zero when for all of them
+// (it began with a cut-over whose snapshot covered t). A row older
+// may have been committed before the slot existed, and its confirmed
+// position says nothing about it. No record: nothing is vouched for.
+func (j *Job) vouched(ctx context.Context, conn *pgconn.PgConn, t envelope.Table) (time.Time, error) {
+	rec, err := catalog.ReadSlotRecord(ctx, conn, j.cfg.SlotTable, j.cfg.Slot)
+	switch {
+	case hasCode(err, "42P01") || hasCode(err, "42501"):
+		return time.Time{}, &notYet{reason: fmt.Sprintf("the slot record %s cannot be read (%v): nothing is known about which rows replication slot %q vouches for; create it (sql/005_slot_record.sql) and grant outboxd INSERT, UPDATE, DELETE on it", j.cfg.SlotTable, err, j.cfg.Slot)}
+	case err != nil:
+		return time.Time{}, fmt.Errorf("read the slot record %s: %w", j.cfg.SlotTable, err)
+	case rec == nil:
+		return time.Time{}, &notYet{reason: fmt.Sprintf("no record of replication slot %q in %s yet (outboxd writes it when it finds or creates the slot): nothing is known about which rows it vouches for", j.cfg.Slot, j.cfg.SlotTable)}
+	case !rec.Missing.IsZero():
+		return time.Time{}, &notYet{reason: fmt.Sprintf("replication slot %q was found missing at %s and outboxd has not recorded the slot since: nothing is known about which rows it vouches for", j.cfg.Slot, rec.Missing.UTC().Format(time.RFC3339))}
+	case rec.CoversTable(catalog.Table{Schema: t.Schema, Name: t.Name}):
+		return time.Time{}, nil
+	}
+	return rec.Since.Add(ClockSkew), nil
 }
 
 // noHold is a notYet while the replay hold exists: the rows of a cut-over

@@ -17,9 +17,13 @@
 --     with this role outboxd cannot create the publication itself: run 002
 --     as the owner and set `create_publication: false`.
 --
--- By default the role needs no write privilege: the replication slot is
+-- The role writes no row of the outbox by default: the replication slot is
 -- outboxd's only bookmark (confirmed_flush_lsn moves when Kafka has
--- acknowledged), so nothing needs marking as published.
+-- acknowledged), so nothing needs marking as published. It does write one
+-- row per slot in the slot record (sql/005_slot_record.sql, which grants
+-- it): that it has seen the slot, so that no later start re-creates a
+-- dropped slot silently, and which rows the slot vouches for (the
+-- retention job needs it).
 -- REPLICATION lets it create and read the slot (`create_slot: true`) and the
 -- cut-over's marker slot. SELECT is not checked for streaming changes, but
 -- it is what reading the table needs (the cut-over snapshot of the rows the

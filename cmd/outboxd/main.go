@@ -4,6 +4,7 @@
 //	outboxd check     -c outboxd.yaml          preflight checklist
 //	outboxd status    -c outboxd.yaml          what a running instance reports
 //	outboxd slot drop -c outboxd.yaml --yes    drop the replication slot
+//	outboxd slot forget -c outboxd.yaml --gap-from LSN   let the next start create a slot outboxd had seen
 //	outboxd replay    -c outboxd.yaml --from T  republish outbox rows from the table
 //	outboxd health    -c outboxd.yaml          exit 0 when /healthz (--ready: /readyz) says 200
 //	outboxd version                            the version it was built as
@@ -22,6 +23,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+
+	"github.com/outboxd/outboxd/replication"
 )
 
 const usage = `usage: outboxd <command> [flags]
@@ -31,6 +34,8 @@ commands:
   check      -c FILE                          preflight checklist of PostgreSQL and Kafka (exit 0 only if all pass)
   status     [-c FILE | --url URL] [--json]   print the /status of a running instance
   slot drop  -c FILE --yes                    drop the replication slot (undelivered events are lost with it)
+  slot forget -c FILE --gap-from LSN          accept that events committed after LSN (the position the error of a dropped slot names)
+                                              are in no slot: the next start may create the slot again
   replay     -c FILE --from TIME [--to TIME] [--route R] | --id ID[,ID...] [--wait 1m]
                                               republish outbox rows from the table by creat_en (or by id), as the stream would,
                                               once the slot has passed them;
@@ -38,7 +43,8 @@ commands:
   health     [-c FILE | --url URL] [--ready]  exit 0 when a running instance's /healthz (--ready: /readyz) answers 200, else 1 with the reason
   version                                     print the version, the Go version and the commit (also --version)
 
--c defaults to outboxd.yaml. Exit status: 0 success, 1 failure, 2 configuration or usage error.
+-c defaults to outboxd.yaml. Exit status: 0 success, 1 failure, 2 configuration or usage error,
+3 a replication slot outboxd had seen is missing (the operator's to resolve: slot forget).
 `
 
 func main() {
@@ -51,8 +57,8 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	cmd, args := args[0], args[1:]
-	if cmd == "slot" && len(args) > 0 && args[0] == "drop" {
-		cmd, args = "slot drop", args[1:]
+	if cmd == "slot" && len(args) > 0 && (args[0] == "drop" || args[0] == "forget") {
+		cmd, args = "slot "+args[0], args[1:]
 	}
 	if cmd == "help" || cmd == "-h" || cmd == "--help" {
 		fmt.Fprint(stdout, usage)
@@ -67,6 +73,7 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 	path := fs.String("c", "outboxd.yaml", "configuration file")
 	var url string
 	var asJSON, yes, ready bool
+	var gapFrom string
 	var timeout time.Duration
 	var ra replayArgs
 	switch cmd {
@@ -82,6 +89,8 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		fs.BoolVar(&asJSON, "json", false, "print the raw JSON")
 	case "slot drop":
 		fs.BoolVar(&yes, "yes", false, "really drop the slot")
+	case "slot forget":
+		fs.StringVar(&gapFrom, "gap-from", "", "the position the slot had confirmed when outboxd last found it, as its error names it")
 	case "health":
 		fs.StringVar(&url, "url", "", "base URL of a running instance, instead of health.listen from -c")
 		fs.BoolVar(&ready, "ready", false, "ask /readyz instead of /healthz")
@@ -111,6 +120,8 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		err = status(ctx, *path, url, asJSON, stdout)
 	case "slot drop":
 		err = slotDrop(ctx, *path, yes, stdout)
+	case "slot forget":
+		err = slotForget(ctx, *path, gapFrom, stdout)
 	case "replay":
 		err = replay(ctx, *path, ra, stdout, stderr)
 	case "health":
@@ -120,8 +131,18 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	proc.fatal(err.Error())
-	if errors.As(err, new(usageError)) {
+	return exitStatus(err)
+}
+
+// exitStatus is the exit status of a command that failed with err: 2 for
+// a configuration or usage error, 3 for a slot outboxd had seen and found
+// missing (the operator's: supervisors do not restart it), else 1.
+func exitStatus(err error) int {
+	switch {
+	case errors.As(err, new(usageError)):
 		return 2
+	case errors.As(err, new(*replication.SlotGoneError)):
+		return 3
 	}
 	return 1
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/outboxd/outboxd/catalog"
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/envelope"
 	"github.com/outboxd/outboxd/health"
@@ -116,6 +117,8 @@ func run(ctx context.Context, path string, proc *process) error {
 			_ = srv.Shutdown(sctx)
 		}}, part{name: "health monitor", run: func(ctx context.Context) error { mon.Run(ctx, srv.Watch); return nil }})
 	}
+	keeper := &replication.RecordKeeper{Conn: conn, Table: rc.SlotTable, Slot: rc.Slot, Every: time.Minute, Log: log.Named("replication")}
+	parts = append(parts, part{name: "slot record", run: func(ctx context.Context) error { keeper.Run(ctx); return nil }})
 	return runBeside(ctx, runner.Run, append(parts, tableParts...))
 }
 
@@ -181,6 +184,11 @@ func onTables(cfg config.Config, tables []envelope.Table, conn *pgconn.Config, r
 		// runner stops on a permanent one (a missing privilege).
 		parts = append(parts, part{name: "mark_published", run: func(ctx context.Context) error { marker.Run(ctx); return nil }})
 	}
+	for _, t := range tables {
+		if t.Route.Columns.PublicatEn != "" {
+			rc.SnapshotTables = append(rc.SnapshotTables, catalog.Table{Schema: t.Schema, Name: t.Name})
+		}
+	}
 	if cfg.Postgres.Snapshot == config.SnapshotPending {
 		snap := &republish.Snapshotter{Conn: conn, Router: router, Tables: tables, Marker: marker, Trace: rc.Trace,
 			MaxInFlight: cfg.Pipeline.MaxInFlightEvents, DeliveryTimeout: cfg.Kafka.DeliveryTimeout, Log: log.Named("snapshot")}
@@ -189,7 +197,7 @@ func onTables(cfg config.Config, tables []envelope.Table, conn *pgconn.Config, r
 		}
 	}
 	if rt := cfg.Retention; rt.MaxAge > 0 {
-		job := retention.New(retention.Config{Conn: conn, Slot: cfg.Postgres.Slot, Tables: tables, DropPartitions: rt.Mode == config.RetentionDropPartitions, MaxAge: rt.MaxAge,
+		job := retention.New(retention.Config{Conn: conn, Slot: cfg.Postgres.Slot, SlotTable: slotTable(cfg.Postgres), Tables: tables, DropPartitions: rt.Mode == config.RetentionDropPartitions, MaxAge: rt.MaxAge,
 			Interval: rt.Interval, BatchSize: rt.BatchSize, ConfirmTimeout: rt.ConfirmTimeout, LockTimeout: rt.LockTimeout,
 			Observer: metrics.Retention(rt.Interval)}, log.Named("retention"))
 		parts = append(parts, part{name: "retention", run: func(ctx context.Context) error { job.Run(ctx); return nil }})
@@ -200,13 +208,20 @@ func onTables(cfg config.Config, tables []envelope.Table, conn *pgconn.Config, r
 func replicationConfig(cfg config.Config, routing envelope.Routing, conn *pgconn.Config, metrics *health.Metrics) replication.Config {
 	p, pl := cfg.Postgres, cfg.Pipeline
 	return replication.Config{
-		Conn: conn, Slot: p.Slot, Publication: p.Publication, CreateSlot: p.CreateSlot, CreatePublication: p.CreatePublication,
+		Conn: conn, Slot: p.Slot, SlotTable: slotTable(p), Publication: p.Publication, CreateSlot: p.CreateSlot, CreatePublication: p.CreatePublication,
 		FailoverSlot: p.FailoverSlot, Tables: routing.Publication(), StatusInterval: p.StatusInterval, IdleStatusInterval: p.IdleStatusInterval,
 		MaxInFlightEvents: pl.MaxInFlightEvents, MaxInFlightBytes: pl.MaxInFlightBytes, ShutdownTimeout: pl.ShutdownTimeout,
 		BackoffMin: pl.BackoffMin, BackoffMax: pl.BackoffMax, StandbyRetry: p.StandbyRetry,
 		ReceiveTimeout: p.ReceiveTimeout, DeliveryTimeout: cfg.Kafka.DeliveryTimeout,
 		OnConfirm: metrics.ObserveConfirm,
 	}
+}
+
+// slotTable is postgres.slot_table, where the slot record is kept
+// (catalog.SlotRecord).
+func slotTable(p config.Postgres) catalog.Table {
+	schema, name := p.SlotTableName()
+	return catalog.Table{Schema: schema, Name: name}
 }
 
 // kafkaConfig is how outboxd talks to Kafka, for the producer, the health
