@@ -17,7 +17,14 @@ import (
 //     closed (no FIN, no RST): the proxy stops reading, so the sender's
 //     kernel buffers fill and its writes eventually block, exactly what a
 //     silent network partition looks like to the endpoints;
-//   - slow: every chunk is delayed by a latency.
+//   - slow: every chunk is delayed by a latency, in turn: a chunk waits
+//     for the one before it, so a connection carries one read (up to
+//     32 KiB) per latency each way;
+//   - delayed (Delay): a link that long each way, for connections made
+//     from then on: every chunk is written that long after it was read,
+//     and the chunks behind it are read meanwhile (up to 64 in the air),
+//     so the delay does not cut the throughput as slow does (slow's
+//     latency does not apply to them).
 //
 // Cut closes every current connection on both sides (new ones pass).
 // Heal returns to pass: stalled connections resume; one whose far side gave
@@ -29,6 +36,7 @@ type Proxy struct {
 	mu      sync.Mutex
 	gate    chan struct{} // closed while bytes may flow
 	latency time.Duration
+	delay   time.Duration // of the connections made from now on (Delay)
 	conns   map[*link]struct{}
 	closed  bool
 
@@ -130,10 +138,17 @@ func (p *Proxy) serve(l *link) {
 		return
 	default:
 	}
+	p.mu.Lock()
+	delay := p.delay
+	p.mu.Unlock()
+	pipe := p.pipe
+	if delay > 0 {
+		pipe = func(l *link, dst, src net.Conn) { p.pipeDelayed(l, dst, src, delay) }
+	}
 	var wg sync.WaitGroup
 	wg.Add(2)
-	go func() { defer wg.Done(); p.pipe(l, up, l.down) }()
-	go func() { defer wg.Done(); p.pipe(l, l.down, up) }()
+	go func() { defer wg.Done(); pipe(l, up, l.down) }()
+	go func() { defer wg.Done(); pipe(l, l.down, up) }()
 	wg.Wait()
 }
 
@@ -193,6 +208,56 @@ func (p *Proxy) pipe(l *link, dst, src net.Conn) {
 	}
 }
 
+// pipeDelayed copies src to dst, each chunk written d after it was read:
+// a reader hands the chunks to the writer through a line of 64, so one
+// chunk's wait does not hold back the reading of the next. The mode's
+// gate (Blackhole) stops both.
+func (p *Proxy) pipeDelayed(l *link, dst, src net.Conn, d time.Duration) {
+	type chunk struct {
+		b   []byte
+		due time.Time
+	}
+	line := make(chan chunk, 64)
+	var reader sync.WaitGroup
+	reader.Add(1)
+	go func() {
+		defer reader.Done()
+		defer close(line)
+		for {
+			if !p.wait(l) {
+				return
+			}
+			buf := make([]byte, 32<<10)
+			n, err := src.Read(buf)
+			if n > 0 {
+				select {
+				case line <- chunk{buf[:n], time.Now().Add(d)}:
+				case <-l.done:
+					return
+				}
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	defer reader.Wait()
+	defer l.close() // before the wait: a reader blocked in Read returns
+	for c := range line {
+		select {
+		case <-time.After(time.Until(c.due)):
+		case <-l.done:
+			return
+		}
+		if !p.wait(l) {
+			return
+		}
+		if _, err := dst.Write(c.b); err != nil {
+			return
+		}
+	}
+}
+
 // Blackhole stops all traffic without closing anything.
 func (p *Proxy) Blackhole() {
 	p.mu.Lock()
@@ -220,6 +285,15 @@ func (p *Proxy) Heal() {
 func (p *Proxy) Slow(d time.Duration) {
 	p.mu.Lock()
 	p.latency = d
+	p.mu.Unlock()
+}
+
+// Delay makes every connection accepted from now on a link d long each
+// way (0: none), without the throughput limit of Slow; the current ones
+// keep their mode. Heal does not end it.
+func (p *Proxy) Delay(d time.Duration) {
+	p.mu.Lock()
+	p.delay = d
 	p.mu.Unlock()
 }
 
