@@ -16,8 +16,8 @@ build:
 # again on PostgreSQL 18 (testenv/pg-fetch.sh fetches it once).
 test: test-kubernetes
 	$(GO) vet ./...
-	$(GO) test -count=1 -timeout 20m ./...
-	OUTBOXD_PG_VERSION=18 $(GO) test -count=1 -timeout 20m ./integration/
+	$(GO) test -count=1 -timeout 28m ./...
+	OUTBOXD_PG_VERSION=18 $(GO) test -count=1 -timeout 28m ./integration/
 
 # deploy/kubernetes/*.yaml decoded strictly into the Kubernetes API types, in
 # a module of its own (outboxd's module does not depend on them).

@@ -23,6 +23,7 @@ import (
 // stream key): all 200 arrive, the forgery is counted and logged. With
 // the default settings and with kafka.transactions.
 func TestForgedStreamHeaderProvesNothing(t *testing.T) {
+	kafkaOnly(t)
 	for _, txn := range []bool{false, true} {
 		t.Run(map[bool]string{false: "default", true: "transactions"}[txn], func(t *testing.T) {
 			f := newFixture(t, seedSchema, map[string]int{"comandes": 1})

@@ -19,6 +19,7 @@ import (
 // none of them arrived: the tail read was retried for ever, and the
 // session ended on "broker presumed unreachable", session after session.
 func TestDedupeAfterKafkaRetention(t *testing.T) {
+	kafkaOnly(t)
 	cases := []struct {
 		name       string
 		partitions int
