@@ -61,7 +61,7 @@ type Config struct {
 	Stream  string
 	Skipped func(topic string)
 	// TailTimeout bounds how long a partition's records wait for its tail
-	// to be read (counted from the first one's handover, 0: unbounded);
+	// to be read (counted from its first read's start, 0: unbounded);
 	// past it, or after a few failed reads, they go out without restart
 	// de-duplication and TailGivenUp is told (dedupe.go, giveUpTail).
 	TailTimeout time.Duration

@@ -160,7 +160,7 @@ func TestUnreadableTailGivesUp(t *testing.T) {
 
 // TestSlowTailBoundedByTailTimeout (issue 32, item 1): a tail read that
 // hangs (a leader that never answers the fetch) is cut at TailTimeout
-// after the first held record was handed over, and its records go out:
+// after the partition's first read began, and its records go out:
 // the de-duplication never holds records up to the delivery timeout. On
 // the system clock: the read's context is a real one.
 func TestSlowTailBoundedByTailTimeout(t *testing.T) {

@@ -60,8 +60,9 @@ func run(ctx context.Context, path string, proc *process) error {
 	sc.Partitions = metrics.ObservePartitions
 	sc.Skipped = metrics.ObserveSkipped
 	sc.TailGivenUp = metrics.ObserveTailGivenUp
-	// Records held for their partition's tail go out before the delivery
-	// timeout could call the broker unreachable (sink/dedupe.go).
+	// A partition's tail that cannot be read is given up within half the
+	// delivery timeout: its records go out, never waiting until the
+	// timeout calls the broker unreachable (sink/dedupe.go).
 	sc.TailTimeout = cfg.Kafka.DeliveryTimeout / 2
 	sc.Rejected = metrics.ObserveRejected
 	if sc.StreamKey, err = streamKey(cfg, log); err != nil {
