@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"strings"
 	"sync"
@@ -212,6 +213,27 @@ func (f *fixture) waitConfirmed(lsn pglogrepl.LSN, timeout time.Duration) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// pgAddr is the "host:port" of the fixture's PostgreSQL.
+func (f *fixture) pgAddr() string {
+	f.t.Helper()
+	u, err := url.Parse(f.dsn)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return u.Host
+}
+
+// dsnThrough is the fixture's DSN reaching PostgreSQL at addr (a proxy's).
+func (f *fixture) dsnThrough(addr string) string {
+	f.t.Helper()
+	u, err := url.Parse(f.dsn)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	u.Host = addr
+	return u.String()
 }
 
 // config is outboxd on the fixture's database, slot and broker,

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/url"
 	"sort"
 	"strings"
 	"sync"
@@ -359,14 +358,9 @@ func TestMarkPublishedDoesNotWedge(t *testing.T) {
 	t.Run("dead connection", func(t *testing.T) {
 		f := newFixture(t, seedSchema, map[string]int{"comandes": 1})
 		ctx := context.Background()
-		u, err := url.Parse(f.dsn)
-		if err != nil {
-			t.Fatal(err)
-		}
-		p := newPGFreezer(t, u.Host)
-		u.Host = p.addr
+		p := newPGFreezer(t, f.pgAddr())
 		cfg := f.config(seedRoute(f.topic("comandes")))
-		cfg.DSN = u.String()
+		cfg.DSN = f.dsnThrough(p.addr)
 		cfg.Postgres["mark_published"] = "true"
 		d := f.start(cfg)
 		w := newWriter(f, 41, 5, "outbox")
