@@ -27,11 +27,17 @@ type Daemon struct {
 	env             []string
 	log             *os.File
 
-	mu      sync.Mutex
-	p       *process // the latest process, nil before Start
-	starts  int
-	peakRSS int64 // kB, the highest VmRSS or VmHWM seen over all processes
+	mu     sync.Mutex
+	p      *process // the latest process, nil before Start
+	starts int
+	peak   Memory // the highest of each seen over all processes
 }
+
+// Memory is a process's resident memory in kB: RSS, and its two parts,
+// anonymous (the Go heap, stacks, the runtime's own) and file-backed (the
+// binary's pages mapped from the page cache, which other processes of the
+// same binary share and the kernel may drop).
+type Memory struct{ RSS, Anon, File int64 }
 
 // process is one run of the binary.
 type process struct {
@@ -169,23 +175,23 @@ func (d *Daemon) watchMemory(p *process) {
 }
 
 func (d *Daemon) sampleMemory(p *process) {
-	rss, hwm := procMem(p.cmd.Process.Pid)
+	m, hwm := procMem(p.cmd.Process.Pid)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if p.done() {
 		return // the pid may belong to another process by now
 	}
-	if rss > 0 {
-		p.rss = append(p.rss, rss)
+	if m.RSS > 0 {
+		p.rss = append(p.rss, m.RSS)
 	}
-	d.peakRSS = max(d.peakRSS, rss, hwm)
+	d.peak = Memory{RSS: max(d.peak.RSS, m.RSS, hwm), Anon: max(d.peak.Anon, m.Anon), File: max(d.peak.File, m.File)}
 }
 
-// procMem reads VmRSS and VmHWM (kB) of pid.
-func procMem(pid int) (rss, hwm int64) {
+// procMem reads pid's resident memory and VmHWM (kB).
+func procMem(pid int) (m Memory, hwm int64) {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
-		return 0, 0
+		return m, 0
 	}
 	defer f.Close()
 	sc := bufio.NewScanner(f)
@@ -197,12 +203,16 @@ func procMem(pid int) (rss, hwm int64) {
 		n, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
 		switch k {
 		case "VmRSS":
-			rss = n
+			m.RSS = n
 		case "VmHWM":
 			hwm = n
+		case "RssAnon":
+			m.Anon = n
+		case "RssFile":
+			m.File = n
 		}
 	}
-	return rss, hwm
+	return m, hwm
 }
 
 // current is the latest process, nil before Start.
@@ -224,13 +234,19 @@ func (d *Daemon) PID() int {
 func (d *Daemon) Running() bool { return d.PID() != 0 }
 
 // PeakRSSKB is the highest resident set seen over all processes, in kB.
-func (d *Daemon) PeakRSSKB() int64 {
+func (d *Daemon) PeakRSSKB() int64 { return d.PeakMemory().RSS }
+
+// PeakMemory is the highest resident set (VmRSS or VmHWM) and the highest
+// anonymous and file-backed parts seen over all processes, each sampled
+// every 100 ms (the parts' peaks may fall between two samples, and need
+// not be at the same moment as the RSS's).
+func (d *Daemon) PeakMemory() Memory {
 	if p := d.current(); p != nil {
 		d.sampleMemory(p)
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.peakRSS
+	return d.peak
 }
 
 // RSSSamples are the latest process's VmRSS samples (kB, every 100 ms).

@@ -22,7 +22,7 @@ func BenchmarkSpan(b *testing.B) {
 		_, _ = io.Copy(io.Discard, r.Body)
 	}))
 	defer srv.Close()
-	tr, err := New(context.Background(), Config{Endpoint: srv.URL, SampleRatio: 1, Propagate: true, ServiceName: "outboxd", QueueSize: 1 << 20})
+	tr, err := New(Config{Endpoint: srv.URL, SampleRatio: 1, Propagate: true, ServiceName: "outboxd", QueueSize: 1 << 20})
 	if err != nil {
 		b.Fatal(err)
 	}

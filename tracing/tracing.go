@@ -1,7 +1,7 @@
 // Package tracing is outboxd's own OpenTelemetry spans: one per record,
 // from its transaction's commit to Kafka's acknowledgement, the child of
-// the row's traceparent when it has one, exported over OTLP/HTTP in
-// batches by the official Go SDK.
+// the row's traceparent when it has one, made by the official Go SDK and
+// exported over OTLP/HTTP in its batches (otlp.go).
 //
 // A span is started when the publisher hands a record to the producer,
 // with the commit's time as its start, and ended by the record's Acker
@@ -25,7 +25,6 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
@@ -63,7 +62,7 @@ type Tracer struct {
 
 // New starts the exporter and the batch processor; nothing is sent until
 // the first span ends.
-func New(ctx context.Context, cfg Config) (*Tracer, error) {
+func New(cfg Config) (*Tracer, error) {
 	u, err := url.Parse(cfg.Endpoint)
 	if err != nil {
 		return nil, fmt.Errorf("tracing.endpoint: %w", err)
@@ -73,21 +72,15 @@ func New(ctx context.Context, cfg Config) (*Tracer, error) {
 	if !strings.HasSuffix(u.Path, "/v1/traces") {
 		u.Path = strings.TrimSuffix(u.Path, "/") + "/v1/traces"
 	}
-	opts := []otlptracehttp.Option{otlptracehttp.WithEndpointURL(u.String())}
-	if len(cfg.Headers) > 0 {
-		opts = append(opts, otlptracehttp.WithHeaders(cfg.Headers))
-	}
+	var tlsConfig *tls.Config
 	if cfg.CAFile != "" {
 		roots, err := certs.CAPool(cfg.CAFile)
 		if err != nil {
 			return nil, fmt.Errorf("tracing.ca_file: %w", err)
 		}
-		opts = append(opts, otlptracehttp.WithTLSClientConfig(&tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}))
+		tlsConfig = &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
 	}
-	exp, err := otlptracehttp.New(ctx, opts...)
-	if err != nil {
-		return nil, fmt.Errorf("tracing: %w", err)
-	}
+	exp := newOTLPExporter(u.String(), cfg.Headers, tlsConfig)
 	return newTracer(cfg, exp), nil
 }
 
@@ -133,11 +126,16 @@ type counting struct {
 
 func (c *counting) ExportSpans(ctx context.Context, spans []sdktrace.ReadOnlySpan) error {
 	err := c.SpanExporter.ExportSpans(ctx, spans)
-	if err != nil {
-		c.failed.Add(uint64(len(spans)))
-	} else {
-		c.exported.Add(uint64(len(spans)))
+	failed := uint64(len(spans))
+	var rejected *rejectedError
+	switch {
+	case err == nil:
+		failed = 0
+	case errors.As(err, &rejected):
+		failed = min(uint64(rejected.spans), failed)
 	}
+	c.failed.Add(failed)
+	c.exported.Add(uint64(len(spans)) - failed)
 	return err
 }
 

@@ -84,7 +84,7 @@ func replay(ctx context.Context, path string, a replayArgs, stdout, stderr io.Wr
 		return usageError{err}
 	}
 	log := hclog.New(&hclog.LoggerOptions{Name: "outboxd", Level: hclog.LevelFromString(cfg.Log.Level), JSONFormat: cfg.Log.Format == "json", Output: stderr})
-	tracer, stopTracing, err := startTracing(ctx, cfg, nil, log.Named("tracing"))
+	tracer, stopTracing, err := startTracing(cfg, nil, log.Named("tracing"))
 	if err != nil {
 		return usageError{err}
 	}

@@ -69,7 +69,7 @@ func run(ctx context.Context, path string, proc *process) error {
 		return usageError{err}
 	}
 	warnInsecure(cfg, log)
-	tracer, stopTracing, err := startTracing(ctx, cfg, metrics, log.Named("tracing"))
+	tracer, stopTracing, err := startTracing(cfg, metrics, log.Named("tracing"))
 	if err != nil {
 		return usageError{err}
 	}

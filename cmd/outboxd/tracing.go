@@ -18,12 +18,12 @@ import (
 // Tracer for every publisher (nil when off) and the function that sends
 // what is queued and stops it, to be called once nothing is published any
 // more. metrics, when not nil, gets the span counters.
-func startTracing(ctx context.Context, cfg config.Config, metrics *health.Metrics, log hclog.Logger) (publish.Tracer, func(), error) {
+func startTracing(cfg config.Config, metrics *health.Metrics, log hclog.Logger) (publish.Tracer, func(), error) {
 	t := cfg.Tracing
 	if t.Endpoint == "" {
 		return nil, func() {}, nil
 	}
-	tr, err := tracing.New(ctx, tracing.Config{Endpoint: t.Endpoint, SampleRatio: t.SampleRatio, Propagate: t.Propagate,
+	tr, err := tracing.New(tracing.Config{Endpoint: t.Endpoint, SampleRatio: t.SampleRatio, Propagate: t.Propagate,
 		ServiceName: t.ServiceName, Version: outboxd.Version, Headers: t.Headers, CAFile: t.CAFile, QueueSize: t.QueueSize,
 		MaxRecordBytes: int(cfg.Kafka.BatchBytes)})
 	if err != nil {

@@ -267,24 +267,12 @@ func (b *tb) fill(ctx context.Context) (pglogrepl.LSN, error) {
 	rows := b.o.partitions * b.o.perPartition
 	b.logf("inserting %d rows in transactions of %d", rows, b.o.txn)
 	t0 := time.Now()
-	var last string
-	for lo := 0; lo < rows; lo += b.o.txn {
-		hi := min(lo+b.o.txn, rows) - 1
-		err := pgx.BeginFunc(ctx, b.db, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, `INSERT INTO outbox (id, agregat, agregat_id, tipus, carrega)
-				SELECT gen_random_uuid(), 'comanda', 'P-' || lpad(g::text, 8, '0'), 'comanda.creada',
-				  jsonb_build_object('id', 'P-' || lpad(g::text, 8, '0'), 'client', 'anna', 'mercat', 'girona', 'import_centims', g % 10000)
-				FROM generate_series($1::int, $2::int) g`, lo, hi); err != nil {
-				return err
-			}
-			return tx.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text").Scan(&last)
-		})
-		if err != nil {
-			return 0, fmt.Errorf("insert rows %d-%d: %w", lo, hi, err)
-		}
+	end, err := testenv.CommitOutboxRows(ctx, b.db, rows, b.o.txn, "P-")
+	if err != nil {
+		return 0, err
 	}
 	b.logf("inserted in %.1f s", time.Since(t0).Seconds())
-	return pglogrepl.ParseLSN(last)
+	return end, nil
 }
 
 // route is the seed's route to the topic; variant n > 0 adds a header
