@@ -294,6 +294,23 @@ func TestSlotStatsShowTheServerSpilling(t *testing.T) {
 	})
 	t.Logf("server: spill_txns %d, spill_count %d, spill_bytes %d, stream_txns %d, total_txns %d; /metrics %v",
 		spillTxns, spillCount, spillBytes, streamTxns, totalTxns, got)
+	if st.Slot.Stats.StatsReset != nil || got["outboxd_slot_stats_reset_timestamp_seconds"] != 0 {
+		t.Fatalf("stats_reset %v, outboxd_slot_stats_reset_timestamp_seconds %v, before any reset", st.Slot.Stats.StatsReset, got["outboxd_slot_stats_reset_timestamp_seconds"])
+	}
+
+	// An operator resets the slot's statistics: the counters fall to 0
+	// with the server's, and stats_reset says when.
+	before := time.Now().Add(-time.Second)
+	if _, err := f.mon.Exec(ctx, "SELECT pg_stat_reset_replication_slot($1)", f.name); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "/status and /metrics show the reset", func() bool {
+		st = d.status()
+		got = slotMetrics(d, f.name)
+		s := st.Slot.Stats
+		return s != nil && s.SpillTxns == 0 && s.SpillBytes == 0 && s.StatsReset != nil && s.StatsReset.After(before) &&
+			got["outboxd_slot_spill_bytes_total"] == 0 && got["outboxd_slot_stats_reset_timestamp_seconds"] > float64(before.Unix())
+	})
 	d.term()
 }
 

@@ -378,12 +378,13 @@ type Status struct {
 		WALStatus         string `json:"wal_status"`
 		// Stats is pg_stat_replication_slots (nil: not read).
 		Stats *struct {
-			SpillTxns   int64 `json:"spill_txns"`
-			SpillCount  int64 `json:"spill_count"`
-			SpillBytes  int64 `json:"spill_bytes"`
-			StreamTxns  int64 `json:"stream_txns"`
-			StreamBytes int64 `json:"stream_bytes"`
-			TotalTxns   int64 `json:"total_txns"`
+			SpillTxns   int64      `json:"spill_txns"`
+			SpillCount  int64      `json:"spill_count"`
+			SpillBytes  int64      `json:"spill_bytes"`
+			StreamTxns  int64      `json:"stream_txns"`
+			StreamBytes int64      `json:"stream_bytes"`
+			TotalTxns   int64      `json:"total_txns"`
+			StatsReset  *time.Time `json:"stats_reset"`
 		} `json:"stats"`
 	} `json:"slot"`
 	ServerWALLSN     string  `json:"server_wal_lsn"`
