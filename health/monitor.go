@@ -31,6 +31,39 @@ type SlotInfo struct {
 	// 18 adds idle_timeout); Unusable, why it cannot be streamed from.
 	InvalidationReason string `json:"invalidation_reason,omitempty"`
 	Unusable           string `json:"unusable,omitempty"`
+	// Stats is the slot's row in pg_stat_replication_slots (PostgreSQL
+	// 14+); nil when it could not be read.
+	Stats *SlotStats `json:"stats"`
+}
+
+// SlotStats is what the server's logical decoding did for the slot, as
+// pg_stat_replication_slots counts it: cumulative since stats_reset (or
+// the slot's creation), and set back to 0 by pg_stat_reset_replication_slot
+// or a crash of the server.
+type SlotStats struct {
+	SpillTxns   int64      `json:"spill_txns"`
+	SpillCount  int64      `json:"spill_count"`
+	SpillBytes  int64      `json:"spill_bytes"`
+	StreamTxns  int64      `json:"stream_txns"`
+	StreamCount int64      `json:"stream_count"`
+	StreamBytes int64      `json:"stream_bytes"`
+	TotalTxns   int64      `json:"total_txns"`
+	TotalBytes  int64      `json:"total_bytes"`
+	StatsReset  *time.Time `json:"stats_reset"` // nil: never reset
+}
+
+// slotStats is s as /status shows it.
+func slotStats(s *catalog.SlotStats) *SlotStats {
+	if s == nil {
+		return nil
+	}
+	out := &SlotStats{SpillTxns: s.SpillTxns, SpillCount: s.SpillCount, SpillBytes: s.SpillBytes,
+		StreamTxns: s.StreamTxns, StreamCount: s.StreamCount, StreamBytes: s.StreamBytes, TotalTxns: s.TotalTxns, TotalBytes: s.TotalBytes}
+	if !s.StatsReset.IsZero() {
+		reset := s.StatsReset
+		out.StatsReset = &reset
+	}
+	return out
 }
 
 // Snapshot is what one poll of PostgreSQL and the brokers found.
@@ -102,7 +135,7 @@ func (m *Monitor) PollNow() {
 
 // Run polls until ctx ends. after, when set, is called after every poll.
 func (m *Monitor) Run(ctx context.Context, after func(Snapshot)) {
-	var p poller
+	p := poller{log: m.log}
 	defer p.close()
 	for {
 		snap := Snapshot{At: m.cfg.Clock.Now(), Brokers: len(m.cfg.Brokers)}
@@ -147,8 +180,12 @@ func (m *Monitor) probeBrokers(ctx context.Context) int {
 
 // poller holds the monitor's connection between polls.
 type poller struct {
+	log     hclog.Logger
 	conn    *pgconn.PgConn
 	version int
+	// stats: the server has pg_stat_replication_slots; statsNoted: why
+	// the slot's statistics are missing was logged on this connection.
+	stats, statsNoted bool
 }
 
 func (p *poller) close() {
@@ -172,7 +209,7 @@ func (p *poller) read(ctx context.Context, cfg MonitorConfig, snap *Snapshot) er
 			_ = conn.Close(ctx)
 			return fmt.Errorf("read server settings: %w", err)
 		}
-		p.conn, p.version = conn, srv.Version
+		p.conn, p.version, p.stats, p.statsNoted = conn, srv.Version, srv.HasSlotStats(), false
 	}
 	pub, err := catalog.ReadPublication(ctx, p.conn, cfg.Publication, p.version)
 	if err != nil {
@@ -201,10 +238,34 @@ func (p *poller) read(ctx context.Context, cfg MonitorConfig, snap *Snapshot) er
 		info.ActivePID = &pid
 	}
 	info.ConfirmedFlushLSN, info.RestartLSN = lsnText(s.ConfirmedFlush), lsnText(s.Restart)
+	info.Stats = slotStats(p.readStats(ctx, cfg.Slot))
 	snap.Slot = info
 	snap.ServerWAL = s.CurrentWAL
 	snap.RetainedBytes, snap.UnconfirmedBytes = s.RetainedBytes(), s.UnconfirmedBytes()
 	return nil
+}
+
+// readStats reads the slot's decoding statistics. They only inform (a
+// metric, /status), so a server without them (before PostgreSQL 14) or a
+// failed read leaves them out, said once per connection at debug level,
+// and the poll goes on.
+func (p *poller) readStats(ctx context.Context, slot string) *catalog.SlotStats {
+	note := func(why string) {
+		if !p.statsNoted {
+			p.statsNoted = true
+			p.log.Debug("no slot statistics", "reason", why)
+		}
+	}
+	if !p.stats {
+		note(fmt.Sprintf("pg_stat_replication_slots needs PostgreSQL 14 (server_version_num %d)", p.version))
+		return nil
+	}
+	st, err := catalog.ReadSlotStats(ctx, p.conn, slot)
+	if err != nil {
+		note("read pg_stat_replication_slots: " + err.Error())
+		return nil
+	}
+	return st
 }
 
 // currentLSN reads the server's WAL position when there is no slot row to

@@ -63,3 +63,19 @@ func TestMonitorPollsOnItsClock(t *testing.T) {
 	cancel()
 	<-done
 }
+
+// TestNoSlotStatsBefore14: on a server without pg_stat_replication_slots
+// (PostgreSQL 13) the poll asks nothing (no connection is touched) and
+// says why in one debug line per connection.
+func TestNoSlotStatsBefore14(t *testing.T) {
+	var logged strings.Builder
+	p := poller{log: hclog.New(&hclog.LoggerOptions{Output: &logged, Level: hclog.Debug}), version: 130020}
+	for i := 0; i < 3; i++ {
+		if st := p.readStats(context.Background(), "outboxd"); st != nil {
+			t.Fatalf("statistics from PostgreSQL 13: %+v", st)
+		}
+	}
+	if n := strings.Count(logged.String(), "no slot statistics"); n != 1 || !strings.Contains(logged.String(), "needs PostgreSQL 14") {
+		t.Errorf("%d debug lines, want one saying why:\n%s", n, logged.String())
+	}
+}

@@ -357,12 +357,47 @@ var (
 	// reason than removed WAL, 18's idle_timeout).
 	descInvalidated = prometheus.NewDesc("outboxd_slot_invalidated",
 		"1 when PostgreSQL invalidated the slot (pg_replication_slots.invalidation_reason, PostgreSQL 17+), with the reason.", []string{"slot", "reason"}, nil)
+	// The slot's pg_stat_replication_slots (PostgreSQL 14+) as the server
+	// counts it: counters carrying the server's cumulative value, which
+	// falls to 0 when the server resets them (pg_stat_reset_replication_slot,
+	// a crash). rate() and increase() take such a fall for a counter reset,
+	// as for a restarted process; stats_reset says when one happened.
+	slotStatMetrics = []struct {
+		desc  *prometheus.Desc
+		value func(*SlotStats) int64
+	}{
+		{slotStatDesc("outboxd_slot_spill_txns_total", "Transactions the server spilled to its disk past logical_decoding_work_mem while decoding for the slot (pg_stat_replication_slots.spill_txns)."),
+			func(s *SlotStats) int64 { return s.SpillTxns }},
+		{slotStatDesc("outboxd_slot_spill_count_total", "Times the server spilled a transaction to its disk for the slot (spill_count)."),
+			func(s *SlotStats) int64 { return s.SpillCount }},
+		{slotStatDesc("outboxd_slot_spill_bytes_total", "Decoded transaction data the server spilled to its disk for the slot (spill_bytes)."),
+			func(s *SlotStats) int64 { return s.SpillBytes }},
+		{slotStatDesc("outboxd_slot_stream_txns_total", "Transactions the server streamed to outboxd before their commit (stream_txns)."),
+			func(s *SlotStats) int64 { return s.StreamTxns }},
+		{slotStatDesc("outboxd_slot_stream_count_total", "Times the server streamed a transaction's changes before its commit (stream_count)."),
+			func(s *SlotStats) int64 { return s.StreamCount }},
+		{slotStatDesc("outboxd_slot_stream_bytes_total", "Decoded transaction data the server streamed before its commit (stream_bytes)."),
+			func(s *SlotStats) int64 { return s.StreamBytes }},
+		{slotStatDesc("outboxd_slot_decoded_txns_total", "Transactions the server decoded for the slot (total_txns)."),
+			func(s *SlotStats) int64 { return s.TotalTxns }},
+		{slotStatDesc("outboxd_slot_decoded_bytes_total", "Transaction data the server decoded for the slot (total_bytes)."),
+			func(s *SlotStats) int64 { return s.TotalBytes }},
+	}
+	descStatsReset = prometheus.NewDesc("outboxd_slot_stats_reset_timestamp_seconds",
+		"When the server last reset the slot's pg_stat_replication_slots (stats_reset); absent when never.", []string{"slot"}, nil)
 )
+
+func slotStatDesc(name, help string) *prometheus.Desc {
+	return prometheus.NewDesc(name, help, []string{"slot"}, nil)
+}
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descState, descReady, descRetained, descUnconfirmed, descSlotActive, descSafeWAL, descLag,
-		descInFlightEv, descInFlightB, descTxns, descDead, descDropped, descBrokers, descConfirmed, descWALStatus, descInvalidated} {
+		descInFlightEv, descInFlightB, descTxns, descDead, descDropped, descBrokers, descConfirmed, descWALStatus, descInvalidated, descStatsReset} {
 		ch <- d
+	}
+	for _, m := range slotStatMetrics {
+		ch <- m.desc
 	}
 }
 
@@ -394,6 +429,14 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		if sl.InvalidationReason != "" {
 			ch <- prometheus.MustNewConstMetric(descInvalidated, prometheus.GaugeValue, 1, sl.Name, sl.InvalidationReason)
+		}
+		if st := sl.Stats; st != nil {
+			for _, m := range slotStatMetrics {
+				ch <- prometheus.MustNewConstMetric(m.desc, prometheus.CounterValue, float64(m.value(st)), sl.Name)
+			}
+			if st.StatsReset != nil {
+				ch <- prometheus.MustNewConstMetric(descStatsReset, prometheus.GaugeValue, float64(st.StatsReset.UnixMicro())/1e6, sl.Name)
+			}
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(descLag, prometheus.GaugeValue, v.lag.Seconds())

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
@@ -114,15 +115,7 @@ func TestMetricsMatchWhatConsumersRead(t *testing.T) {
 	}
 	ra := a.verify(ctx, f.topic("comandes"), "murmur2")
 	rb := b.verify(ctx, f.topic("pagaments"), "murmur2")
-	_, metrics, err := d.Get(ctx, "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(bytes.NewReader(metrics))
-	if err != nil {
-		t.Fatalf("/metrics is not Prometheus text: %v", err)
-	}
+	families := d.metrics()
 	got := map[string]float64{}
 	for _, m := range families["outboxd_events_total"].GetMetric() {
 		for _, l := range m.GetLabel() {
@@ -229,4 +222,126 @@ func TestBrokersReachableMeansKafkaAnswers(t *testing.T) {
 		t.Fatalf("brokers_reachable %d with one Kafka broker and one PostgreSQL port", st.Kafka.BrokersReachable)
 	}
 	d.term()
+}
+
+// TestSlotStatsShowTheServerSpilling: a transaction on a table outside
+// the publication, larger than logical_decoding_work_mem, makes the
+// server spill it to its disk while decoding for outboxd's slot; /status
+// (slot.stats) and /metrics (outboxd_slot_spill_*) show what
+// pg_stat_replication_slots says, read independently, and the outbox
+// events committed around it are all delivered.
+//
+// logical_decoding_work_mem is lowered to 64kB for the test's database
+// alone (ALTER DATABASE: the walsender reads it when outboxd connects),
+// not for the server that other tests share. This test needs a slot that
+// spills: with pgoutput streaming (protocol 2, PostgreSQL 14+) the server
+// streams such a transaction instead, so it runs outboxd with streaming
+// off once outboxd can ask for it.
+func TestSlotStatsShowTheServerSpilling(t *testing.T) {
+	f := newFixture(t, seedSchema+"CREATE TABLE migracio (id bigint PRIMARY KEY, nota text NOT NULL);", map[string]int{"comandes": 2})
+	ctx := context.Background()
+	if _, err := f.db.Exec(ctx, "ALTER DATABASE "+f.name+" SET logical_decoding_work_mem = '64kB'"); err != nil {
+		t.Fatal(err)
+	}
+	d := f.start(f.config(seedRoute(f.topic("comandes"))))
+	w := newWriter(f, 33, 10, "outbox")
+	if err := w.txn(ctx, 5); err != nil {
+		t.Fatal(err)
+	}
+	// A migration: 20,000 rows (~2 MB decoded) in one transaction on a
+	// table nobody routes.
+	if _, err := f.db.Exec(ctx, "INSERT INTO migracio SELECT g, repeat('x', 64) FROM generate_series(1, 20000) g"); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.txn(ctx, 5); err != nil {
+		t.Fatal(err)
+	}
+	w.verify(ctx, f.topic("comandes"), "murmur2")
+	f.waitConfirmed(f.walLSN(), 30*time.Second)
+
+	// The server's own account, read now: the migration is decoded, and
+	// nothing more spills (only outboxd writes to this database).
+	var spillTxns, spillCount, spillBytes, streamTxns, streamBytes, totalTxns int64
+	readServer := func() {
+		err := f.mon.QueryRow(ctx, `SELECT spill_txns, spill_count, spill_bytes, stream_txns, stream_bytes, total_txns
+			FROM pg_stat_replication_slots WHERE slot_name = $1`, f.name).Scan(&spillTxns, &spillCount, &spillBytes, &streamTxns, &streamBytes, &totalTxns)
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, 10*time.Second, "the server counts the spill (PostgreSQL 14 reports it through its statistics collector)", func() bool {
+		readServer()
+		return spillTxns > 0
+	})
+	if spillBytes < 1<<20 || totalTxns < 3 {
+		t.Fatalf("pg_stat_replication_slots: spill_txns %d, spill_bytes %d, total_txns %d: the 20,000-row transaction should have spilled over 1 MiB",
+			spillTxns, spillBytes, totalTxns)
+	}
+
+	var st testenv.Status
+	var got map[string]float64
+	eventually(t, 10*time.Second, "/status and /metrics show the server's spill figures", func() bool {
+		st = d.status()
+		got = slotMetrics(d, f.name)
+		s := st.Slot.Stats
+		// total_txns may still grow: an autovacuum ANALYZE of the new
+		// table commits in this database.
+		return s != nil && s.SpillTxns == spillTxns && s.SpillCount == spillCount && s.SpillBytes == spillBytes &&
+			s.StreamTxns == streamTxns && s.StreamBytes == streamBytes && s.TotalTxns >= totalTxns &&
+			got["outboxd_slot_spill_txns_total"] == float64(spillTxns) && got["outboxd_slot_spill_count_total"] == float64(spillCount) &&
+			got["outboxd_slot_spill_bytes_total"] == float64(spillBytes) && got["outboxd_slot_stream_txns_total"] == float64(streamTxns) &&
+			got["outboxd_slot_stream_bytes_total"] == float64(streamBytes) && got["outboxd_slot_decoded_txns_total"] >= float64(totalTxns)
+	})
+	t.Logf("server: spill_txns %d, spill_count %d, spill_bytes %d, stream_txns %d, total_txns %d; /metrics %v",
+		spillTxns, spillCount, spillBytes, streamTxns, totalTxns, got)
+	if st.Slot.Stats.StatsReset != nil || got["outboxd_slot_stats_reset_timestamp_seconds"] != 0 {
+		t.Fatalf("stats_reset %v, outboxd_slot_stats_reset_timestamp_seconds %v, before any reset", st.Slot.Stats.StatsReset, got["outboxd_slot_stats_reset_timestamp_seconds"])
+	}
+
+	// An operator resets the slot's statistics: the counters fall to 0
+	// with the server's, and stats_reset says when.
+	before := time.Now().Add(-time.Second)
+	if _, err := f.mon.Exec(ctx, "SELECT pg_stat_reset_replication_slot($1)", f.name); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "/status and /metrics show the reset", func() bool {
+		st = d.status()
+		got = slotMetrics(d, f.name)
+		s := st.Slot.Stats
+		return s != nil && s.SpillTxns == 0 && s.SpillBytes == 0 && s.StatsReset != nil && s.StatsReset.After(before) &&
+			got["outboxd_slot_spill_bytes_total"] == 0 && got["outboxd_slot_stats_reset_timestamp_seconds"] > float64(before.Unix())
+	})
+	d.term()
+}
+
+// metrics reads d's /metrics, which must parse as Prometheus text.
+func (d *daemon) metrics() map[string]*dto.MetricFamily {
+	d.t.Helper()
+	_, body, err := d.Get(context.Background(), "/metrics")
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(bytes.NewReader(body))
+	if err != nil {
+		d.t.Fatalf("/metrics is not Prometheus text: %v", err)
+	}
+	return families
+}
+
+// slotMetrics returns the values of d's outboxd_slot_* series labelled
+// with slot alone.
+func slotMetrics(d *daemon, slot string) map[string]float64 {
+	out := map[string]float64{}
+	for name, mf := range d.metrics() {
+		if !strings.HasPrefix(name, "outboxd_slot_") {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if l := m.GetLabel(); len(l) == 1 && l[0].GetName() == "slot" && l[0].GetValue() == slot {
+				out[name] = m.GetCounter().GetValue() + m.GetGauge().GetValue()
+			}
+		}
+	}
+	return out
 }

@@ -392,6 +392,16 @@ type Status struct {
 		ConfirmedFlushLSN string `json:"confirmed_flush_lsn"`
 		RestartLSN        string `json:"restart_lsn"`
 		WALStatus         string `json:"wal_status"`
+		// Stats is pg_stat_replication_slots (nil: not read).
+		Stats *struct {
+			SpillTxns   int64      `json:"spill_txns"`
+			SpillCount  int64      `json:"spill_count"`
+			SpillBytes  int64      `json:"spill_bytes"`
+			StreamTxns  int64      `json:"stream_txns"`
+			StreamBytes int64      `json:"stream_bytes"`
+			TotalTxns   int64      `json:"total_txns"`
+			StatsReset  *time.Time `json:"stats_reset"`
+		} `json:"stats"`
 	} `json:"slot"`
 	ServerWALLSN     string  `json:"server_wal_lsn"`
 	RetainedWALBytes int64   `json:"retained_wal_bytes"`
