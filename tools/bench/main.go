@@ -372,18 +372,7 @@ func recvlogicalArgs(dsn, pub, slot string, binary bool) []string {
 	return args
 }
 
-func recvlogical() string {
-	if out, err := exec.Command("pg_config", "--bindir").Output(); err == nil {
-		p := filepath.Join(strings.TrimSpace(string(out)), "pg_recvlogical")
-		if _, err := os.Stat(p); err == nil {
-			return p
-		}
-	}
-	if m, _ := filepath.Glob("/usr/lib/postgresql/*/bin/pg_recvlogical"); len(m) > 0 {
-		return m[len(m)-1]
-	}
-	return "pg_recvlogical"
-}
+func recvlogical() string { return testenv.RecvLogical() }
 
 func binaryNote(bin string) string {
 	if bin != "" {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
@@ -10,35 +9,15 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/outboxd/outboxd/testenv"
 )
 
-// clockTicks is USER_HZ, 100 on every Linux this runs on (reading it needs
-// sysconf, hence cgo).
+// clockTicks is USER_HZ (testenv.CPUSeconds reads the same ticks).
 const clockTicks = 100
 
 // cpuSeconds is user+sys CPU time of pid so far, from /proc/PID/stat.
-func cpuSeconds(pid int) (float64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	// The command name may hold spaces: fields start after the last ')'.
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("parse /proc/%d/stat", pid)
-	}
-	f := strings.Fields(string(b[i+1:]))
-	// f[0] is field 3 (state); utime and stime are fields 14 and 15.
-	if len(f) < 13 {
-		return 0, fmt.Errorf("parse /proc/%d/stat: %d fields", pid, len(f))
-	}
-	u, err1 := strconv.ParseFloat(f[11], 64)
-	s, err2 := strconv.ParseFloat(f[12], 64)
-	if err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("parse /proc/%d/stat times", pid)
-	}
-	return (u + s) / clockTicks, nil
-}
+func cpuSeconds(pid int) (float64, error) { return testenv.CPUSeconds(pid) }
 
 // peakRSSMB is VmHWM of pid in MiB, from /proc/PID/status.
 func peakRSSMB(pid int) (float64, error) {

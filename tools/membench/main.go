@@ -25,17 +25,14 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"os"
-	"os/signal"
 	"regexp"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -89,32 +86,12 @@ type bench struct {
 }
 
 func run(o options) error {
-	dir, err := os.MkdirTemp("", "outboxd-membench-")
+	tool, err := testenv.StartTool("membench", o.binary, logf)
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	if o.binary == "" && os.Getenv("OUTBOXD_BIN") == "" {
-		logf("building outboxd")
-		defer testenv.RemoveBinary()
-		if _, err := testenv.Binary(); err != nil {
-			return err
-		}
-	}
-	logf("starting PostgreSQL and Kafka")
-	env, err := testenv.Start(testenv.Options{})
-	if err != nil {
-		return err
-	}
-	defer env.Cleanup()
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
-	go func() {
-		<-sig
-		logf("interrupted: stopping the services")
-		env.Cleanup()
-		os.Exit(130)
-	}()
+	defer tool.Close()
+	dir, env := tool.Dir, tool.Env
 	b := &bench{o: o, dir: dir, env: env}
 	if o.trace >= 0 {
 		if b.collector, err = testenv.StartCollector(dir + "/otelcol"); err != nil {
@@ -162,21 +139,10 @@ func run(o options) error {
 	return nil
 }
 
-// cpuSeconds is the user and system CPU time pid used so far, from
-// /proc/PID/stat (in ticks of 10 ms); 0 when unreadable.
+// cpuSeconds is the CPU time pid used so far; 0 when unreadable.
 func cpuSeconds(pid int) float64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	// The command may hold spaces: the fields start after its ')'.
-	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
-	if len(f) < 13 {
-		return 0
-	}
-	u, _ := strconv.ParseFloat(f[11], 64)
-	s, _ := strconv.ParseFloat(f[12], 64)
-	return (u + s) / 100
+	c, _ := testenv.CPUSeconds(pid)
+	return c
 }
 
 func mib(kb int64) float64 { return float64(kb) / 1024 }
