@@ -2,6 +2,7 @@ package health
 
 import (
 	"bufio"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -13,17 +14,24 @@ import (
 	"github.com/outboxd/outboxd/replication"
 )
 
-// TestConnectionCap: with maxConns connections open, the next one is not
-// served until one of them closes.
-func TestConnectionCap(t *testing.T) {
+// TestProbesAnsweredWhateverOthersHold (issue 35, item 1): connections
+// that stay open after a request, from one address or from several, more
+// than the server holds, never keep a new client's /healthz out (the
+// kubelet restarts a container whose probes time out); connections in the
+// middle of a request, over the bounds, make a new one fail at once,
+// never wait.
+func TestProbesAnsweredWhateverOthersHold(t *testing.T) {
 	s, err := Listen("127.0.0.1:0", fakeSource{}, &Monitor{}, NewMetrics(nil), Limits{}, hclog.NewNullLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
 	go func() { _ = s.Serve() }()
 	t.Cleanup(func() { _ = s.srv.Close() })
-	dial := func() net.Conn {
-		c, err := net.Dial("tcp", s.Addr())
+	_, port, _ := net.SplitHostPort(s.Addr())
+	// dial connects from 127.0.0.<from>: another address of the loopback.
+	dial := func(from int) net.Conn {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(from))}}
+		c, err := d.Dial("tcp", "127.0.0.1:"+port)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -41,24 +49,48 @@ func TestConnectionCap(t *testing.T) {
 		}
 		return err
 	}
-	held := make([]net.Conn, maxConns)
-	for i := range held {
-		held[i] = dial()
-		if err := healthz(held[i], time.Minute); err != nil { // kept alive, holding its slot
+	probe := func(from int, why string) {
+		t.Helper()
+		if err := healthz(dial(from), 2*time.Second); err != nil {
+			t.Fatalf("%s: a new /healthz from 127.0.0.%d: %v", why, from, err)
+		}
+	}
+
+	// Forty kept-alive connections from one address.
+	for i := range 40 {
+		if err := healthz(dial(1), 10*time.Second); err != nil {
 			t.Fatalf("connection %d: %v", i, err)
 		}
 	}
-	extra := dial()
-	if err := healthz(extra, time.Second); err == nil {
-		t.Fatalf("connection %d was served while %d were open", maxConns+1, maxConns)
+	probe(1, "40 idle connections from the prober's own address")
+	probe(9, "40 idle connections from another address")
+
+	// The server full of idle connections from 8 addresses.
+	for from := 2; from < 2+maxConns/maxConnsPerAddr+1; from++ {
+		for range maxConnsPerAddr {
+			if err := healthz(dial(from), 10*time.Second); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
-	held[0].Close()
-	_ = extra.SetReadDeadline(time.Now().Add(time.Minute))
-	resp, err := http.ReadResponse(bufio.NewReader(extra), nil)
-	if err != nil {
-		t.Fatalf("once a connection closed, the waiting one was not served: %v", err)
+	probe(10, fmt.Sprintf("%d idle connections from %d addresses", maxConns, maxConns/maxConnsPerAddr))
+
+	// An address whose every connection is inside a request: its next
+	// connection is closed at once; another address is served.
+	for range maxConnsPerAddr {
+		c := dial(20)
+		if _, err := c.Write([]byte("GET /healthz HTTP/1.1\r\n")); err != nil { // headers never finished
+			t.Fatal(err)
+		}
 	}
-	resp.Body.Close()
+	time.Sleep(100 * time.Millisecond) // the server reads their first bytes
+	start := time.Now()
+	if err := healthz(dial(20), 2*time.Second); err == nil {
+		t.Error("a connection over its address's bound, every other one inside a request, was served")
+	} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		t.Errorf("a connection over its address's bound waited %s instead of being closed", time.Since(start).Round(time.Millisecond))
+	}
+	probe(21, "one address's connections all inside a request")
 }
 
 // TestPprofBounds: the profiler answers GET only, and a ?seconds= within

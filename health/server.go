@@ -54,10 +54,13 @@ type Server struct {
 }
 
 // The server's bounds: a client (a probe, a scraper, or anyone who reaches
-// the port) holds a connection for a bounded time, and at most maxConns at
-// once; further connections wait in the kernel's backlog.
+// the port) holds a connection for a bounded time; at most maxConns are
+// held at once, maxConnsPerAddr from one address, and a new connection
+// over either takes the place of the one idle the longest
+// (guardedListener), so that idle connections never keep a probe out.
 const (
 	maxConns          = 32
+	maxConnsPerAddr   = 8
 	readHeaderTimeout = 5 * time.Second
 	readTimeout       = 10 * time.Second
 	// writeTimeout bounds a response, a profile included: pprof refuses a
@@ -74,8 +77,9 @@ func Listen(addr string, src Source, mon *Monitor, met *Metrics, limits Limits, 
 	if err != nil {
 		return nil, err
 	}
-	ln = limitListener(ln, maxConns)
-	s := &Server{ln: ln, src: src, mon: mon, met: met, limits: limits, log: log, clock: clock.Or(mon.cfg.Clock), crossing: map[string]bool{}}
+	s := &Server{src: src, mon: mon, met: met, limits: limits, log: log, clock: clock.Or(mon.cfg.Clock), crossing: map[string]bool{}}
+	guard := guardListener(ln, maxConns, maxConnsPerAddr, s.clock.Now)
+	s.ln = guard
 	met.reg.MustRegister(&collector{s: s})
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", s.healthz)
@@ -91,7 +95,7 @@ func Listen(addr string, src Source, mon *Monitor, met *Metrics, limits Limits, 
 		mux.Handle("GET /debug/pprof/trace", boundedSeconds(http.HandlerFunc(pprof.Trace)))
 	}
 	s.srv = &http.Server{Handler: mux, ReadHeaderTimeout: readHeaderTimeout, ReadTimeout: readTimeout,
-		WriteTimeout: writeTimeout, IdleTimeout: idleTimeout, MaxHeaderBytes: maxHeaderBytes}
+		WriteTimeout: writeTimeout, IdleTimeout: idleTimeout, MaxHeaderBytes: maxHeaderBytes, ConnState: guard.connState}
 	return s, nil
 }
 
