@@ -1,11 +1,13 @@
 package replication
 
 import (
+	"context"
 	"encoding/binary"
 	"os"
 	"path/filepath"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 
@@ -292,4 +294,51 @@ func spillFiles(t *testing.T, dir string) []string {
 		out = append(out, e.Name())
 	}
 	return out
+}
+
+// TestStatusGoesOutDuringAReplay: while a committed streamed transaction
+// is replayed and the in-flight bound holds it back, standby status keeps
+// going out (the server's wal_sender_timeout), confirming what Kafka
+// acknowledged before it and nothing of it; once every record of it is
+// acknowledged, its end.
+func TestStatusGoesOutDuringAReplay(t *testing.T) {
+	s, w, prod := newWalsenderStream(t, Config{MaxInFlightEvents: 10, MaxInFlightBytes: 1 << 20}, outboxRoute(""), 0x100)
+	s.streamed = newStreamedTxns(t.TempDir(), "outboxd_test")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := runStream(ctx, s)
+	const xid, rows = 7, 100
+	w.xlog(0x100, relationMsg())
+	w.xlog(0x1000, streamStartMsg(xid, true))
+	for i := 0; i < rows; i++ {
+		w.xlog(0x1000, inStream(xid, insertMsg("S-"+strconv.Itoa(i))))
+	}
+	w.xlog(0x1000, streamStopMsg())
+	w.txn(0x2000, 0x2010, "P-1")
+	prod.Record(t, 0).Ack.Ack(nil)
+	w.xlog(0x3000, streamCommitMsg(xid, 0x3000, 0x3010))
+	prod.Record(t, 10) // the replay is at the in-flight bound
+	before := len(w.flushes())
+	flushes := w.waitFlushes(before + 2)
+	if last := flushes[len(flushes)-1]; last != 0x2010 {
+		t.Fatalf("statuses during the replay: %v, want the last at 0/2010", flushes)
+	}
+	if n := prod.Len(); n != 11 {
+		t.Fatalf("%d records produced while nothing of the replay was acknowledged, want 11", n)
+	}
+	for i := 1; i <= rows; i++ {
+		prod.Record(t, i).Ack.Ack(nil)
+	}
+	if !w.changes.Wait(func() bool { fl := w.flushes(); return fl[len(fl)-1] == 0x3010 }) {
+		t.Fatalf("statuses after every record was acknowledged: %v, want 0/3010 at last", w.flushes())
+	}
+	for _, f := range w.flushes() {
+		if f > 0x2010 && f != 0x3010 {
+			t.Fatalf("flush %s confirmed inside the streamed transaction", f)
+		}
+	}
+	cancel()
+	if err := waitErr(t, done, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
 }
