@@ -156,7 +156,11 @@ type Runner struct {
 	// serverVersion is the server's server_version_num, as the session's
 	// prepare last read it.
 	serverVersion int
-	resumedFrom   pglogrepl.LSN // the slot's position when the current stream began
+	// whole: until the slot has confirmed this position, sessions do not
+	// ask for streaming (a streamed transaction's positions were not
+	// certain: streamCommit).
+	whole       pglogrepl.LSN
+	resumedFrom pglogrepl.LSN // the slot's position when the current stream began
 	// The current stream's tracker and publisher, for Status only, and
 	// what the publishers of the sessions before it did.
 	tracker *Tracker
@@ -281,6 +285,12 @@ func (r *Runner) statusSent(at time.Time) { r.statusSentAt.Store(at.UnixNano()) 
 func (r *Runner) committed()              { r.txns.Add(1) }
 func (r *Runner) streamed()               { r.streamedTxns.Add(1) }
 func (r *Runner) spilled(bytes int64)     { r.spilledBytes.Add(uint64(bytes)) }
+
+func (r *Runner) wholeUntil(end pglogrepl.LSN) {
+	r.mu.Lock()
+	r.whole = max(r.whole, end)
+	r.mu.Unlock()
+}
 
 func (r *Runner) serverSettings(s catalog.Server) {
 	r.mu.Lock()

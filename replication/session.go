@@ -89,7 +89,7 @@ func (r *Runner) session(ctx context.Context) (err error) {
 		return err
 	}
 
-	args, streaming := r.protocol()
+	args, streaming := r.protocol(start)
 	// Start at 0/0: the server resumes from the slot's confirmed_flush_lsn.
 	if err := pglogrepl.StartReplication(ctx, conn, r.cfg.Slot, 0, pglogrepl.StartReplicationOptions{PluginArgs: args}); err != nil {
 		if hasCode(err, "42704") {
@@ -123,12 +123,13 @@ func (r *Runner) session(ctx context.Context) (err error) {
 	return s.run(ctx)
 }
 
-// protocol is what START_REPLICATION asks pgoutput for: protocol version 2
-// with streaming 'on' where Config.Streaming asks for it and the server can
-// (PostgreSQL 14+), version 1 otherwise. The log says which, and why.
-func (r *Runner) protocol() (args []string, streaming bool) {
+// protocol is what START_REPLICATION asks pgoutput for, from the slot's
+// position start: protocol version 2 with streaming 'on' where
+// Config.Streaming asks for it and the server can (PostgreSQL 14+),
+// version 1 otherwise. The log says which, and why.
+func (r *Runner) protocol(start pglogrepl.LSN) (args []string, streaming bool) {
 	r.mu.Lock()
-	version := r.serverVersion
+	version, whole := r.serverVersion, r.whole
 	r.mu.Unlock()
 	args = []string{"proto_version '1'", "publication_names " + catalog.QuoteLiteral(r.cfg.Publication), "messages 'true'"}
 	switch {
@@ -139,6 +140,8 @@ func (r *Runner) protocol() (args []string, streaming bool) {
 		// top-level xid, not its subtransaction's (PostgreSQL through 18):
 		// a Stream Abort of a rolled-back savepoint could not drop it.
 		r.log.Info("streaming large transactions: off (a route takes logical messages: the server would send one of a rolled-back savepoint of a streamed transaction as its top-level transaction's)")
+	case start < whole:
+		r.log.Info("streaming large transactions: off until the slot passes a transaction that must come whole", "until", whole.String())
 	case version < 140000:
 		r.log.Info("streaming large transactions: off (the server is older than PostgreSQL 14, which streams none)", "server_version_num", version)
 	default:

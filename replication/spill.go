@@ -58,6 +58,9 @@ type spill struct {
 	// aborted are the subtransactions rolled back (Stream Abort): their
 	// changes are skipped at the commit.
 	aborted map[uint32]bool
+	// unrouted: a change made no record (changeNone), and may have been
+	// a rolled-back savepoint's (streamedChange).
+	unrouted bool
 }
 
 // spillPattern is the name of a spill file of slot, as os.CreateTemp takes
@@ -108,6 +111,8 @@ func (sp *spill) add(kind byte, xid uint32, bs []*envelope.Binding, typ byte, bo
 	n := 0
 	if kind != changeNone {
 		n = 1 + len(body)
+	} else {
+		sp.unrouted = true
 	}
 	var h [spillHeader]byte
 	h[0] = kind

@@ -71,11 +71,12 @@ type streamConfig struct {
 
 // events is what a stream tells its runner.
 type events interface {
-	stopping()               // a stop was requested: the stream finishes and drains
-	statusSent(at time.Time) // a standby status went to the server
-	committed()              // a transaction was received
-	streamed()               // a streamed transaction began
-	spilled(bytes int64)     // bytes of streamed transactions went to a spill file
+	stopping()                    // a stop was requested: the stream finishes and drains
+	statusSent(at time.Time)      // a standby status went to the server
+	committed()                   // a transaction was received
+	streamed()                    // a streamed transaction began
+	spilled(bytes int64)          // bytes of streamed transactions went to a spill file
+	wholeUntil(end pglogrepl.LSN) // a transaction ending at end must come whole (not streamed)
 }
 
 // statusEvery is how many acknowledgements make a status due before

@@ -164,7 +164,14 @@ func (s *stream) streamedChange(wal []byte) error {
 		bs := s.router.BindMessage(m.prefix)
 		kind := byte(changeMessage)
 		if len(bs) == 0 {
-			kind = changeNone // it counts in the index (handleLogicalMessage)
+			// It counts in the index (handleLogicalMessage). pgoutput
+			// streams a message under the top-level xid (PostgreSQL
+			// through 18), so one of a savepoint rolled back after it was
+			// streamed counts here and not in the transaction sent whole:
+			// the positions after it would differ by one (routed
+			// messages turn streaming off; streamCommit ends the session
+			// on such a transaction, which the next takes whole).
+			kind = changeNone
 		}
 		n, err = sp.add(kind, xid, bs, v1[0], v1[1:])
 	case 'R':
@@ -211,6 +218,16 @@ func (s *stream) streamCommit(wal []byte) error {
 		return fmt.Errorf("pgoutput: Stream Commit of transaction %d, never streamed", m.Xid)
 	}
 	delete(st.open, m.Xid)
+	if sp.unrouted && len(sp.aborted) > 0 {
+		// A message without a route may have been the rolled-back
+		// savepoint's (pgoutput streams it under the top-level xid): the
+		// index of the changes after it is not known for sure, and the
+		// restart de-duplication needs the one the transaction sent whole
+		// gets. Nothing of it went out: the next session takes it whole.
+		sp.close()
+		s.events.wholeUntil(m.TransactionEndLSN)
+		return fmt.Errorf("streamed transaction %d (commit %s) holds a logical message without a route and a rolled-back subtransaction: its positions are certain only when it comes whole; reconnecting without streaming until it is confirmed", m.Xid, m.CommitLSN)
+	}
 	r, err := sp.replay()
 	if err != nil {
 		sp.close()

@@ -117,8 +117,8 @@ func equalKeyPos(a, b []keyPos) bool {
 // published only at its Stream Commit, in arrival order, without the rows
 // of its rolled-back subtransaction, at the positions the same
 // transaction sent whole (protocol 1) gets: the index counts the surviving
-// changes, an unrouted transactional message included. A transaction sent
-// whole between two segments is published at once.
+// changes. A transaction sent whole between two segments is published at
+// once.
 func TestStreamedTransactionAtItsCommit(t *testing.T) {
 	const xid, sub, kept = 700, 701, 702
 	s, prod, _ := newStreamingStream(t)
@@ -126,7 +126,6 @@ func TestStreamedTransactionAtItsCommit(t *testing.T) {
 		streamStartMsg(xid, true),
 		inStream(xid, insertMsg("A-1")),
 		inStream(sub, insertMsg("A-rolled-back")),
-		inStream(xid, logicalMsg("altres", "x")),
 		streamStopMsg(),
 		beginMsg(0x2000), insertMsg("P-1"), commitMsg(0x2000, 0x2010),
 		streamStartMsg(xid, false),
@@ -142,13 +141,28 @@ func TestStreamedTransactionAtItsCommit(t *testing.T) {
 
 	// The same transaction sent whole, as protocol 1 would.
 	whole, wprod, _ := newStreamingStream(t)
-	feed(t, whole, relationMsg(), beginMsg(0x3000), insertMsg("A-1"), logicalMsg("altres", "x"), insertMsg("A-2"), insertMsg("A-3"), commitMsg(0x3000, 0x3010))
+	feed(t, whole, relationMsg(), beginMsg(0x3000), insertMsg("A-1"), insertMsg("A-2"), insertMsg("A-3"), commitMsg(0x3000, 0x3010))
 	want := append([]keyPos{{"P-1", 0x2000, 0}}, produced(t, wprod)...)
 	if got := produced(t, prod); !equalKeyPos(got, want) {
 		t.Fatalf("after the Stream Commit: %v\nwant %v", got, want)
 	}
 	if len(s.streamed.open) != 0 || s.txn != nil {
 		t.Fatalf("transactions left open: %d streamed, txn %v", len(s.streamed.open), s.txn)
+	}
+}
+
+// TestStreamedUnroutedMessageCounts: a transactional logical message
+// without a route counts in a streamed transaction's index as in the
+// transaction sent whole.
+func TestStreamedUnroutedMessageCounts(t *testing.T) {
+	const xid = 750
+	s, prod, _ := newStreamingStream(t)
+	feed(t, s, relationMsg(), streamStartMsg(xid, true), inStream(xid, insertMsg("A-1")), inStream(xid, logicalMsg("altres", "x")),
+		streamStopMsg(), streamStartMsg(xid, false), inStream(xid+1, insertMsg("A-2")), streamStopMsg(), streamCommitMsg(xid, 0x3000, 0x3010))
+	whole, wprod, _ := newStreamingStream(t)
+	feed(t, whole, relationMsg(), beginMsg(0x3000), insertMsg("A-1"), logicalMsg("altres", "x"), insertMsg("A-2"), commitMsg(0x3000, 0x3010))
+	if got, want := produced(t, prod), produced(t, wprod); !equalKeyPos(got, want) || want[1].index != 2 {
+		t.Fatalf("streamed %v, whole %v", got, want)
 	}
 }
 
@@ -268,7 +282,7 @@ func TestProtocol(t *testing.T) {
 	}{{true, 150010, "proto_version '2'"}, {true, 130000, "proto_version '1'"}, {false, 170000, "proto_version '1'"}} {
 		r := newTestRunner(Config{Streaming: c.streaming, Publication: "p"}, mustRouter(t, outboxRoute("")))
 		r.serverVersion = c.version
-		args, on := r.protocol()
+		args, on := r.protocol(0)
 		if args[0] != c.want || on != (c.want == "proto_version '2'") || on != (args[len(args)-1] == "streaming 'on'") {
 			t.Errorf("%+v: %v %v", c, args, on)
 		}
@@ -278,8 +292,43 @@ func TestProtocol(t *testing.T) {
 	withMessages := mustRouter(t, append(outboxRoute(""), envelope.Route{Prefix: "comandes", Topic: "missatges", Columns: seedColumns}))
 	r := newTestRunner(Config{Streaming: true, Publication: "p"}, withMessages)
 	r.serverVersion = 170000
-	if args, on := r.protocol(); on || args[0] != "proto_version '1'" {
+	if args, on := r.protocol(0); on || args[0] != "proto_version '1'" {
 		t.Errorf("with a message route: %v %v", args, on)
+	}
+	// A transaction that must come whole, until the slot passes it.
+	r = newTestRunner(Config{Streaming: true, Publication: "p"}, mustRouter(t, outboxRoute("")))
+	r.serverVersion = 170000
+	r.wholeUntil(0x5000)
+	if _, on := r.protocol(0x4fff); on {
+		t.Error("streaming before the slot passed the transaction that must come whole")
+	}
+	if _, on := r.protocol(0x5000); !on {
+		t.Error("no streaming once the slot passed the transaction that must come whole")
+	}
+}
+
+// TestUncertainPositionsComeWhole: a streamed transaction with a logical
+// message without a route and a rolled-back subtransaction has positions
+// that depend on whether the message was the subtransaction's, which
+// pgoutput does not say (it streams messages under the top-level xid). Its
+// Stream Commit publishes nothing and ends the session; the next sessions
+// ask for the transaction whole until the slot passes it.
+func TestUncertainPositionsComeWhole(t *testing.T) {
+	const xid, sub = 800, 801
+	s, prod, dir := newStreamingStream(t)
+	r := s.events.(*Runner)
+	r.serverVersion, r.cfg.Streaming = 150000, true
+	feed(t, s, relationMsg(), streamStartMsg(xid, true), inStream(xid, insertMsg("A-1")), inStream(xid, logicalMsg("altres", "x")),
+		inStream(sub, insertMsg("A-2")), inStream(xid, insertMsg("A-3")), streamStopMsg(), streamAbortMsg(xid, sub))
+	err := s.handleMessage(streamCommitMsg(xid, 0x3000, 0x3010))
+	if err == nil || IsFatal(err) {
+		t.Fatalf("Stream Commit: %v, want an error that reconnects", err)
+	}
+	if prod.Len() != 0 || s.txn != nil || len(spillFiles(t, dir)) != 0 {
+		t.Fatalf("after the Stream Commit: %d records, txn %v, files %v", prod.Len(), s.txn, spillFiles(t, dir))
+	}
+	if _, on := r.protocol(0x2000); on {
+		t.Fatal("the next session streams before the slot passed the transaction")
 	}
 }
 
