@@ -99,6 +99,19 @@ func (b *bigTxn) rollback(ctx context.Context) {
 	}
 }
 
+// bigWithSavepoint commits a transaction of 3,000 outbox rows and 1,500
+// more in a savepoint rolled back, while small transactions commit between
+// its parts.
+func bigWithSavepoint(ctx context.Context, w *writer) {
+	big := beginBig(ctx, w)
+	big.insert(ctx, 1500, false)
+	w.txns(ctx, 5, 3) // committed between the segments of the big one
+	big.insert(ctx, 1500, true)
+	w.txns(ctx, 5, 3)
+	big.insert(ctx, 1500, false)
+	big.commit(ctx)
+}
+
 // streamTxns is pg_stat_replication_slots.stream_txns of the fixture's
 // slot: the transactions the server streamed to it.
 func (f *fixture) streamTxns() int64 {
@@ -143,13 +156,7 @@ func TestStreamedTransactions(t *testing.T) {
 	w := newWriter(f, 33, 200, "outbox")
 	w.txns(ctx, 5, 3)
 
-	big := beginBig(ctx, w)
-	big.insert(ctx, 1500, false)
-	w.txns(ctx, 5, 3) // committed between the segments of the big one
-	big.insert(ctx, 1500, true)
-	w.txns(ctx, 5, 3)
-	big.insert(ctx, 1500, false)
-	big.commit(ctx)
+	bigWithSavepoint(ctx, w)
 
 	aborted := beginBig(ctx, w)
 	aborted.insert(ctx, 3000, false)
@@ -247,6 +254,43 @@ func TestStreamedTransactionKill9(t *testing.T) {
 	}
 	if n := f.streamTxns(); n < 1 {
 		t.Errorf("pg_stat_replication_slots.stream_txns %d: nothing was streamed", n)
+	}
+	d.term()
+}
+
+// TestStreamedTransactionPostgresRestart: PostgreSQL restarted
+// (immediate: a crash) while a streamed transaction is open: that
+// transaction never commits and nothing of it is published; outboxd
+// reconnects by itself, and a streamed transaction committed after the
+// restart, with a rolled-back savepoint, is delivered like the small ones
+// around it.
+func TestStreamedTransactionPostgresRestart(t *testing.T) {
+	f := streamingFixture(t)
+	ctx := context.Background()
+	topic := f.topic("comandes")
+	d := f.start(f.config(seedRoute(topic)))
+	w := newWriter(f, 35, 200, "outbox")
+	w.txns(ctx, 5, 3)
+	crashed := beginBig(ctx, w)
+	crashed.insert(ctx, 3000, false)
+	eventually(t, 30*time.Second, "outboxd received the open transaction's stream", func() bool {
+		return d.plainMetric(ctx, "outboxd_streamed_transactions_total") >= 1
+	})
+	if err := env.RestartPG("immediate"); err != nil {
+		t.Fatal(err)
+	}
+	f.reconnect()
+	w.txns(ctx, 5, 3)
+	bigWithSavepoint(ctx, w)
+	w.txns(ctx, 5, 3)
+	d.waitReady(30 * time.Second)
+	end := f.walLSN()
+	rep := w.verify(ctx, topic, "murmur2")
+	f.waitConfirmed(end, 60*time.Second)
+	t.Logf("%d rows, PostgreSQL crashed inside a streamed transaction: %+v; outboxd counted %v streamed transactions", len(w.events), rep,
+		d.plainMetric(ctx, "outboxd_streamed_transactions_total"))
+	if rep.Duplicates != 0 {
+		t.Errorf("%d duplicates", rep.Duplicates)
 	}
 	d.term()
 }

@@ -47,6 +47,7 @@ type spill struct {
 	f    *os.File      // from the first change that did not
 	w    *bufio.Writer // over f
 	size int64         // bytes written, in memory or to f
+	n    int           // changes
 
 	// bindings are the routes of the changes: each change names its
 	// entry, the routes that applied when it arrived.
@@ -121,6 +122,7 @@ func (sp *spill) add(kind byte, xid uint32, bs []*envelope.Binding, typ byte, bo
 	binary.BigEndian.PutUint32(h[9:], uint32(n))
 	size := int64(spillHeader + n)
 	sp.size += size
+	sp.n++
 	if sp.f == nil && len(sp.mem)+int(size) <= spillMemory {
 		sp.mem = append(sp.mem, h[:]...)
 		if n > 0 {

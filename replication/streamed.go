@@ -237,6 +237,8 @@ func (s *stream) streamCommit(wal []byte) error {
 	for id, bs := range sp.relations {
 		s.relations[id] = bs
 	}
+	s.log.Info("a streamed transaction committed: publishing its changes", "xid", m.Xid, "commit", m.CommitLSN.String(),
+		"changes", sp.n, "subtransactions_rolled_back", len(sp.aborted), "bytes", sp.size, "on_disk", sp.f != nil)
 	s.txn = s.tracker.Begin(m.CommitTime, m.CommitLSN)
 	s.index = 0
 	st.replay = &replaying{sp: sp, r: r, end: m.TransactionEndLSN}
