@@ -108,9 +108,11 @@ func (r *Runner) session(ctx context.Context) (err error) {
 		if dir == "" {
 			dir = os.TempDir()
 		}
-		if n, err := cleanSpills(dir, r.cfg.Slot); err != nil {
+		n, err := cleanSpills(dir, r.cfg.Slot)
+		if err != nil {
 			return Fatal(fmt.Errorf("pipeline.spill_dir %s: %w", dir, err))
-		} else if n > 0 {
+		}
+		if n > 0 {
 			r.log.Info("removed the spill files of an earlier session: the server sends their transactions again", "dir", dir, "files", n)
 		}
 		s.streamed = newStreamedTxns(dir, r.cfg.Slot)

@@ -76,6 +76,15 @@ func spillPattern(slot string, xid uint32) string {
 // transactions again from their start). Called once the slot is ours: a
 // standby instance on the same machine must not remove the active one's.
 func cleanSpills(dir, slot string) (int, error) {
+	// A directory that is not there fails now, not at the first large
+	// transaction.
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return 0, err
+	}
+	if !fi.IsDir() {
+		return 0, errors.New("not a directory")
+	}
 	names, err := filepath.Glob(filepath.Join(dir, "outboxd-"+slot+"-*.spill"))
 	if err != nil {
 		return 0, err

@@ -270,6 +270,9 @@ func TestCleanSpillsOnlyTheSlots(t *testing.T) {
 	if len(left) != 2 || left[0] != "other.spill" || left[1] != "outboxd-km0_b-12-3.spill" {
 		t.Fatalf("left %v", left)
 	}
+	if _, err := cleanSpills(filepath.Join(dir, "missing"), "km0"); err == nil {
+		t.Fatal("a spill directory that does not exist: no error")
+	}
 }
 
 // TestProtocol: protocol version 2 with streaming on PostgreSQL 14+ unless
