@@ -294,3 +294,48 @@ func TestStreamedTransactionPostgresRestart(t *testing.T) {
 	}
 	d.term()
 }
+
+// TestStreamedMigrationBesideTheOutbox (issue 33's case, smaller): a
+// migration inserts 200,000 rows into a table outside the publication in
+// one transaction while outbox events commit one by one: the server streams
+// the migration (its changes go through the publication's filter as they
+// come, so outboxd gets empty segments) instead of holding it, and every
+// event is delivered once, in order.
+func TestStreamedMigrationBesideTheOutbox(t *testing.T) {
+	f := streamingFixture(t)
+	mustExec(f, "CREATE TABLE soroll (id bigserial PRIMARY KEY, farciment text)")
+	ctx := context.Background()
+	topic := f.topic("comandes")
+	d := f.start(f.config(seedRoute(topic)))
+	w := newWriter(f, 36, 200, "outbox")
+	w.txns(ctx, 5, 3)
+	conn, err := pgx.Connect(ctx, f.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	stop := make(chan struct{})
+	errc := w.untilStopped(ctx, stop, 20, 1, 2*time.Millisecond)
+	_, err = conn.Exec(ctx, "INSERT INTO soroll (farciment) SELECT repeat(md5(g::text), 4) FROM generate_series(1, 200000) g")
+	close(stop)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	end := f.walLSN()
+	rep := w.verify(ctx, topic, "murmur2")
+	f.waitConfirmed(end, 60*time.Second)
+	var streamTxns, spillBytes int64
+	eventually(t, 10*time.Second, "pg_stat_replication_slots.stream_txns counts the migration", func() bool {
+		err := f.mon.QueryRow(ctx, "SELECT stream_txns, spill_bytes FROM pg_stat_replication_slots WHERE slot_name = $1", f.name).Scan(&streamTxns, &spillBytes)
+		return err == nil && streamTxns >= 1
+	})
+	t.Logf("%d events beside a 200,000-row migration: %+v; the server streamed %d transactions and spilled %d bytes; outboxd spilled %v bytes",
+		len(w.events), rep, streamTxns, spillBytes, d.plainMetric(ctx, "outboxd_spilled_bytes_total"))
+	if rep.Duplicates != 0 {
+		t.Errorf("%d duplicates", rep.Duplicates)
+	}
+	d.term()
+}
