@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxd/outboxd/testenv"
 )
@@ -337,5 +338,51 @@ func TestStreamedMigrationBesideTheOutbox(t *testing.T) {
 	if rep.Duplicates != 0 {
 		t.Errorf("%d duplicates", rep.Duplicates)
 	}
+	d.term()
+}
+
+// TestMessageRouteKeepsLargeTransactionsWhole: pgoutput streams a logical
+// message under its transaction's top-level xid, even one written in a
+// savepoint (PostgreSQL 14 to 18), so a Stream Abort of the savepoint
+// could not drop it. With a route of logical messages outboxd does not ask
+// for streaming, and the message of a savepoint rolled back inside a
+// transaction large enough to be streamed is never published. (Streaming
+// on here publishes it: the guard in Runner.protocol is what this tests.)
+func TestMessageRouteKeepsLargeTransactionsWhole(t *testing.T) {
+	f := newFixture(t, seedSchema, map[string]int{"comandes": 4, "missatges": 1})
+	mustExec(f, fmt.Sprintf("ALTER DATABASE %s SET logical_decoding_work_mem = '64kB'", f.name))
+	ctx := context.Background()
+	topic := f.topic("comandes")
+	d := f.start(f.config(seedRoute(topic), testenv.Route{Message: f.name, Topic: f.topic("missatges")}))
+	w := newWriter(f, 37, 200, "outbox")
+	message := func(tx interface {
+		Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+	}, id string) {
+		t.Helper()
+		if _, err := tx.Exec(ctx, `SELECT pg_logical_emit_message(true, $1, '{"id_esdeveniment": "`+id+`", "agregat_id": "P-1", "tipus": "t", "versio": 1, "dades": {}}')`, f.name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	big := beginBig(ctx, w)
+	big.insert(ctx, 500, false)
+	if _, err := big.tx.Exec(ctx, "SAVEPOINT with_message"); err != nil {
+		t.Fatal(err)
+	}
+	message(big.tx, "m-rolled-back")
+	big.insert(ctx, 1500, false) // in the savepoint: past logical_decoding_work_mem
+	if _, err := big.tx.Exec(ctx, "ROLLBACK TO SAVEPOINT with_message"); err != nil {
+		t.Fatal(err)
+	}
+	big.rows = big.rows[:500]
+	message(big.tx, "m-kept")
+	big.insert(ctx, 500, false)
+	big.commit(ctx)
+	message(f.db, "m-after")
+	rep := w.verify(ctx, topic, "murmur2")
+	wantRecords(t, f.topic("missatges"), []string{"m-kept", "m-after"})
+	if !strings.Contains(d.Log(), "streaming large transactions: off (a route takes logical messages") {
+		t.Errorf("the log does not say why streaming is off:\n%s", d.Log())
+	}
+	t.Logf("%+v", rep)
 	d.term()
 }
