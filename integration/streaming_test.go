@@ -269,7 +269,10 @@ func TestStreamedTransactionPostgresRestart(t *testing.T) {
 	f := streamingFixture(t)
 	ctx := context.Background()
 	topic := f.topic("comandes")
-	d := f.start(f.config(seedRoute(topic)))
+	spillDir := t.TempDir()
+	dc := f.config(seedRoute(topic))
+	dc.Pipeline["spill_dir"] = spillDir
+	d := f.start(dc)
 	w := newWriter(f, 35, 200, "outbox")
 	w.txns(ctx, 5, 3)
 	crashed := beginBig(ctx, w)
@@ -290,6 +293,13 @@ func TestStreamedTransactionPostgresRestart(t *testing.T) {
 	f.waitConfirmed(end, 60*time.Second)
 	t.Logf("%d rows, PostgreSQL crashed inside a streamed transaction: %+v; outboxd counted %v streamed transactions", len(w.events), rep,
 		d.plainMetric(ctx, "outboxd_streamed_transactions_total"))
+	// The server tells the next session that the crashed transaction is
+	// gone (a Stream Abort once it finds it no longer running): its spill
+	// file does not outlive it.
+	eventually(t, 30*time.Second, "no spill file left", func() bool {
+		left, _ := filepath.Glob(filepath.Join(spillDir, "*.spill"))
+		return len(left) == 0
+	})
 	if rep.Duplicates != 0 {
 		t.Errorf("%d duplicates", rep.Duplicates)
 	}
