@@ -43,11 +43,12 @@ type spill struct {
 	dir, slot string
 	xid       uint32
 
-	mem  []byte        // the changes, while they fit
-	f    *os.File      // from the first change that did not
-	w    *bufio.Writer // over f
-	size int64         // bytes written, in memory or to f
-	n    int           // changes
+	mem  []byte            // the changes, while they fit
+	f    *os.File          // from the first change that did not
+	w    *bufio.Writer     // over f
+	size int64             // bytes written, in memory or to f
+	n    int               // changes
+	hdr  [spillHeader]byte // the header being written (a local would escape)
 
 	// bindings are the routes of the changes: each change names its
 	// entry, the routes that applied when it arrived.
@@ -124,7 +125,7 @@ func (sp *spill) add(kind byte, xid uint32, bs []*envelope.Binding, typ byte, bo
 	} else {
 		sp.unrouted = true
 	}
-	var h [spillHeader]byte
+	h := &sp.hdr
 	h[0] = kind
 	binary.BigEndian.PutUint32(h[1:], xid)
 	binary.BigEndian.PutUint32(h[5:], b)
@@ -194,7 +195,8 @@ func (sp *spill) replay() (*spillReader, error) {
 type spillReader struct {
 	sp  *spill
 	r   *bufio.Reader
-	buf []byte // the current change's message, reused
+	hdr [spillHeader]byte // the current change's header (a local would escape)
+	buf []byte            // the current change's message, reused
 }
 
 // spilledChange is one change read back: msg is valid until the next read.
@@ -206,7 +208,7 @@ type spilledChange struct {
 
 // next returns the next change that survives, or io.EOF after the last.
 func (r *spillReader) next() (spilledChange, error) {
-	var h [spillHeader]byte
+	h := &r.hdr
 	for {
 		if _, err := io.ReadFull(r.r, h[:]); err != nil {
 			if errors.Is(err, io.EOF) {
