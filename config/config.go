@@ -86,6 +86,10 @@ type Postgres struct {
 	// MarkPublished sets publicat_en on each row once Kafka acknowledged
 	// its record (and before the slot passes it).
 	MarkPublished bool `yaml:"mark_published"`
+	// Streaming asks PostgreSQL 14+ to stream large transactions before
+	// their commit (pgoutput protocol version 2, streaming 'on') instead
+	// of holding them, and every later commit, until then.
+	Streaming bool `yaml:"streaming"`
 }
 
 // Postgres.Snapshot values.
@@ -326,6 +330,9 @@ type Pipeline struct {
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
 	BackoffMin      time.Duration `yaml:"backoff_min"`
 	BackoffMax      time.Duration `yaml:"backoff_max"`
+	// SpillDir is where the changes of a streamed transaction wait for its
+	// commit beyond a small buffer ("": the system's temporary directory).
+	SpillDir string `yaml:"spill_dir"`
 }
 
 // SoftMemoryLimit is the soft memory limit outboxd sets on the Go runtime:
@@ -442,6 +449,7 @@ func Default() Config {
 			StandbyRetry:       2 * time.Second,
 			ReceiveTimeout:     30 * time.Second,
 			Snapshot:           SnapshotPending,
+			Streaming:          true,
 		},
 		Kafka: Kafka{
 			Partitioner:       "murmur2",

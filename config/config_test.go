@@ -72,6 +72,7 @@ func TestDefault(t *testing.T) {
 			StandbyRetry:       2 * time.Second,
 			ReceiveTimeout:     30 * time.Second,
 			Snapshot:           config.SnapshotPending,
+			Streaming:          true,
 		},
 		Kafka: config.Kafka{
 			Partitioner:       "murmur2",
@@ -181,6 +182,7 @@ func TestParseExamples(t *testing.T) {
 				ConnectTimeout:     5 * time.Second,
 				StandbyRetry:       2 * time.Second,
 				ReceiveTimeout:     30 * time.Second,
+				Streaming:          true,
 				Snapshot:           config.SnapshotNone,
 			}
 			if c.Postgres != wantPG {

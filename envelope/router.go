@@ -101,6 +101,9 @@ func (r *Router) BindMessage(prefix []byte) []*Binding {
 	return r.prefixes[string(prefix)]
 }
 
+// RoutesMessages reports whether a route takes logical messages.
+func (r *Router) RoutesMessages() bool { return len(r.prefixes) > 0 }
+
 // messageColumns is the one "column" of a logical message, for dead letters.
 var messageColumns = []string{"content"}
 

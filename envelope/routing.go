@@ -37,6 +37,16 @@ func NewRouting(routes []Route, key func(route int, key string) string) Routing 
 	return Routing{Routes: routes, Sources: sources(routes), key: key}
 }
 
+// RoutesMessages reports whether a route takes logical messages.
+func (m Routing) RoutesMessages() bool {
+	for _, s := range m.Sources {
+		if s.Prefix != "" {
+			return true
+		}
+	}
+	return false
+}
+
 // sources groups routes by source, in the order of each source's first
 // route. A route with neither a table nor a prefix has no source (config
 // refuses it).

@@ -350,6 +350,8 @@ var (
 	descDropped     = prometheus.NewDesc("outboxd_dropped_total", "Rows and messages a route's override dropped on purpose (replays included).", nil, nil)
 	descBrokers     = prometheus.NewDesc("outboxd_kafka_brokers_reachable", "Configured brokers that answered a Kafka API versions request at the last poll.", nil, nil)
 	descConfirmed   = prometheus.NewDesc("outboxd_confirmed_lsn", "Flush position outboxd has confirmed, as a number.", nil, nil)
+	descStreamed    = prometheus.NewDesc("outboxd_streamed_transactions_total", "Transactions the server streamed before their commit (protocol version 2; replays included).", nil, nil)
+	descSpilled     = prometheus.NewDesc("outboxd_local_spill_bytes_total", "Bytes of streamed transactions outboxd wrote to spill files while waiting for their commit (replays included).", nil, nil)
 	// One series per wal_status, 1 on the current one, so an alert can say
 	// "unreserved" or "lost" on its own: safe_wal_size alone cannot tell a
 	// lost slot from a server without max_slot_wal_keep_size (both NULL).
@@ -397,7 +399,8 @@ func slotStatDesc(name, help string) *prometheus.Desc {
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descState, descReady, descRetained, descUnconfirmed, descSlotActive, descSafeWAL, descLag,
-		descInFlightEv, descInFlightB, descTxns, descDead, descDropped, descBrokers, descConfirmed, descWALStatus, descInvalidated, descStatsReset} {
+		descInFlightEv, descInFlightB, descTxns, descDead, descDropped, descBrokers, descConfirmed, descWALStatus, descInvalidated, descStatsReset,
+		descStreamed, descSpilled} {
 		ch <- d
 	}
 	for _, m := range slotStatMetrics {
@@ -451,6 +454,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descDropped, prometheus.CounterValue, float64(v.st.Dropped))
 	ch <- prometheus.MustNewConstMetric(descBrokers, prometheus.GaugeValue, float64(v.snap.BrokersReachable))
 	ch <- prometheus.MustNewConstMetric(descConfirmed, prometheus.GaugeValue, float64(v.st.Confirmed))
+	ch <- prometheus.MustNewConstMetric(descStreamed, prometheus.CounterValue, float64(v.st.StreamedTxns))
+	ch <- prometheus.MustNewConstMetric(descSpilled, prometheus.CounterValue, float64(v.st.SpilledBytes))
 }
 
 func b2f(b bool) float64 {

@@ -142,6 +142,7 @@ func TestCheckPassesOnAGoodSetup(t *testing.T) {
 		"PASS publication: "+f.name+" does not exist; will be created", "PASS topic "+f.topic("comandes")+": exists, 3 partition(s)",
 		"PASS table public.outbox: id uuid, agregat_id text, tipus text, versio integer, carrega jsonb, creat_en timestamp with time zone",
 		"PASS kafka idempotence: the brokers give outboxd a producer id",
+		"PASS streaming: on: the server streams transactions larger than logical_decoding_work_mem",
 		failover("will be created for the cut-over, and made a failover slot once its snapshot is in Kafka"))
 
 	// Against a running instance: the normal state of a deployment, so

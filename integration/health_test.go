@@ -243,7 +243,10 @@ func TestSlotStatsShowTheServerSpilling(t *testing.T) {
 	if _, err := f.db.Exec(ctx, "ALTER DATABASE "+f.name+" SET logical_decoding_work_mem = '64kB'"); err != nil {
 		t.Fatal(err)
 	}
-	d := f.start(f.config(seedRoute(f.topic("comandes"))))
+	// Protocol 1 first: the server queues the migration and spills it.
+	cfg := f.config(seedRoute(f.topic("comandes")))
+	cfg.Postgres["streaming"] = "false"
+	d := f.start(cfg)
 	w := newWriter(f, 33, 10, "outbox")
 	if err := w.txn(ctx, 5); err != nil {
 		t.Fatal(err)
@@ -311,6 +314,41 @@ func TestSlotStatsShowTheServerSpilling(t *testing.T) {
 		return s != nil && s.SpillTxns == 0 && s.SpillBytes == 0 && s.StatsReset != nil && s.StatsReset.After(before) &&
 			got["outboxd_slot_spill_bytes_total"] == 0 && got["outboxd_slot_stats_reset_timestamp_seconds"] > float64(before.Unix())
 	})
+	d.term()
+
+	// Streaming on (the default): a migration is streamed, not spilled,
+	// and the stream counters move. (The new session decodes again from
+	// the slot's restart_lsn, which may lie before the first migration:
+	// that one, before the start point, is spilled again, not streamed;
+	// the statistics are reset once the session has passed it.)
+	d = f.start(f.config(seedRoute(f.topic("comandes"))))
+	if err := w.txn(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	f.waitConfirmed(f.walLSN(), 30*time.Second)
+	if _, err := f.mon.Exec(ctx, "SELECT pg_stat_reset_replication_slot($1)", f.name); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.db.Exec(ctx, "INSERT INTO migracio SELECT g, repeat('y', 64) FROM generate_series(20001, 40000) g"); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.txn(ctx, 5); err != nil {
+		t.Fatal(err)
+	}
+	f.waitConfirmed(f.walLSN(), 30*time.Second)
+	eventually(t, 10*time.Second, "/status and /metrics show the server streaming", func() bool {
+		readServer()
+		st = d.status()
+		got = slotMetrics(d, f.name)
+		s := st.Slot.Stats
+		return streamTxns > 0 && streamBytes > 1<<20 && s != nil && s.StreamTxns == streamTxns && s.StreamBytes == streamBytes &&
+			got["outboxd_slot_stream_txns_total"] == float64(streamTxns) && got["outboxd_slot_stream_bytes_total"] == float64(streamBytes)
+	})
+	if spillTxns != 0 || got["outboxd_slot_spill_bytes_total"] != 0 {
+		t.Errorf("streamed, yet the server spilled: spill_txns %d, outboxd_slot_spill_bytes_total %v", spillTxns, got["outboxd_slot_spill_bytes_total"])
+	}
+	t.Logf("streamed: stream_txns %d, stream_bytes %d", streamTxns, streamBytes)
+	w.verify(ctx, f.topic("comandes"), "murmur2")
 	d.term()
 }
 

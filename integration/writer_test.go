@@ -31,13 +31,17 @@ type writer struct {
 	f     *fixture
 	rng   *rand.Rand
 	order map[string][]string // aggregate -> event ids in commit order
-	// committed: every event id txn committed, in commit order.
+	// committed: every event id committed, in commit order.
 	committed []string
 	events    map[string]event
 	n         int
 	aggs      int
 	table     string // "outbox" (seed columns) or "pagaments.outboxevent" (Debezium columns)
 	special   []string
+	// keyPrefix, when set, replaces the aggregates' "P-2026-": the
+	// aggregates of a transaction kept open beside others, whose rows in
+	// comandes the others must not wait for.
+	keyPrefix string
 	// skip: rows outboxd must never publish (the relay published them);
 	// verify counts a record of one of them as unknown.
 	skip map[string]bool
@@ -56,12 +60,28 @@ func (w *writer) txn(ctx context.Context, size int) error {
 		return err
 	}
 	defer tx.Rollback(ctx)
-	type pending struct{ id, key string }
-	var rows []pending
+	rows, err := w.insert(ctx, tx, size)
+	if err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return err
+	}
+	w.record(rows)
+	return nil
+}
+
+// pendingRow is a row inserted in a transaction not committed yet.
+type pendingRow struct{ id, key string }
+
+// insert inserts size outbox rows in tx, and returns them for record once tx
+// commits.
+func (w *writer) insert(ctx context.Context, tx pgx.Tx, size int) ([]pendingRow, error) {
+	var rows []pendingRow
 	b := &pgx.Batch{}
 	for i := 0; i < size; i++ {
 		w.n++
-		key := fmt.Sprintf("P-2026-%06d", w.rng.IntN(w.aggs))
+		key := fmt.Sprintf("%s%06d", w.prefix(), w.rng.IntN(w.aggs))
 		id := fmt.Sprintf("%08x-0000-4000-8000-%012x", w.rng.Uint32(), w.n)
 		carrega := fmt.Sprintf(`{"id": %q, "n": %d, "linies": [{"producte": "formatge-curat", "quantitat": %d, "preu_centims": 1450}], "nota": "àèò \"cometes\" \\ \n"}`, key, w.n, w.rng.IntN(9))
 		creat := "now()"
@@ -78,19 +98,25 @@ func (w *writer) txn(ctx context.Context, size int) error {
 			b.Queue(fmt.Sprintf("INSERT INTO %s (id, aggregatetype, aggregateid, type, payload, timestamp) VALUES ($1, 'pagament', $2, $3, $4, %s)", w.table, creat),
 				id, key, "pagament.autoritzat", carrega)
 		}
-		rows = append(rows, pending{id, key})
+		rows = append(rows, pendingRow{id, key})
 	}
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return err
+	return rows, tx.SendBatch(ctx, b).Close()
+}
+
+func (w *writer) prefix() string {
+	if w.keyPrefix != "" {
+		return w.keyPrefix
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return err
-	}
+	return "P-2026-"
+}
+
+// record records rows, inserted by a transaction that committed, in
+// commit order.
+func (w *writer) record(rows []pendingRow) {
 	for _, r := range rows {
 		w.order[r.key] = append(w.order[r.key], r.id)
 		w.committed = append(w.committed, r.id)
 	}
-	return nil
 }
 
 // txns commits n transactions of 1+i%mod rows; a failure ends the test.

@@ -3,6 +3,7 @@ package preflight
 import (
 	"context"
 	"fmt"
+	"os"
 	"sort"
 	"strings"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/envelope"
 	"github.com/outboxd/outboxd/postgres"
+	"github.com/outboxd/outboxd/replication"
 )
 
 // Connect opens a normal (non-replication) connection with the configured
@@ -53,7 +55,7 @@ func checkPostgres(ctx context.Context, t *target) []Result {
 	_ = conn.QueryRow(ctx, "SELECT system_identifier::text FROM pg_control_system()").Scan(&t.system)
 	out = append(out, checkTLS(pg)...)
 	for _, check := range []func(context.Context, *pgx.Conn, target) []Result{
-		checkWalLevel, checkCapacity, checkRole, checkTables, checkPartitions, checkPublication, checkSlot, checkFailover,
+		checkWalLevel, checkCapacity, checkRole, checkTables, checkPartitions, checkPublication, checkSlot, checkFailover, checkStreaming,
 	} {
 		out = append(out, check(ctx, conn, cfg)...)
 	}
@@ -75,11 +77,58 @@ func databaseChecks(cfg target) []string {
 	for _, t := range cfg.routing.Tables() {
 		names = append(names, "table "+t.String())
 	}
-	return append(names, "publication", "slot", "failover")
+	return append(names, "publication", "slot", "failover", "streaming")
 }
 
 func queryFailed(name string, err error) []Result {
 	return []Result{fail(name, "query failed: "+oneLine(err.Error()), "check that the role can read the system catalogs")}
+}
+
+// ---- streaming ----
+
+// checkStreaming says whether the server will stream large transactions
+// to outboxd (replication.StreamingOff decides, as the session does), and
+// whether pipeline.spill_dir takes their changes.
+func checkStreaming(ctx context.Context, conn *pgx.Conn, cfg target) []Result {
+	var version int
+	var workMem string
+	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int, current_setting('logical_decoding_work_mem')").Scan(&version, &workMem); err != nil {
+		return queryFailed("streaming", err)
+	}
+	dir := cfg.Pipeline.SpillDir
+	if dir == "" {
+		dir = os.TempDir()
+	}
+	msgs := cfg.routing.RoutesMessages()
+	off := replication.StreamingOff(cfg.Postgres.Streaming, msgs, version)
+	return []Result{evalStreaming(off, cfg.Postgres.Streaming && msgs, workMem, dir, writableDir(dir))}
+}
+
+// evalStreaming: off is why the server will not stream ("" if it will),
+// byMessages that it is off only because a route takes logical messages
+// (outboxd's choice, not a setting to change).
+func evalStreaming(off string, byMessages bool, workMem, dir string, dirErr error) Result {
+	switch {
+	case off == "" && dirErr != nil:
+		return fail("streaming", fmt.Sprintf("the server will stream transactions larger than logical_decoding_work_mem (%s), but pipeline.spill_dir %s cannot take their changes: %v", workMem, dir, dirErr),
+			"set pipeline.spill_dir to a directory outboxd may write, with room for the outbox rows of the largest transaction")
+	case off == "":
+		return pass("streaming", "on: the server streams transactions larger than logical_decoding_work_mem (%s) as they run, and outboxd keeps their outbox changes in %s until their commit", workMem, dir)
+	case byMessages:
+		return pass("streaming", "off (%s): a transaction larger than logical_decoding_work_mem (%s) is spilled to the server's disk and holds back every later event until its commit is decoded", off, workMem)
+	}
+	return warn("streaming", fmt.Sprintf("off (%s): a transaction larger than logical_decoding_work_mem (%s), a migration on any table included, is spilled to the server's disk and holds back every later event until its commit is decoded", off, workMem),
+		"on PostgreSQL 14+, leave postgres.streaming at its default (true)")
+}
+
+// writableDir is nil when dir is a directory outboxd can create files in.
+func writableDir(dir string) error {
+	f, err := os.CreateTemp(dir, ".outboxd-check-*")
+	if err != nil {
+		return err
+	}
+	f.Close()
+	return os.Remove(f.Name())
 }
 
 // ---- wal_level ----

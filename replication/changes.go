@@ -14,6 +14,11 @@ import (
 // handleMessage takes one pgoutput message: a transaction's bounds go to
 // the tracker, a change goes to the publisher in its transaction.
 func (s *stream) handleMessage(wal []byte) error {
+	if len(wal) > 0 && s.streamed != nil {
+		if handled, err := s.handleStreamed(wal); handled {
+			return err
+		}
+	}
 	if len(wal) > 0 {
 		switch wal[0] {
 		case 'I':
@@ -28,17 +33,8 @@ func (s *stream) handleMessage(wal []byte) error {
 	}
 	switch m := msg.(type) {
 	case *pglogrepl.RelationMessage:
-		// With publish_via_partition_root pgoutput sends a partition's
-		// Relation beside its table's; its rows come under its own name
-		// only when committed while that was off.
-		part := catalog.Table{Schema: m.Namespace, Name: m.RelationName}
-		if root, ok := s.partitions[part]; ok {
-			s.log.Debug("a partition's relation: its rows route as its table's", "partition", part.String(), "table", root.String())
-			rel := *m
-			rel.Namespace, rel.RelationName = root.Schema, root.Name
-			m = &rel
-		}
-		s.relations[m.RelationID] = s.router.Bind(m)
+		relID, bs := s.bind(m)
+		s.relations[relID] = bs
 	case *pglogrepl.BeginMessage:
 		if s.txn != nil {
 			return errors.New("pgoutput: Begin inside an open transaction")
@@ -49,20 +45,39 @@ func (s *stream) handleMessage(wal []byte) error {
 		if s.txn == nil {
 			return errors.New("pgoutput: Commit outside a transaction")
 		}
-		if s.txn.Carried() {
-			// With no request in flight its records go out now, not
-			// after the linger; while one is, they batch up
-			// (sink.Producer.Flush).
-			s.prod.Flush()
-		}
-		s.tracker.Commit(s.txn, m.TransactionEndLSN)
-		s.txn = nil
-		s.events.committed()
+		s.commit(m.TransactionEndLSN)
 	default:
 		// Origins, types; updates, deletes and truncates (an insert-only
 		// publication sends none) are ignored.
 	}
 	return nil
+}
+
+// bind is a Relation message's routes. With publish_via_partition_root
+// pgoutput sends a partition's Relation beside its table's; its rows come
+// under its own name only when committed while that was off.
+func (s *stream) bind(m *pglogrepl.RelationMessage) (uint32, []*envelope.Binding) {
+	part := catalog.Table{Schema: m.Namespace, Name: m.RelationName}
+	if root, ok := s.partitions[part]; ok {
+		s.log.Debug("a partition's relation: its rows route as its table's", "partition", part.String(), "table", root.String())
+		rel := *m
+		rel.Namespace, rel.RelationName = root.Schema, root.Name
+		m = &rel
+	}
+	return m.RelationID, s.router.Bind(m)
+}
+
+// commit ends the open transaction at its end LSN: the tracker confirms
+// it once Kafka acknowledged all its records.
+func (s *stream) commit(end pglogrepl.LSN) {
+	if s.txn.Carried() {
+		// With no request in flight its records go out now, not after
+		// the linger; while one is, they batch up (sink.Producer.Flush).
+		s.prod.Flush()
+	}
+	s.tracker.Commit(s.txn, end)
+	s.txn = nil
+	s.events.committed()
 }
 
 // handleInsert publishes one inserted row: the publisher hands its records

@@ -22,8 +22,12 @@ func newTestStream(router *envelope.Router, prod Producer, start pglogrepl.LSN, 
 	if cfg.MaxInFlightEvents == 0 {
 		cfg.MaxInFlightEvents, cfg.MaxInFlightBytes = 100, 1<<20
 	}
-	r := &Runner{cfg: cfg, router: router, log: hclog.NewNullLogger(), clock: clock.System}
-	return r.newStream(nil, prod, start, nil)
+	return newTestRunner(cfg, router).newStream(nil, prod, start, nil)
+}
+
+// newTestRunner is a runner with cfg and router that logs nothing.
+func newTestRunner(cfg Config, router *envelope.Router) *Runner {
+	return &Runner{cfg: cfg, router: router, log: hclog.NewNullLogger(), clock: clock.System}
 }
 
 // readFixture returns the pgoutput messages recorded from a real server by

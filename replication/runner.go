@@ -91,6 +91,11 @@ type Config struct {
 	// Clock is the time the runner and its streams read and wait on (nil:
 	// the system's).
 	Clock clock.Clock
+	// Streaming asks a server that can (PostgreSQL 14+) to stream large
+	// transactions before their commit (protocol version 2, streamed.go);
+	// their changes wait in SpillDir ("": os.TempDir()) until then.
+	Streaming bool
+	SpillDir  string
 }
 
 // Producer publishes records asynchronously: every accepted record's Acker
@@ -143,11 +148,18 @@ type Runner struct {
 	log         hclog.Logger
 	clock       clock.Clock
 
-	mu          sync.Mutex
-	state       string
-	since       time.Time
-	lastError   string
-	walSender   time.Duration // the server's wal_sender_timeout
+	mu        sync.Mutex
+	state     string
+	since     time.Time
+	lastError string
+	walSender time.Duration // the server's wal_sender_timeout
+	// serverVersion is the server's server_version_num, as the session's
+	// prepare last read it.
+	serverVersion int
+	// whole: until the slot has confirmed this position, sessions do not
+	// ask for streaming (a streamed transaction's positions were not
+	// certain: streamCommit).
+	whole       pglogrepl.LSN
 	resumedFrom pglogrepl.LSN // the slot's position when the current stream began
 	// The current stream's tracker and publisher, for Status only, and
 	// what the publishers of the sessions before it did.
@@ -170,6 +182,8 @@ type Runner struct {
 
 	// What the streams of every session add to as they go.
 	txns         atomic.Uint64
+	streamedTxns atomic.Uint64
+	spilledBytes atomic.Uint64
 	statusSentAt atomic.Int64 // unix nanoseconds of the last standby status
 }
 
@@ -193,6 +207,11 @@ type Status struct {
 	// Dropped counts changes a route's override dropped on purpose
 	// (replays included).
 	Dropped uint64
+	// StreamedTxns counts the transactions the server streamed before
+	// their commit; SpilledBytes what outboxd wrote of them to spill files
+	// (replays included).
+	StreamedTxns uint64
+	SpilledBytes uint64
 	// LastStatusSent is when the last standby status went to the server;
 	// WALSenderTimeout is the server's wal_sender_timeout (0: none).
 	LastStatusSent   time.Time
@@ -222,7 +241,7 @@ func (r *Runner) Status() Status {
 		c = c.Plus(pub.Counts())
 	}
 	st.Events, st.Bytes, st.DeadLettered, st.Dropped = c.Acked, c.AckedBytes, c.DeadLettered, c.Dropped
-	st.Txns = r.txns.Load()
+	st.Txns, st.StreamedTxns, st.SpilledBytes = r.txns.Load(), r.streamedTxns.Load(), r.spilledBytes.Load()
 	if ns := r.statusSentAt.Load(); ns != 0 {
 		st.LastStatusSent = time.Unix(0, ns)
 	}
@@ -264,10 +283,18 @@ func (r *Runner) streaming(tr *Tracker, pub *publish.Publisher, from pglogrepl.L
 func (r *Runner) stopping()               { r.enter(StateStopping, nil) }
 func (r *Runner) statusSent(at time.Time) { r.statusSentAt.Store(at.UnixNano()) }
 func (r *Runner) committed()              { r.txns.Add(1) }
+func (r *Runner) streamed()               { r.streamedTxns.Add(1) }
+func (r *Runner) spilled(bytes int64)     { r.spilledBytes.Add(uint64(bytes)) }
+
+func (r *Runner) wholeUntil(end pglogrepl.LSN) {
+	r.mu.Lock()
+	r.whole = max(r.whole, end)
+	r.mu.Unlock()
+}
 
 func (r *Runner) serverSettings(s catalog.Server) {
 	r.mu.Lock()
-	r.walSender = s.WALSenderTimeout
+	r.walSender, r.serverVersion = s.WALSenderTimeout, s.Version
 	r.mu.Unlock()
 }
 

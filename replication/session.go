@@ -3,6 +3,7 @@ package replication
 import (
 	"context"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -88,7 +89,7 @@ func (r *Runner) session(ctx context.Context) (err error) {
 		return err
 	}
 
-	args := []string{"proto_version '1'", "publication_names " + catalog.QuoteLiteral(r.cfg.Publication), "messages 'true'"}
+	args, streaming := r.protocol(start)
 	// Start at 0/0: the server resumes from the slot's confirmed_flush_lsn.
 	if err := pglogrepl.StartReplication(ctx, conn, r.cfg.Slot, 0, pglogrepl.StartReplicationOptions{PluginArgs: args}); err != nil {
 		if hasCode(err, "42704") {
@@ -101,11 +102,69 @@ func (r *Runner) session(ctx context.Context) (err error) {
 	}
 	r.log.Info("streaming", "slot", r.cfg.Slot, "from", start.String())
 	s := r.newStream(conn, prod, start, partitions)
+	if streaming {
+		// The slot is ours now: no other instance's session spills for it.
+		dir := r.cfg.SpillDir
+		if dir == "" {
+			dir = os.TempDir()
+		}
+		n, err := cleanSpills(dir, r.cfg.Slot)
+		if err != nil {
+			return Fatal(fmt.Errorf("pipeline.spill_dir %s: %w", dir, err))
+		}
+		if n > 0 {
+			r.log.Info("removed the spill files of an earlier session: the server sends their transactions again", "dir", dir, "files", n)
+		}
+		s.streamed = newStreamedTxns(dir, r.cfg.Slot)
+		defer s.streamed.close()
+	}
 
 	// Wake a blocked read at once when a stop is requested.
 	stopWake := context.AfterFunc(ctx, func() { _ = conn.Conn().SetReadDeadline(r.clock.Now()) })
 	defer stopWake()
 	return s.run(ctx)
+}
+
+// protocol is what START_REPLICATION asks pgoutput for, from the slot's
+// position start: protocol version 2 with streaming 'on' where
+// Config.Streaming asks for it and the server can (PostgreSQL 14+),
+// version 1 otherwise. The log says which, and why.
+func (r *Runner) protocol(start pglogrepl.LSN) (args []string, streaming bool) {
+	r.mu.Lock()
+	version, whole := r.serverVersion, r.whole
+	r.mu.Unlock()
+	args = []string{"proto_version '1'", "publication_names " + catalog.QuoteLiteral(r.cfg.Publication), "messages 'true'"}
+	off := StreamingOff(r.cfg.Streaming, r.router != nil && r.router.RoutesMessages(), version)
+	switch {
+	case off != "":
+		r.log.Info("streaming large transactions: off ("+off+")", "server_version_num", version)
+	case start < whole:
+		r.log.Info("streaming large transactions: off until the slot passes a transaction that must come whole", "until", whole.String())
+	default:
+		r.log.Info("streaming large transactions: on (PostgreSQL 14+, postgres.streaming): their changes wait in spill files until the commit", "server_version_num", version)
+		args[0] = "proto_version '2'"
+		return append(args, "streaming 'on'"), true
+	}
+	return args, false
+}
+
+// StreamingOff is why a session does not ask the server to stream large
+// transactions, "" when it does: the decision of the session (which also
+// waits, at run time, for a transaction that must come whole) and of
+// outboxd check.
+func StreamingOff(streaming, routesMessages bool, serverVersion int) string {
+	switch {
+	case !streaming:
+		return "postgres.streaming is false: the server holds each transaction until its commit"
+	case routesMessages:
+		// pgoutput sends a streamed transaction's logical message under the
+		// top-level xid, not its subtransaction's (PostgreSQL through 18):
+		// a Stream Abort of a rolled-back savepoint could not drop it.
+		return "a route takes logical messages: the server would send one of a rolled-back savepoint of a streamed transaction as its top-level transaction's"
+	case serverVersion < 140000:
+		return "the server is older than PostgreSQL 14, which streams none"
+	}
+	return ""
 }
 
 // newStream makes a session's stream from the slot's position start, with

@@ -39,6 +39,10 @@ type stream struct {
 	// table (catalog.Partitions).
 	partitions map[catalog.Table]catalog.Table
 
+	// streamed: the transactions the server streams before their commit
+	// (protocol version 2, streamed.go); nil with protocol version 1.
+	streamed *streamedTxns
+
 	txn      *Txn          // open transaction
 	index    uint32        // changes received in txn so far
 	received pglogrepl.LSN // newest WAL position received
@@ -67,9 +71,12 @@ type streamConfig struct {
 
 // events is what a stream tells its runner.
 type events interface {
-	stopping()               // a stop was requested: the stream finishes and drains
-	statusSent(at time.Time) // a standby status went to the server
-	committed()              // a transaction was received
+	stopping()                    // a stop was requested: the stream finishes and drains
+	statusSent(at time.Time)      // a standby status went to the server
+	committed()                   // a transaction was received
+	streamed()                    // a streamed transaction began
+	spilled(bytes int64)          // bytes of streamed transactions went to a spill file
+	wholeUntil(end pglogrepl.LSN) // a transaction ending at end must come whole (not streamed)
 }
 
 // statusEvery is how many acknowledgements make a status due before
@@ -113,6 +120,16 @@ func (s *stream) run(ctx context.Context) error {
 		if s.pub.Full(0) {
 			s.pause(nextStatus)
 			// Silence from the server while we did not read proves nothing.
+			now = s.clock.Now()
+			s.lastRecv, s.pinged = now, false
+			continue
+		}
+		if s.streamed != nil && s.streamed.replay != nil {
+			// A committed streamed transaction is published before
+			// anything more is read.
+			if err := s.replayStep(); err != nil {
+				return s.failed(err)
+			}
 			now = s.clock.Now()
 			s.lastRecv, s.pinged = now, false
 			continue

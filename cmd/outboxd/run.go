@@ -214,7 +214,7 @@ func replicationConfig(cfg config.Config, routing envelope.Routing, conn *pgconn
 		MaxInFlightEvents: pl.MaxInFlightEvents, MaxInFlightBytes: pl.MaxInFlightBytes, ShutdownTimeout: pl.ShutdownTimeout,
 		BackoffMin: pl.BackoffMin, BackoffMax: pl.BackoffMax, StandbyRetry: p.StandbyRetry,
 		ReceiveTimeout: p.ReceiveTimeout, DeliveryTimeout: cfg.Kafka.DeliveryTimeout,
-		OnConfirm: metrics.ObserveConfirm,
+		OnConfirm: metrics.ObserveConfirm, Streaming: p.Streaming, SpillDir: pl.SpillDir,
 	}
 }
 
