@@ -101,7 +101,7 @@ func checkStreaming(ctx context.Context, conn *pgx.Conn, cfg target) []Result {
 	}
 	msgs := cfg.routing.RoutesMessages()
 	off := replication.StreamingOff(cfg.Postgres.Streaming, msgs, version)
-	return []Result{evalStreaming(off, cfg.Postgres.Streaming && msgs, workMem, dir, writableDir(dir))}
+	return []Result{evalStreaming(off, cfg.Postgres.Streaming && msgs, workMem, dir, replication.WritableDir(dir))}
 }
 
 // evalStreaming: off is why the server will not stream ("" if it will),
@@ -121,15 +121,6 @@ func evalStreaming(off string, byMessages bool, workMem, dir string, dirErr erro
 		"on PostgreSQL 14+, leave postgres.streaming at its default (true)")
 }
 
-// writableDir is nil when dir is a directory outboxd can create files in.
-func writableDir(dir string) error {
-	f, err := os.CreateTemp(dir, ".outboxd-check-*")
-	if err != nil {
-		return err
-	}
-	f.Close()
-	return os.Remove(f.Name())
-}
 
 // ---- wal_level ----
 

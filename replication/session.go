@@ -102,19 +102,23 @@ func (r *Runner) session(ctx context.Context) (err error) {
 	}
 	r.log.Info("streaming", "slot", r.cfg.Slot, "from", start.String())
 	s := r.newStream(conn, prod, start, partitions)
+	// The slot is ours now: no other instance's session spills for it, and
+	// an earlier session's files (a killed process's) are stale, whether
+	// this one streams or not. A session that streams needs the directory.
+	dir := r.cfg.SpillDir
+	if dir == "" {
+		dir = os.TempDir()
+	}
+	n, err := cleanSpills(dir, r.cfg.Slot)
+	switch {
+	case err != nil && streaming:
+		return Fatal(fmt.Errorf("pipeline.spill_dir %s: %w", dir, err))
+	case err != nil:
+		r.log.Debug("pipeline.spill_dir cannot be cleaned (this session does not stream)", "dir", dir, "error", err)
+	case n > 0:
+		r.log.Info("removed the spill files of an earlier session: the server sends their transactions again", "dir", dir, "files", n)
+	}
 	if streaming {
-		// The slot is ours now: no other instance's session spills for it.
-		dir := r.cfg.SpillDir
-		if dir == "" {
-			dir = os.TempDir()
-		}
-		n, err := cleanSpills(dir, r.cfg.Slot)
-		if err != nil {
-			return Fatal(fmt.Errorf("pipeline.spill_dir %s: %w", dir, err))
-		}
-		if n > 0 {
-			r.log.Info("removed the spill files of an earlier session: the server sends their transactions again", "dir", dir, "files", n)
-		}
 		s.streamed = newStreamedTxns(dir, r.cfg.Slot)
 		defer s.streamed.close()
 	}

@@ -72,6 +72,18 @@ func spillPattern(slot string, xid uint32) string {
 	return fmt.Sprintf("outboxd-%s-%d-*.spill", slot, xid)
 }
 
+// WritableDir is nil when dir is a directory outboxd can create files in
+// (a spill file, at the first streamed transaction past the memory
+// buffer): the session's start and outboxd check ask it.
+func WritableDir(dir string) error {
+	f, err := os.CreateTemp(dir, ".outboxd-probe-*")
+	if err != nil {
+		return err
+	}
+	f.Close()
+	return os.Remove(f.Name())
+}
+
 // cleanSpills removes the spill files a session of slot left in dir: a
 // killed process's, which nothing reads (the server sends their
 // transactions again from their start). Called once the slot is ours: a
@@ -79,12 +91,8 @@ func spillPattern(slot string, xid uint32) string {
 func cleanSpills(dir, slot string) (int, error) {
 	// A directory that is not there fails now, not at the first large
 	// transaction.
-	fi, err := os.Stat(dir)
-	if err != nil {
+	if err := WritableDir(dir); err != nil {
 		return 0, err
-	}
-	if !fi.IsDir() {
-		return 0, errors.New("not a directory")
 	}
 	names, err := filepath.Glob(filepath.Join(dir, "outboxd-"+slot+"-*.spill"))
 	if err != nil {
@@ -193,8 +201,9 @@ func (sp *spill) replay() (*spillReader, error) {
 
 // spillReader is a spill read back.
 type spillReader struct {
-	sp  *spill
-	r   *bufio.Reader
+	sp   *spill
+	read int // changes read, skipped ones included
+	r    *bufio.Reader
 	hdr [spillHeader]byte // the current change's header (a local would escape)
 	buf []byte            // the current change's message, reused
 }
@@ -211,11 +220,17 @@ func (r *spillReader) next() (spilledChange, error) {
 	h := &r.hdr
 	for {
 		if _, err := io.ReadFull(r.r, h[:]); err != nil {
-			if errors.Is(err, io.EOF) {
+			if errors.Is(err, io.EOF) && r.read == r.sp.n {
 				return spilledChange{}, io.EOF
+			}
+			if errors.Is(err, io.EOF) {
+				// Cut short: what is left would be a part of the
+				// transaction.
+				return spilledChange{}, fmt.Errorf("read spill file: %d changes of %d", r.read, r.sp.n)
 			}
 			return spilledChange{}, fmt.Errorf("read spill file: %w", err)
 		}
+		r.read++
 		n := int(binary.BigEndian.Uint32(h[9:]))
 		if cap(r.buf) < n {
 			r.buf = make([]byte, n)

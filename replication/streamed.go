@@ -81,9 +81,16 @@ func (s *stream) handleStreamed(wal []byte) (bool, error) {
 		if st.cur != nil || s.txn != nil {
 			return true, errors.New("pgoutput: Stream Start inside a transaction or a stream")
 		}
-		xid := binary.BigEndian.Uint32(wal[1:])
+		xid, first := binary.BigEndian.Uint32(wal[1:]), wal[5] == 1
 		sp := st.open[xid]
-		if sp == nil {
+		switch {
+		case sp == nil && !first:
+			// Its earlier segments are not here: publishing the rest at
+			// its commit would publish a part of it.
+			return true, fmt.Errorf("pgoutput: a later segment of streamed transaction %d, whose first this session did not receive", xid)
+		case sp != nil && first:
+			return true, fmt.Errorf("pgoutput: a first segment of streamed transaction %d, already open", xid)
+		case sp == nil:
 			sp = newSpill(st.dir, st.slot, xid)
 			st.open[xid] = sp
 			s.events.streamed()

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -393,4 +394,62 @@ func TestStatusGoesOutDuringAReplay(t *testing.T) {
 	if err := waitErr(t, done, 10*time.Second); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestStreamSegmentsMustStartFirst: a later segment of a transaction whose
+// first this session did not receive, or a second first segment, ends the
+// session rather than publish a part of the transaction at its commit
+// (PostgreSQL sends neither; a slip would lose the part not received).
+func TestStreamSegmentsMustStartFirst(t *testing.T) {
+	s, prod, _ := newStreamingStream(t)
+	feed(t, s, relationMsg())
+	if err := s.handleMessage(streamStartMsg(42, false)); err == nil {
+		t.Fatal("a later segment of an unknown transaction was taken")
+	}
+	s, prod, _ = newStreamingStream(t)
+	feed(t, s, relationMsg(), streamStartMsg(43, true), inStream(43, insertMsg("P-1")), streamStopMsg())
+	if err := s.handleMessage(streamStartMsg(43, true)); err == nil {
+		t.Fatal("a second first segment of an open transaction was taken")
+	}
+	if prod.Len() != 0 {
+		t.Fatalf("%d records published", prod.Len())
+	}
+}
+
+// TestCutShortSpillStops: a spill file that ends early, at a change's
+// boundary, is an error at the commit, not a shorter transaction.
+func TestCutShortSpillStops(t *testing.T) {
+	const xid = 901
+	s, prod, dir := newStreamingStream(t)
+	msgs := [][]byte{relationMsg(), streamStartMsg(xid, true)}
+	for i := 0; i < 5000; i++ { // past spillMemory: a file
+		msgs = append(msgs, inStream(xid, insertMsg("R-"+strconv.Itoa(i))))
+	}
+	feed(t, s, append(msgs, streamStopMsg())...)
+	files := spillFiles(t, dir)
+	if len(files) != 1 {
+		t.Fatalf("spill files: %v", files)
+	}
+	sp := s.streamed.open[xid]
+	if err := sp.w.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// Drop the file's last change: its header and its message.
+	path := filepath.Join(dir, files[0])
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := int64(spillHeader + len(insertMsg("R-4999")))
+	if err := os.Truncate(path, fi.Size()-last); err != nil {
+		t.Fatal(err)
+	}
+	err = s.handleMessage(streamCommitMsg(xid, 0x6000, 0x6010))
+	for err == nil && s.streamed.replay != nil {
+		err = s.replayStep()
+	}
+	if err == nil || !strings.Contains(err.Error(), "4999 changes of 5000") {
+		t.Fatalf("a spill file cut short at a change's end: %v (%d records), want the count's error", err, prod.Len())
+	}
+	t.Logf("cut short: %v (%d records handed over before it, none confirmed)", err, prod.Len())
 }
