@@ -204,8 +204,8 @@ type spillReader struct {
 	sp   *spill
 	read int // changes read, skipped ones included
 	r    *bufio.Reader
-	hdr [spillHeader]byte // the current change's header (a local would escape)
-	buf []byte            // the current change's message, reused
+	hdr  [spillHeader]byte // the current change's header (a local would escape)
+	buf  []byte            // the current change's message, reused
 }
 
 // spilledChange is one change read back: msg is valid until the next read.
