@@ -93,7 +93,7 @@ func TestCheckRecognisesManagedServices(t *testing.T) {
 		{"Azure", []string{"ALTER DATABASE %s SET azure.extensions = 'pglogical'"},
 			"Azure Database for PostgreSQL flexible server", "#azure-database-for-postgresql-flexible-server", "ALTER ROLE " + q + " WITH REPLICATION (as the server's administrator"},
 		{"Neon", []string{"ALTER DATABASE %s SET neon.timeline_id = '0123456789abcdef0123456789abcdef'"},
-			"Neon", "#neon", "ALTER USER " + q + " WITH REPLICATION (as a role created in the Neon Console"},
+			"Neon", "#neon", "connect as a role created in the Neon Console, CLI or API instead of " + q},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			for _, sql := range tc.setup {

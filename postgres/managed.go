@@ -44,8 +44,8 @@ var (
 		"ALTER ROLE %[1]s WITH REPLICATION (as the server's administrator, a member of azure_pg_admin)",
 		"set the server parameter wal_level to logical and restart the server"}
 	Neon = Service{"Neon", "neon",
-		"ALTER USER %[1]s WITH REPLICATION (as a role created in the Neon Console, CLI or API, a member of neon_superuser)",
-		"enable logical replication in the project's settings (its computes restart; it cannot be turned off)"}
+		"connect as a role created in the Neon Console, CLI or API instead of %[1]s: such a role is a member of neon_superuser and has REPLICATION, which a role created in SQL cannot be given",
+		"enable logical replication in the project's Settings, Logical Replication (its computes restart; it cannot be turned off)"}
 )
 
 // RDSReplication is the role whose members may replicate on Amazon RDS
