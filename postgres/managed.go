@@ -10,7 +10,7 @@ import (
 // own way, none of them by running ALTER ROLE as a true superuser
 // (docs/managed-postgres.md).
 type Service struct {
-	Name string // as its provider names it: "Amazon RDS"
+	Name string // as its provider names it: "Amazon RDS for PostgreSQL"
 	// Section is its section of docs/managed-postgres.md.
 	Section string
 	grant   string // the statement that lets the role %[1]s replicate, and who runs it
@@ -36,10 +36,10 @@ var (
 		"set rds.logical_replication to 1 in the cluster's custom DB cluster parameter group and reboot the writer instance"}
 	CloudSQL = Service{"Google Cloud SQL for PostgreSQL", "google-cloud-sql-and-alloydb",
 		"ALTER USER %[1]s WITH REPLICATION (as a member of cloudsqlsuperuser, such as the postgres user)",
-		"set the database flag cloudsql.logical_decoding to on (the instance restarts)"}
+		"set the database flag cloudsql.logical_decoding to on and restart the instance"}
 	AlloyDB = Service{"AlloyDB for PostgreSQL", "google-cloud-sql-and-alloydb",
 		"ALTER USER %[1]s WITH REPLICATION (as a member of alloydbsuperuser, such as the postgres user)",
-		"set the database flag alloydb.logical_decoding to on on the primary instance (it restarts)"}
+		"set the database flag alloydb.logical_decoding to on (setting it restarts the instance)"}
 	Azure = Service{"Azure Database for PostgreSQL flexible server", "azure-database-for-postgresql-flexible-server",
 		"ALTER ROLE %[1]s WITH REPLICATION (as the server's administrator, a member of azure_pg_admin)",
 		"set the server parameter wal_level to logical and restart the server"}
