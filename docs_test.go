@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/postgres"
 )
 
 // The documentation's tests: every link of the README, CONTRIBUTING.md and
@@ -216,6 +217,17 @@ func TestCodeNamesExistingDocs(t *testing.T) {
 	}
 	if found == 0 {
 		t.Error("no docs page named anywhere: is the pattern still right?")
+	}
+}
+
+// TestManagedServiceSections: the section of docs/managed-postgres.md
+// each managed service's check line and fix name exists.
+func TestManagedServiceSections(t *testing.T) {
+	anchors := pageAnchors(readPage(t, "docs/managed-postgres.md"))
+	for _, s := range []postgres.Service{postgres.RDS, postgres.Aurora, postgres.CloudSQL, postgres.AlloyDB, postgres.Azure, postgres.Neon} {
+		if !anchors[s.Section] {
+			t.Errorf("%s: %s has no such section", s.Name, s.Doc())
+		}
 	}
 }
 

@@ -54,6 +54,14 @@ func checkPostgres(ctx context.Context, t *target) []Result {
 	// replication protocol's IDENTIFY_SYSTEM.
 	_ = conn.QueryRow(ctx, "SELECT system_identifier::text FROM pg_control_system()").Scan(&t.system)
 	out = append(out, checkTLS(pg)...)
+	svc, err := recognise(ctx, conn)
+	switch {
+	case err != nil:
+		out = append(out, warn("service", "could not read the server's settings: "+oneLine(err.Error()), "check that the role can read pg_settings"))
+	case svc != nil:
+		cfg.service = svc
+		out = append(out, pass("service", "%s: see %s", svc.Name, svc.Doc()))
+	}
 	for _, check := range []func(context.Context, *pgx.Conn, target) []Result{
 		checkWalLevel, checkCapacity, checkRole, checkTables, checkPartitions, checkPublication, checkSlot, checkFailover, checkStreaming,
 	} {
@@ -124,20 +132,25 @@ func evalStreaming(off string, byMessages bool, workMem, dir string, dirErr erro
 
 // ---- wal_level ----
 
-func checkWalLevel(ctx context.Context, conn *pgx.Conn, _ target) []Result {
+func checkWalLevel(ctx context.Context, conn *pgx.Conn, cfg target) []Result {
 	var level string
 	if err := conn.QueryRow(ctx, "SELECT current_setting('wal_level')").Scan(&level); err != nil {
 		return queryFailed("wal_level", err)
 	}
-	return []Result{evalWalLevel(level)}
+	return []Result{evalWalLevel(level, cfg.service)}
 }
 
-func evalWalLevel(level string) Result {
+// evalWalLevel: svc is the managed service the server is on (nil: none
+// recognised), whose own setting is the fix.
+func evalWalLevel(level string, svc *postgres.Service) Result {
 	if level == "logical" {
 		return pass("wal_level", "logical")
 	}
-	return fail("wal_level", fmt.Sprintf("wal_level is %s, logical decoding needs logical", level),
-		"set wal_level = logical in postgresql.conf (ALTER SYSTEM SET wal_level = logical) and restart PostgreSQL")
+	fix := "set wal_level = logical in postgresql.conf (ALTER SYSTEM SET wal_level = logical) and restart PostgreSQL; on a managed service, its own setting: docs/managed-postgres.md"
+	if svc != nil {
+		fix = fmt.Sprintf("on %s, %s (%s)", svc.Name, svc.Logical, svc.Doc())
+	}
+	return fail("wal_level", fmt.Sprintf("wal_level is %s, logical decoding needs logical", level), fix)
 }
 
 // ---- max_replication_slots, max_wal_senders ----
@@ -188,25 +201,49 @@ func evalCapacity(c capacity) []Result {
 
 // ---- role ----
 
-func checkRole(ctx context.Context, conn *pgx.Conn, _ target) []Result {
-	var name string
-	var repl, super bool
-	err := conn.QueryRow(ctx, "SELECT rolname, rolreplication, rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user").Scan(&name, &repl, &super)
+// role is what decides whether the connected role may stream from a slot.
+type role struct {
+	name        string
+	repl, super bool
+	// rdsReplication: a member of rds_replication, directly or through
+	// other roles (Amazon RDS and Aurora's way; false where no such role
+	// exists).
+	rdsReplication bool
+}
+
+func checkRole(ctx context.Context, conn *pgx.Conn, cfg target) []Result {
+	var r role
+	// pg_has_role on a NULL oid (no rds_replication role) is NULL.
+	err := conn.QueryRow(ctx, `SELECT r.rolname, r.rolreplication, r.rolsuper, COALESCE(pg_catalog.pg_has_role(r.oid, m.oid, 'MEMBER'), false)
+		FROM pg_catalog.pg_roles r LEFT JOIN pg_catalog.pg_roles m ON m.rolname = $1
+		WHERE r.rolname = current_user`, postgres.RDSReplication).Scan(&r.name, &r.repl, &r.super, &r.rdsReplication)
 	if err != nil {
 		return queryFailed("role", err)
 	}
-	return []Result{evalRole(name, repl, super)}
+	return []Result{evalRole(r, cfg.service)}
 }
 
-func evalRole(name string, repl, super bool) Result {
+// evalRole decides whether r may stream from a slot, the way the server
+// decides it: a superuser, the REPLICATION attribute, or (on Amazon RDS
+// and Aurora) membership of rds_replication. svc is the managed service
+// the server is on, nil if none was recognised: its way is the fix.
+func evalRole(r role, svc *postgres.Service) Result {
 	switch {
-	case super:
-		return pass("role", "%s is a superuser (a least-privilege role with REPLICATION is enough: sql/003_role.sql)", name)
-	case repl:
-		return pass("role", "%s has REPLICATION", name)
+	case r.super:
+		return pass("role", "%s is a superuser (a least-privilege role with REPLICATION is enough: sql/003_role.sql)", r.name)
+	case r.repl && svc != nil:
+		return pass("role", "%s has REPLICATION (%s's way: %s)", r.name, svc.Name, svc.Grant(pgx.Identifier{r.name}.Sanitize()))
+	case r.repl:
+		return pass("role", "%s has REPLICATION", r.name)
+	case r.rdsReplication:
+		return pass("role", "%s is a member of %s (Amazon RDS and Aurora's way to replicate: %s)", r.name, postgres.RDSReplication, postgres.RDS.Doc())
 	}
-	return fail("role", fmt.Sprintf("role %s has neither REPLICATION nor SUPERUSER, so it cannot stream from a slot", name),
-		fmt.Sprintf("as a superuser: ALTER ROLE %s REPLICATION (see sql/003_role.sql)", pgx.Identifier{name}.Sanitize()))
+	detail := fmt.Sprintf("role %s has neither REPLICATION nor SUPERUSER nor membership of %s, so it cannot stream from a slot", r.name, postgres.RDSReplication)
+	quoted := pgx.Identifier{r.name}.Sanitize()
+	if svc != nil {
+		return fail("role", detail+" on "+svc.Name, svc.Grant(quoted)+" ("+svc.Doc()+")")
+	}
+	return fail("role", detail, postgres.ReplicationFix(quoted))
 }
 
 // ---- tables and columns ----

@@ -13,6 +13,7 @@ import (
 
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/envelope"
+	"github.com/outboxd/outboxd/postgres"
 	"github.com/outboxd/outboxd/sink"
 )
 
@@ -65,6 +66,9 @@ type target struct {
 	// checks read it ("" if they could not): the default transactional id
 	// names it.
 	system string
+	// service is the managed service the database is on, once the
+	// database checks recognised it (nil: none, or self-managed).
+	service *postgres.Service
 }
 
 func newTarget(cfg config.Config) target { return target{Config: cfg, routing: cfg.Routing()} }

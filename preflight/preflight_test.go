@@ -11,6 +11,7 @@ import (
 
 	"github.com/outboxd/outboxd/catalog"
 	"github.com/outboxd/outboxd/config"
+	"github.com/outboxd/outboxd/postgres"
 	"github.com/outboxd/outboxd/sink"
 )
 
@@ -183,12 +184,76 @@ func TestEvalSlot(t *testing.T) {
 	}
 }
 
+// TestEvalRole: a role may replicate as the server decides it (superuser,
+// REPLICATION, or on Amazon RDS and Aurora membership of rds_replication);
+// the line names the managed service's way, and a FAIL's fix names that
+// service's way, or every way where no service was recognised.
+func TestEvalRole(t *testing.T) {
+	rds, cloudSQL := postgres.RDS, postgres.CloudSQL
+	for _, tc := range []struct {
+		name   string
+		r      role
+		svc    *postgres.Service
+		status string
+		want   []string
+	}{
+		{"REPLICATION", role{name: "u", repl: true}, nil, Pass, []string{"u has REPLICATION"}},
+		{"superuser", role{name: "u", super: true}, nil, Pass, []string{"superuser"}},
+		{"rds_replication member", role{name: "u", rdsReplication: true}, &rds, Pass,
+			[]string{"member of rds_replication", "Amazon RDS and Aurora's way", "docs/managed-postgres.md#amazon-rds-and-aurora"}},
+		{"REPLICATION on Cloud SQL", role{name: "u", repl: true}, &cloudSQL, Pass,
+			[]string{"Google Cloud SQL for PostgreSQL's way", `ALTER USER "u" WITH REPLICATION`, "cloudsqlsuperuser"}},
+		{"neither, self-managed", role{name: "u"}, nil, Fail, []string{
+			"neither REPLICATION nor SUPERUSER nor membership of rds_replication",
+			`as a superuser: ALTER ROLE "u" REPLICATION (see sql/003_role.sql)`,
+			`Amazon RDS and Aurora: GRANT rds_replication TO "u"`,
+			"cloudsqlsuperuser", "alloydbsuperuser", "azure_pg_admin", "neon_superuser", "docs/managed-postgres.md"}},
+		{"neither, on RDS", role{name: "u"}, &rds, Fail, []string{"on Amazon RDS for PostgreSQL", `GRANT rds_replication TO "u"`, "#amazon-rds-and-aurora"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := evalRole(tc.r, tc.svc)
+			check(t, got, tc.status, tc.want...)
+			if tc.status == Fail && tc.svc != nil && strings.Contains(got.Fix, "as a superuser") {
+				t.Errorf("on %s the fix gives a superuser's statement: %s", tc.svc.Name, got)
+			}
+		})
+	}
+}
+
+// TestServiceOf: each service is recognised from the settings it
+// documents (Aurora before RDS, whose settings it shares); a self-managed
+// server's are none of them.
+func TestServiceOf(t *testing.T) {
+	for _, tc := range []struct {
+		names []string
+		want  string // "" : none
+	}{
+		{nil, ""},
+		{[]string{"pg_stat_statements.max", "auto_explain.log_min_duration"}, ""},
+		{[]string{"rds.extensions", "rds.logical_replication"}, postgres.RDS.Name},
+		{[]string{"rds.extensions", "apg_plan_mgmt.capture_plan_baselines"}, postgres.Aurora.Name},
+		{[]string{"rds.extensions", auroraVersion}, postgres.Aurora.Name},
+		{[]string{"cloudsql.logical_decoding"}, postgres.CloudSQL.Name},
+		{[]string{"alloydb.logical_decoding"}, postgres.AlloyDB.Name},
+		{[]string{"azure.extensions"}, postgres.Azure.Name},
+		{[]string{"neon.timeline_id"}, postgres.Neon.Name},
+		{[]string{"rdsx.foo", "azurefoo"}, ""},
+	} {
+		got := serviceOf(tc.names)
+		switch {
+		case tc.want == "" && got != nil:
+			t.Errorf("serviceOf(%q) = %s; want none", tc.names, got.Name)
+		case tc.want != "" && (got == nil || got.Name != tc.want):
+			t.Errorf("serviceOf(%q) = %v; want %s", tc.names, got, tc.want)
+		}
+	}
+}
+
 func TestEvalServer(t *testing.T) {
-	check(t, evalWalLevel("logical"), Pass)
-	check(t, evalWalLevel("replica"), Fail, "wal_level is replica", "wal_level = logical")
-	check(t, evalRole("u", true, false), Pass, "REPLICATION")
-	check(t, evalRole("u", false, true), Pass, "superuser")
-	check(t, evalRole("u", false, false), Fail, "neither REPLICATION", `ALTER ROLE "u" REPLICATION`)
+	check(t, evalWalLevel("logical", nil), Pass)
+	check(t, evalWalLevel("replica", nil), Fail, "wal_level is replica", "wal_level = logical", "docs/managed-postgres.md")
+	rds := postgres.RDS
+	check(t, evalWalLevel("replica", &rds), Fail, "rds.logical_replication to 1", "#amazon-rds-and-aurora")
 
 	tests := []struct {
 		c      capacity

@@ -378,7 +378,7 @@ func classify(err error) error {
 		case pgErr.Code == "3D000": // database does not exist
 			return Fatal(fmt.Errorf("connect to PostgreSQL: %w", err))
 		case pgErr.Code == "42501":
-			return Fatal(fmt.Errorf("connect to PostgreSQL: %w: the role needs LOGIN and REPLICATION (see sql/003_role.sql)", err))
+			return Fatal(fmt.Errorf("connect to PostgreSQL: %w: the role needs LOGIN and the right to replicate: %s", err, postgres.ReplicationFix("<role>")))
 		}
 	}
 	return fmt.Errorf("connect to PostgreSQL: %w", err)

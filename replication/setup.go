@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxd/outboxd/catalog"
+	"github.com/outboxd/outboxd/postgres"
 )
 
 // prepare checks the server and makes sure the publication and the slot
@@ -214,7 +215,7 @@ func (r *Runner) createSlot(ctx context.Context, conn *pgconn.PgConn, srv catalo
 // slotError names the fix of a slot that may not be created.
 func slotError(err error) error {
 	if hasCode(err, "42501") {
-		return Fatal(fmt.Errorf("%w: the role needs the REPLICATION attribute (ALTER ROLE ... REPLICATION, as a superuser)", err))
+		return Fatal(fmt.Errorf("%w: the role may not replicate: %s", err, postgres.ReplicationFix("<role>")))
 	}
 	return err
 }
