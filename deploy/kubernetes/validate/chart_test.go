@@ -429,3 +429,48 @@ func TestChartDocExample(t *testing.T) {
 	}
 	checkDeployment(t, m, d)
 }
+
+// TestChartUpgrade: an upgrade replaces the pod when, and only when, what
+// outboxd runs changes: a changed configuration changes the pod template
+// (its checksum/config), on its own and as a sidecar; a value that leaves
+// the configuration as it was (the service's replicas, the PodMonitor's
+// interval) leaves the pod template as it was, so the pod keeps running.
+// On its own the strategy stays Recreate: the old pod releases the slot
+// before the new one starts.
+func TestChartUpgrade(t *testing.T) {
+	standalone := func(overlay string) corev1.PodTemplateSpec {
+		m := renderManifests(t, loadChart(t), "outboxd-comandes", comandesValues(t, overlay))
+		d := m.deployments[chartDeployment]
+		if d.Spec.Strategy.Type != appsv1.RecreateDeploymentStrategyType {
+			t.Errorf("strategy %q, want Recreate", d.Spec.Strategy.Type)
+		}
+		return d.Spec.Template
+	}
+	sidecar := func(overlay, serviceOverlay string) corev1.PodTemplateSpec {
+		var service map[string]any
+		if err := yaml.Unmarshal([]byte(serviceOverlay), &service); err != nil {
+			t.Fatal(err)
+		}
+		vals := loader.MergeMaps(map[string]any{"outboxd": comandesValues(t, overlay)}, service)
+		return renderManifests(t, loadServiceChart(t), "comandes", vals).deployments[serviceDeployment].Spec.Template
+	}
+	moved := "config: {kafka: {brokers: [\"kafka-9.kafka.kafka.svc:9092\"]}}"
+	for _, tc := range []struct {
+		name        string
+		before, now corev1.PodTemplateSpec
+		replaced    bool
+	}{
+		{"standalone, same values", standalone(""), standalone(""), false},
+		{"standalone, other PodMonitor interval", standalone(""), standalone("podMonitor: {interval: 30s}"), false},
+		{"standalone, other brokers", standalone(""), standalone(moved), true},
+		{"sidecar, other service replicas", sidecar("", ""), sidecar("", "replicas: 3"), false},
+		{"sidecar, other brokers", sidecar("", ""), sidecar(moved, ""), true},
+	} {
+		if got := !equality.Semantic.DeepEqual(tc.before, tc.now); got != tc.replaced {
+			t.Errorf("%s: pod template changed %v, want %v", tc.name, got, tc.replaced)
+		}
+		if tc.before.Annotations["checksum/config"] == "" {
+			t.Errorf("%s: no checksum/config on the pod", tc.name)
+		}
+	}
+}

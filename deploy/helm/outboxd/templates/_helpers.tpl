@@ -167,6 +167,14 @@ In a service's chart that has this chart as a dependency:
     defaultMode: 0440 # read by the group fsGroup gives the volume
 {{- end -}}
 
+{{/*
+outboxd.podAnnotations: the configuration's checksum, so that an upgrade
+that changes the configuration replaces the pod (outboxd reads it at start).
+*/}}
+{{- define "outboxd.podAnnotations" -}}
+checksum/config: {{ include "outboxd.config" . | sha256sum }}
+{{- end -}}
+
 {{/* outboxd.podLabels: the label the PodMonitor selects. */}}
 {{- define "outboxd.podLabels" -}}
 outboxd: "true"
