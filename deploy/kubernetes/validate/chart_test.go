@@ -3,6 +3,7 @@ package validate
 import (
 	"bytes"
 	"fmt"
+	"log/slog"
 	"maps"
 	"os"
 	"path"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
+	"helm.sh/helm/v4/pkg/action"
 	"helm.sh/helm/v4/pkg/chart/common"
 	"helm.sh/helm/v4/pkg/chart/common/util"
 	chart "helm.sh/helm/v4/pkg/chart/v2"
@@ -20,6 +22,7 @@ import (
 	"helm.sh/helm/v4/pkg/chart/v2/lint/support"
 	"helm.sh/helm/v4/pkg/chart/v2/loader"
 	"helm.sh/helm/v4/pkg/engine"
+	release "helm.sh/helm/v4/pkg/release/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
@@ -63,9 +66,22 @@ func loadServiceChart(t *testing.T) *chart.Chart {
 	return ch
 }
 
-// render is `helm template --namespace km0 RELEASE CHART -f vals`.
+// capabilities are a Kubernetes 1.29 cluster's, the oldest the chart
+// supports (native sidecars). Helm's defaults, in a test binary, are 1.20's
+// (in the helm binary, its client-go's).
+var capabilities = func() *common.Capabilities {
+	caps := common.DefaultCapabilities.Copy()
+	kv, err := common.ParseKubeVersion("v1.29.0")
+	if err != nil {
+		panic(err)
+	}
+	caps.KubeVersion = *kv
+	return caps
+}()
+
+// render is `helm template --kube-version 1.29 --namespace km0 RELEASE CHART -f vals`.
 func render(ch *chart.Chart, release string, vals map[string]any) (map[string]string, error) {
-	rv, err := util.ToRenderValues(ch, vals, common.ReleaseOptions{Name: release, Namespace: "km0", IsInstall: true}, common.DefaultCapabilities)
+	rv, err := util.ToRenderValues(ch, vals, common.ReleaseOptions{Name: release, Namespace: "km0", IsInstall: true}, capabilities)
 	if err != nil {
 		return nil, fmt.Errorf("values: %w", err)
 	}
@@ -293,7 +309,7 @@ func TestChartRefuses(t *testing.T) {
 // and with the comandes values.
 func TestChartLint(t *testing.T) {
 	for name, vals := range map[string]map[string]any{"default values": nil, "comandes values": comandesValues(t, "")} {
-		res := lint.RunAll(chartDir, vals, "km0")
+		res := lint.RunAll(chartDir, vals, "km0", lint.WithKubeVersion(&capabilities.KubeVersion))
 		for _, msg := range res.Messages {
 			if msg.Severity >= support.WarningSev {
 				t.Errorf("%s: %v", name, msg)
@@ -472,5 +488,65 @@ func TestChartUpgrade(t *testing.T) {
 		if tc.before.Annotations["checksum/config"] == "" {
 			t.Errorf("%s: no checksum/config on the pod", tc.name)
 		}
+	}
+}
+
+// TestChartInstall is `helm install --dry-run=client` (Helm's install
+// action, without a cluster): Kubernetes 1.29, the first with native
+// sidecars, is admitted and 1.28 refused (by Chart.yaml's kubeVersion on
+// its own; in a service's chart, whose kubeVersion alone Helm checks, by the
+// ConfigMap's template); the release's
+// manifest is the same objects as the engine's rendering above, on its own
+// and in the service's chart (whose dependency the action processes).
+func TestChartInstall(t *testing.T) {
+	install := func(ch *chart.Chart, name string, vals map[string]any, kube string) (string, error) {
+		t.Helper()
+		kv, err := common.ParseKubeVersion(kube)
+		if err != nil {
+			t.Fatal(err)
+		}
+		inst := action.NewInstall(action.NewConfiguration(action.ConfigurationSetLogger(slog.DiscardHandler)))
+		inst.DryRunStrategy = action.DryRunClient
+		inst.ReleaseName, inst.Namespace, inst.KubeVersion = name, "km0", kv
+		r, err := inst.Run(ch, vals)
+		if err != nil {
+			return "", err
+		}
+		rel, ok := r.(*release.Release)
+		if !ok {
+			t.Fatalf("release %T", r)
+		}
+		return rel.Manifest, nil
+	}
+	for _, tc := range []struct {
+		name, release string
+		chart         func(*testing.T) *chart.Chart
+		vals          map[string]any
+	}{
+		{"standalone", "outboxd-comandes", loadChart, comandesValues(t, "")},
+		{"sidecar", "comandes", loadServiceChart, map[string]any{"outboxd": comandesValues(t, "")}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			manifest, err := install(tc.chart(t), tc.release, tc.vals, "v1.29.0")
+			if err != nil {
+				t.Fatalf("install on Kubernetes 1.29: %v", err)
+			}
+			got := newManifests()
+			got.decode(t, "the release's manifest", []byte(manifest))
+			want := renderManifests(t, tc.chart(t), tc.release, tc.vals)
+			if len(got.deployments) != 1 || len(want.deployments) != 1 {
+				t.Fatalf("Deployments: %d installed, %d rendered; want 1", len(got.deployments), len(want.deployments))
+			}
+			for _, d := range want.deployments {
+				same(t, "the installed Deployment", d, got.deployments["the release's manifest"])
+			}
+			same(t, "the installed ConfigMaps", want.configMaps, got.configMaps)
+			same(t, "the installed PodMonitors", want.podMonitors, got.podMonitors)
+			same(t, "the installed PrometheusRules", want.prometheusRules, got.prometheusRules)
+
+			if _, err := install(tc.chart(t), tc.release, tc.vals, "v1.28.9"); err == nil || !strings.Contains(err.Error(), "kubeVersion") {
+				t.Errorf("install on Kubernetes 1.28: %v, want the chart's kubeVersion to refuse it (no native sidecars)", err)
+			}
+		})
 	}
 }
