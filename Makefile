@@ -19,8 +19,9 @@ test: test-kubernetes
 	$(GO) test -count=1 -timeout 28m ./...
 	OUTBOXD_PG_VERSION=18 $(GO) test -count=1 -timeout 28m ./integration/
 
-# deploy/kubernetes/*.yaml decoded strictly into the Kubernetes API types, in
-# a module of its own (outboxd's module does not depend on them).
+# deploy/kubernetes/*.yaml, and deploy/helm/outboxd rendered by Helm 4's own
+# engine, decoded strictly into the Kubernetes API types, in a module of its
+# own (outboxd's module depends on neither).
 .PHONY: test-kubernetes
 test-kubernetes:
 	cd deploy/kubernetes/validate && $(GO) vet ./... && $(GO) test -count=1 ./...

@@ -1,11 +1,11 @@
 package validate
 
 import (
-	"bytes"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -25,80 +25,107 @@ import (
 	"github.com/outboxd/outboxd/config"
 )
 
-// manifests is what deploy/kubernetes holds, decoded.
+// manifests is what deploy/kubernetes holds, or what the chart renders,
+// decoded.
 type manifests struct {
-	configMaps  map[string]corev1.ConfigMap
-	secrets     map[string]corev1.Secret
-	deployments map[string]appsv1.Deployment // by file name
-	podMonitors []monitoringv1.PodMonitor
+	configMaps      map[string]corev1.ConfigMap
+	secrets         map[string]corev1.Secret
+	deployments     map[string]appsv1.Deployment // by file or template name
+	podMonitors     []monitoringv1.PodMonitor
+	prometheusRules []monitoringv1.PrometheusRule
 }
 
-// load decodes every document of every deploy/kubernetes/*.yaml strictly:
-// an unknown or misplaced field, a wrong type or a bad quantity fails.
+func newManifests() manifests {
+	return manifests{configMaps: map[string]corev1.ConfigMap{}, secrets: map[string]corev1.Secret{}, deployments: map[string]appsv1.Deployment{}}
+}
+
+// load decodes every document of every deploy/kubernetes/*.yaml strictly
+// (decode).
 func load(t *testing.T) manifests {
 	t.Helper()
 	files, err := filepath.Glob("../*.yaml")
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no manifests in deploy/kubernetes (%v)", err)
 	}
-	m := manifests{configMaps: map[string]corev1.ConfigMap{}, secrets: map[string]corev1.Secret{}, deployments: map[string]appsv1.Deployment{}}
+	m := newManifests()
 	for _, f := range files {
 		data, err := os.ReadFile(f)
 		if err != nil {
 			t.Fatal(err)
 		}
-		for i, doc := range bytes.Split(data, []byte("\n---\n")) {
-			where := fmt.Sprintf("%s document %d", filepath.Base(f), i+1)
-			var tm metav1.TypeMeta
-			if err := yaml.Unmarshal(doc, &tm); err != nil {
-				t.Fatalf("%s: %v", where, err)
-			}
-			// As the API server decodes: case-sensitive field names (Go's
-			// encoding/json, under sigs.k8s.io/yaml's UnmarshalStrict,
-			// would accept readOnlyRootFileSystem), no unknown or
-			// duplicate field.
-			strict := func(v any) {
-				js, err := yaml.YAMLToJSONStrict(doc)
-				if err != nil {
-					t.Errorf("%s: %v", where, err)
-					return
-				}
-				strictErrs, err := kjson.UnmarshalStrict(js, v)
-				for _, e := range append(strictErrs, err) {
-					if e != nil {
-						t.Errorf("%s (%s %s): %v", where, tm.APIVersion, tm.Kind, e)
-					}
-				}
-			}
-			var meta metav1.ObjectMeta
-			switch tm.APIVersion + " " + tm.Kind {
-			case "v1 ConfigMap":
-				var o corev1.ConfigMap
-				strict(&o)
-				m.configMaps[o.Name], meta = o, o.ObjectMeta
-			case "v1 Secret":
-				var o corev1.Secret
-				strict(&o)
-				m.secrets[o.Name], meta = o, o.ObjectMeta
-			case "apps/v1 Deployment":
-				var o appsv1.Deployment
-				strict(&o)
-				m.deployments[filepath.Base(f)], meta = o, o.ObjectMeta
-			case "monitoring.coreos.com/v1 PodMonitor":
-				var o monitoringv1.PodMonitor
-				strict(&o)
-				m.podMonitors, meta = append(m.podMonitors, o), o.ObjectMeta
-			default:
-				t.Errorf("%s: unexpected %s %s (add it to this test)", where, tm.APIVersion, tm.Kind)
-				continue
-			}
-			for _, msg := range validation.IsDNS1123Subdomain(meta.Name) {
-				t.Errorf("%s: name %q: %s", where, meta.Name, msg)
-			}
-			checkLabels(t, where, meta.Labels)
-		}
+		m.decode(t, filepath.Base(f), data)
 	}
 	return m
+}
+
+// docSeparator splits a YAML stream into its documents.
+var docSeparator = regexp.MustCompile(`(?m)^---[ \t]*(#.*)?$`)
+
+// decode adds every document of data (a file, or a template the chart
+// rendered, named file) strictly: an unknown or misplaced field, a wrong
+// type or a bad quantity fails. A document of comments only is skipped.
+func (m *manifests) decode(t *testing.T, file string, data []byte) {
+	t.Helper()
+	for i, doc := range docSeparator.Split(string(data), -1) {
+		doc := []byte(doc)
+		where := fmt.Sprintf("%s document %d", file, i+1)
+		var tm metav1.TypeMeta
+		if err := yaml.Unmarshal(doc, &tm); err != nil {
+			t.Fatalf("%s: %v", where, err)
+		}
+		if tm.APIVersion == "" && tm.Kind == "" {
+			var rest any
+			if yaml.Unmarshal(doc, &rest) == nil && rest == nil {
+				continue // comments or nothing (a disabled template)
+			}
+		}
+		// As the API server decodes: case-sensitive field names (Go's
+		// encoding/json, under sigs.k8s.io/yaml's UnmarshalStrict, would
+		// accept readOnlyRootFileSystem), no unknown or duplicate field.
+		strict := func(v any) {
+			js, err := yaml.YAMLToJSONStrict(doc)
+			if err != nil {
+				t.Errorf("%s: %v", where, err)
+				return
+			}
+			strictErrs, err := kjson.UnmarshalStrict(js, v)
+			for _, e := range append(strictErrs, err) {
+				if e != nil {
+					t.Errorf("%s (%s %s): %v", where, tm.APIVersion, tm.Kind, e)
+				}
+			}
+		}
+		var meta metav1.ObjectMeta
+		switch tm.APIVersion + " " + tm.Kind {
+		case "v1 ConfigMap":
+			var o corev1.ConfigMap
+			strict(&o)
+			m.configMaps[o.Name], meta = o, o.ObjectMeta
+		case "v1 Secret":
+			var o corev1.Secret
+			strict(&o)
+			m.secrets[o.Name], meta = o, o.ObjectMeta
+		case "apps/v1 Deployment":
+			var o appsv1.Deployment
+			strict(&o)
+			m.deployments[file], meta = o, o.ObjectMeta
+		case "monitoring.coreos.com/v1 PodMonitor":
+			var o monitoringv1.PodMonitor
+			strict(&o)
+			m.podMonitors, meta = append(m.podMonitors, o), o.ObjectMeta
+		case "monitoring.coreos.com/v1 PrometheusRule":
+			var o monitoringv1.PrometheusRule
+			strict(&o)
+			m.prometheusRules, meta = append(m.prometheusRules, o), o.ObjectMeta
+		default:
+			t.Errorf("%s: unexpected %s %s (add it to this test)", where, tm.APIVersion, tm.Kind)
+			continue
+		}
+		for _, msg := range validation.IsDNS1123Subdomain(meta.Name) {
+			t.Errorf("%s: name %q: %s", where, meta.Name, msg)
+		}
+		checkLabels(t, where, meta.Labels)
+	}
 }
 
 func checkLabels(t *testing.T, where string, l map[string]string) {
@@ -139,7 +166,10 @@ func TestManifests(t *testing.T) {
 	}
 }
 
-func checkDeployment(t *testing.T, m manifests, d appsv1.Deployment) {
+// checkDeployment checks what the types cannot say about a Deployment
+// running outboxd, and returns the configuration outboxd would run with.
+func checkDeployment(t *testing.T, m manifests, d appsv1.Deployment) config.Config {
+	t.Helper()
 	pod := d.Spec.Template
 	sel, err := metav1.LabelSelectorAsSelector(d.Spec.Selector)
 	if err != nil || !sel.Matches(labels.Set(pod.Labels)) {
@@ -300,6 +330,7 @@ func checkDeployment(t *testing.T, m manifests, d appsv1.Deployment) {
 	if c.Resources.Requests.Cpu().IsZero() {
 		t.Error("no CPU request")
 	}
+	checkMemoryLimit(t, env["GOMEMLIMIT"], cfg, lim)
 
 	// Scraped by a PodMonitor on the health port.
 	scraped := false
@@ -316,6 +347,30 @@ func checkDeployment(t *testing.T, m manifests, d appsv1.Deployment) {
 	}
 	if !scraped {
 		t.Errorf("no PodMonitor selects these pods (%v) on port %s /metrics", pod.Labels, healthPort.Name)
+	}
+	return cfg
+}
+
+// checkMemoryLimit: the Go runtime's soft limit follows the container's
+// memory limit: GOMEMLIMIT taken from it (and then no
+// pipeline.memory_limit, which GOMEMLIMIT overrides), or a
+// pipeline.memory_limit below it.
+func checkMemoryLimit(t *testing.T, gomemlimit corev1.EnvVar, cfg config.Config, lim *resource.Quantity) {
+	t.Helper()
+	if gomemlimit.Name == "" {
+		soft, ok := cfg.SoftMemoryLimit()
+		if !ok || soft >= lim.Value() {
+			t.Errorf("no GOMEMLIMIT, and the soft memory limit (pipeline.memory_limit) %d is not below the container's limit %s", soft, lim)
+		}
+		return
+	}
+	ref := gomemlimit.ValueFrom
+	if ref == nil || ref.ResourceFieldRef == nil || ref.ResourceFieldRef.Resource != "limits.memory" ||
+		(ref.ResourceFieldRef.ContainerName != "" && ref.ResourceFieldRef.ContainerName != "outboxd") {
+		t.Errorf("GOMEMLIMIT %+v: want it from outboxd's limits.memory", gomemlimit)
+	}
+	if cfg.Pipeline.MemoryLimit != 0 {
+		t.Errorf("pipeline.memory_limit %d is ignored: GOMEMLIMIT, from the container's limit, wins", cfg.Pipeline.MemoryLimit)
 	}
 }
 
