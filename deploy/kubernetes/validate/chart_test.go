@@ -25,6 +25,7 @@ import (
 	release "helm.sh/helm/v4/pkg/release/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	kjson "sigs.k8s.io/json"
@@ -181,6 +182,56 @@ func TestChartStandalone(t *testing.T) {
 	pm := m.podMonitors[0]
 	pm.Labels = withoutHelmLabels(pm.Labels)
 	same(t, "podmonitor.yaml", plain.podMonitors[0], pm)
+	if len(m.networkPolicies) != 1 {
+		t.Fatalf("%d NetworkPolicies rendered, want 1", len(m.networkPolicies))
+	}
+	np := m.networkPolicies[0]
+	np.Labels = withoutHelmLabels(np.Labels)
+	same(t, "networkpolicy.yaml", plain.networkPolicy(t, np.Name), np)
+	checkHealthPolicy(t, "the chart's NetworkPolicy", np, d.Spec.Template.Labels)
+}
+
+// networkPolicy is the NetworkPolicy named name.
+func (m manifests) networkPolicy(t *testing.T, name string) networkingv1.NetworkPolicy {
+	t.Helper()
+	for _, np := range m.networkPolicies {
+		if np.Name == name {
+			return np
+		}
+	}
+	t.Fatalf("no NetworkPolicy %q", name)
+	return networkingv1.NetworkPolicy{}
+}
+
+// checkHealthPolicy: np selects the pod (labels) and lets only the peers
+// of one rule reach it, on the health port alone (issue 35, item 1: the
+// port answers anyone, without authentication).
+func checkHealthPolicy(t *testing.T, what string, np networkingv1.NetworkPolicy, labels map[string]string) {
+	t.Helper()
+	for k, v := range np.Spec.PodSelector.MatchLabels {
+		if labels[k] != v {
+			t.Errorf("%s: selects %s=%s, the pod has %q", what, k, v, labels[k])
+		}
+	}
+	if len(np.Spec.PodSelector.MatchLabels) == 0 || !slices.Contains(np.Spec.PolicyTypes, networkingv1.PolicyTypeIngress) {
+		t.Errorf("%s: selector %v, policy types %v: want the pod selected, Ingress", what, np.Spec.PodSelector.MatchLabels, np.Spec.PolicyTypes)
+	}
+	var health []networkingv1.NetworkPolicyIngressRule
+	for _, r := range np.Spec.Ingress {
+		for _, p := range r.Ports {
+			if p.Port != nil && p.Port.IntValue() == 9597 {
+				health = append(health, r)
+			}
+		}
+	}
+	if len(health) != 1 || len(health[0].From) == 0 || len(health[0].Ports) != 1 {
+		t.Errorf("%s: rules for the health port %v: want one, with peers, for that port alone", what, health)
+	}
+	for _, r := range np.Spec.Ingress {
+		if len(r.Ports) == 0 {
+			t.Errorf("%s: a rule for every port %v lets its peers reach the health port too", what, r)
+		}
+	}
 }
 
 // TestChartSidecar: a service's chart (testdata/comandes) that includes
@@ -200,6 +251,11 @@ func TestChartSidecar(t *testing.T) {
 	}
 	plain := load(t)
 	sameDeployment(t, "sidecar.yaml", plain.deployments["sidecar.yaml"], d)
+	if len(m.networkPolicies) != 1 {
+		t.Fatalf("%d NetworkPolicies rendered, want the service's", len(m.networkPolicies))
+	}
+	same(t, "sidecar.yaml's NetworkPolicy", plain.networkPolicy(t, "comandes"), m.networkPolicies[0])
+	checkHealthPolicy(t, "the service's NetworkPolicy", m.networkPolicies[0], d.Spec.Template.Labels)
 	sameConfigMap(t, plain.configMaps["outboxd-comandes"], m.configMaps["outboxd-comandes"])
 }
 

@@ -15,6 +15,7 @@ import (
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -33,6 +34,7 @@ type manifests struct {
 	deployments     map[string]appsv1.Deployment // by file or template name
 	podMonitors     []monitoringv1.PodMonitor
 	prometheusRules []monitoringv1.PrometheusRule
+	networkPolicies []networkingv1.NetworkPolicy
 }
 
 func newManifests() manifests {
@@ -113,6 +115,10 @@ func (m *manifests) decode(t *testing.T, file string, data []byte) {
 			var o monitoringv1.PodMonitor
 			strict(&o)
 			m.podMonitors, meta = append(m.podMonitors, o), o.ObjectMeta
+		case "networking.k8s.io/v1 NetworkPolicy":
+			var o networkingv1.NetworkPolicy
+			strict(&o)
+			m.networkPolicies, meta = append(m.networkPolicies, o), o.ObjectMeta
 		case "monitoring.coreos.com/v1 PrometheusRule":
 			var o monitoringv1.PrometheusRule
 			strict(&o)

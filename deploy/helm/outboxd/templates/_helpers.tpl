@@ -201,3 +201,17 @@ fsGroup: 65532
 seccompProfile:
   type: RuntimeDefault
 {{- end -}}
+
+{{/*
+outboxd.networkPolicyIngress: the ingress rule that lets Prometheus reach
+the health port, and nothing else: for the chart's NetworkPolicy, and for
+a service's own NetworkPolicy when outboxd is its sidecar (the service's
+pod is selected; its own ports need rules of their own there).
+*/}}
+{{- define "outboxd.networkPolicyIngress" -}}
+- from:
+    {{- toYaml .Values.networkPolicy.prometheus | nindent 4 }}
+  ports:
+    - protocol: TCP
+      port: {{ .Values.healthPort }}
+{{- end -}}
