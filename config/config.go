@@ -427,6 +427,11 @@ type Tracing struct {
 	// QueueSize bounds the spans waiting for export; beyond it spans are
 	// dropped (counted), never the records.
 	QueueSize int `yaml:"queue_size"`
+	// RecordKeys adds each record's key (its agregat_id) and row id to its
+	// span (messaging.kafka.message.key, messaging.message.id): off by
+	// default, since the tracing backend is not where a service's keys
+	// are expected to go.
+	RecordKeys bool `yaml:"record_keys"`
 }
 
 // Log configures the logger.

@@ -36,7 +36,9 @@ func TestTracingSpans(t *testing.T) {
 	snapshot := insertRows(t, f.db, "outbox", 3, "now()", false)
 	cfg := f.config(testenv.Route{Table: "public.outbox", Topic: topic, More: testenv.Section{
 		"trace": "{traceparent: traceparent, tracestate: tracestate}"}})
-	cfg.Tracing = testenv.Section{"endpoint": col.Endpoint}
+	// The spans carry the row ids only when asked (tracing.record_keys):
+	// this test finds each row's span by its id.
+	cfg.Tracing = testenv.Section{"endpoint": col.Endpoint, "record_keys": "true"}
 	// The SDK's batch processor sends every 200 ms instead of 5 s.
 	cfg.Env = append(cfg.Env, "OTEL_BSP_SCHEDULE_DELAY=200")
 	d := f.start(cfg)

@@ -45,6 +45,8 @@ type Config struct {
 	Headers     map[string]string
 	CAFile      string
 	QueueSize   int
+	// RecordKeys adds the record's key and row id to its span.
+	RecordKeys bool
 	// MaxRecordBytes is the largest record Kafka takes (kafka.batch_bytes):
 	// a traceparent is not added to a record it would take over it.
 	MaxRecordBytes int
@@ -56,6 +58,7 @@ type Tracer struct {
 	tracer    trace.Tracer
 	exporter  *counting
 	propagate bool
+	keys      bool // RecordKeys
 	maxRecord int
 	started   atomic.Uint64
 }
@@ -87,7 +90,7 @@ func New(cfg Config) (*Tracer, error) {
 // newTracer makes the spans of cfg and hands them to exp in batches.
 func newTracer(cfg Config, exp sdktrace.SpanExporter) *Tracer {
 	res := resource.NewSchemaless(semconv.ServiceName(cfg.ServiceName), semconv.ServiceVersion(cfg.Version))
-	t := &Tracer{propagate: cfg.Propagate, maxRecord: cfg.MaxRecordBytes, exporter: &counting{SpanExporter: exp}}
+	t := &Tracer{propagate: cfg.Propagate, keys: cfg.RecordKeys, maxRecord: cfg.MaxRecordBytes, exporter: &counting{SpanExporter: exp}}
 	// The batch timeout is the SDK's (5 s; OTEL_BSP_SCHEDULE_DELAY).
 	bopts := []sdktrace.BatchSpanProcessorOption{sdktrace.WithMaxQueueSize(max(cfg.QueueSize, 1)), sdktrace.WithMaxExportBatchSize(min(max(cfg.QueueSize, 1), 2048))}
 	t.provider = sdktrace.NewTracerProvider(
@@ -168,12 +171,14 @@ func (t *Tracer) Start(rec *outboxd.Record, pos envelope.Position, source string
 		semconv.MessagingOperationName("send"),
 		semconv.MessagingDestinationName(rec.Topic),
 	)
-	// OTLP carries strings as UTF-8: one that is not would fail its whole
+	// The key and the row id only when asked for (tracing.record_keys):
+	// the backend is not where a service's keys are expected to go. OTLP
+	// carries strings as UTF-8: one that is not would fail its whole
 	// export batch.
-	if rec.Key != nil {
+	if t.keys && rec.Key != nil {
 		attrs = append(attrs, semconv.MessagingKafkaMessageKey(strings.ToValidUTF8(string(rec.Key), "\uFFFD")))
 	}
-	if rec.RowID != nil {
+	if t.keys && rec.RowID != nil {
 		attrs = append(attrs, semconv.MessagingMessageID(strings.ToValidUTF8(string(rec.RowID), "\uFFFD")))
 	}
 	if pos.CommitLSN != 0 {

@@ -3,6 +3,7 @@ package tracing
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -47,7 +48,7 @@ func record(traceparent string) *outboxd.Record {
 }
 
 func TestSpanFromCommitToAck(t *testing.T) {
-	tr, exp := newTest(t, Config{SampleRatio: 1, Propagate: true})
+	tr, exp := newTest(t, Config{SampleRatio: 1, Propagate: true, RecordKeys: true})
 	next := &acks{}
 	rec := record(sampled)
 	committed := time.Now().Add(-time.Second).Truncate(time.Microsecond)
@@ -213,7 +214,7 @@ func TestInjectWithinTheRecordLimit(t *testing.T) {
 // time ahead of outboxd's clock starts the span now; a key that is not
 // UTF-8 is sent as valid UTF-8 (OTLP would refuse the whole batch).
 func TestSpanEdges(t *testing.T) {
-	tr, exp := newTest(t, Config{SampleRatio: 1})
+	tr, exp := newTest(t, Config{SampleRatio: 1, RecordKeys: true})
 	rec := record("")
 	rec.Key = []byte{'P', 0xff}
 	ahead := time.Now().Add(time.Hour)
@@ -233,5 +234,18 @@ func TestSpanEdges(t *testing.T) {
 	}
 	if k := got["messaging.kafka.message.key"]; k != "P\uFFFD" {
 		t.Errorf("key %q", k)
+	}
+}
+
+// TestNoKeysByDefault (issue 35, item 4): without tracing.record_keys a
+// span carries neither the record's key (its agregat_id) nor its row id.
+func TestNoKeysByDefault(t *testing.T) {
+	tr, exp := newTest(t, Config{SampleRatio: 1})
+	tr.Start(record(""), envelope.Position{CommitLSN: 1}, "", &acks{}).Ack(nil)
+	_ = tr.provider.ForceFlush(context.Background())
+	for _, kv := range exp.GetSpans()[0].Attributes {
+		if kv.Key == "messaging.kafka.message.key" || kv.Key == "messaging.message.id" || strings.Contains(kv.Value.Emit(), "P-1") {
+			t.Errorf("a span carries %s = %q", kv.Key, kv.Value.Emit())
+		}
 	}
 }

@@ -25,7 +25,7 @@ func startTracing(cfg config.Config, metrics *health.Metrics, log hclog.Logger) 
 	}
 	tr, err := tracing.New(tracing.Config{Endpoint: t.Endpoint, SampleRatio: t.SampleRatio, Propagate: t.Propagate,
 		ServiceName: t.ServiceName, Version: outboxd.Version, Headers: t.Headers, CAFile: t.CAFile, QueueSize: t.QueueSize,
-		MaxRecordBytes: int(cfg.Kafka.BatchBytes)})
+		RecordKeys: t.RecordKeys, MaxRecordBytes: int(cfg.Kafka.BatchBytes)})
 	if err != nil {
 		return nil, nil, err
 	}
