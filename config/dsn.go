@@ -31,6 +31,9 @@ func (p Postgres) connConfig() (*pgconn.Config, string) {
 	if isURL(p.DSN) && layoutURL(p.DSN).misplacedAt(p.DSN) {
 		return nil, "an @ after the host: a user name or password holding / or @ must be percent-encoded (/ as %2F, @ as %40), or give the password as postgres.password or postgres.password_file"
 	}
+	if isURL(p.DSN) && layoutURL(p.DSN).userInDoubt(p.DSN) {
+		return nil, "an @ after a ? or #: where the user info ends is in doubt (a password holding @, ? or # must be percent-encoded: @ as %40, ? as %3F, # as %23), or give the password as postgres.password or postgres.password_file"
+	}
 	cfg, err := pgconn.ParseConfig(withTLS(p.DSN, p.TLS))
 	if err != nil {
 		return nil, parseFailure(err)

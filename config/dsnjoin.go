@@ -103,6 +103,15 @@ func (l urlLayout) misplacedAt(s string) bool {
 	return strings.IndexByte(s[l.hostStart:end], '@') >= 0
 }
 
+// userInDoubt reports a ? or # before the user info's @: libpq reads the
+// user info to the @, Go's url.Parse ends the authority at the ? or #, so
+// that the @ is a query value's (postgres://db?user=u&password=p@ss): a
+// password may be on either side of it.
+func (l urlLayout) userInDoubt(s string) bool {
+	start := strings.Index(s, "://") + 3
+	return l.userEnd >= 0 && strings.ContainsAny(s[start:l.userEnd], "?#")
+}
+
 // hostValue is what a variable may hold in the hosts of a URL DSN: host
 // names, IP addresses (IPv6 in brackets), ports and the commas of a list.
 // Anything else (a /, ?, & or =) would move the database name or add

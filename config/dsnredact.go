@@ -35,6 +35,9 @@ func redactURL(dsn string) string {
 		// A port that is no number may be a piece of a password.
 		return scheme + redacted
 	}
+	if l.userInDoubt(dsn) {
+		return scheme + redacted
+	}
 	out := dsn[:l.hostStart]
 	if l.userEnd >= 0 {
 		user := dsn[len(scheme):l.userEnd]

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/outboxd/outboxd/envelope"
+	"github.com/outboxd/outboxd/redact"
 	"github.com/outboxd/outboxd/schemareg"
 	"github.com/outboxd/outboxd/sink"
 )
@@ -364,9 +365,11 @@ func (v *validator) tracing(t Tracing) {
 	u, err := url.Parse(t.Endpoint)
 	switch {
 	case err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https"):
-		v.add("tracing.endpoint", "must be the OTLP/HTTP receiver's URL, e.g. http://collector:4318, got %q", t.Endpoint)
+		v.add("tracing.endpoint", "must be the OTLP/HTTP receiver's URL, e.g. http://collector:4318, got %q", redact.URL(t.Endpoint))
+	case u.User != nil:
+		v.add("tracing.endpoint", "holds credentials (user info), which the exporter would not send: give them in tracing.headers instead (authorization: \"Basic <base64 of user:password>\", or a bearer token; a header's value may be a ${VAR})")
 	case t.CAFile != "" && u.Scheme != "https":
-		v.add("tracing.ca_file", "is for an https endpoint; %s is %s", t.Endpoint, u.Scheme)
+		v.add("tracing.ca_file", "is for an https endpoint; %s is %s", redact.URL(t.Endpoint), u.Scheme)
 	}
 	if t.SampleRatio < 0 || t.SampleRatio > 1 {
 		v.add("tracing.sample_ratio", "must be between 0 and 1, got %g", t.SampleRatio)

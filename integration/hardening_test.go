@@ -8,6 +8,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -259,4 +261,74 @@ func outboxdWithin(t *testing.T, dsn string, timeout time.Duration, args ...stri
 		t.Fatalf("outboxd %v: %v", args, err)
 	}
 	return cmdResult{out.String(), errb.String(), cmd.ProcessState.ExitCode()}
+}
+
+// TestCredentialsInURLsNeverPrinted (issue 35, item 3): a schema
+// registry's URL with user info (Go's HTTP client sends it as basic
+// authentication) and an OTLP endpoint with a token in its query reach no
+// log line, no /status, no check output; a tracing.endpoint with user info
+// is refused (the exporter would not send it) without quoting it; a DSN
+// whose password holds an @ in its query is not printed either.
+func TestCredentialsInURLsNeverPrinted(t *testing.T) {
+	kafkaOnly(t)
+	f := newFixture(t, seedSchema, map[string]int{"secrets": 1})
+	const regSecret, tokSecret, dsnSecret = "RegS3cretPw", "TokS3cretQ", "DsnS3cret"
+	dir := t.TempDir()
+	schemaFile := filepath.Join(dir, "comanda-creada.json")
+	if err := os.WriteFile(schemaFile, []byte(`{"type": "object"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// Nothing listens at the registry's address: outboxd waits for it,
+	// logging why, and check fails its line.
+	registry := "http://reguser:" + regSecret + "@" + freePort(t) + "/apis/ccompat/v7"
+	cfg := f.config(testenv.Route{Table: "public.outbox", Topic: f.topic("secrets"), More: testenv.Section{
+		"value":  "payload",
+		"schema": `{registry: "` + registry + `", subject_strategy: record, auto_register: true, schemas: {comanda.creada: "` + schemaFile + `"}}`}})
+	cfg.Tracing = testenv.Section{"endpoint": "http://" + freePort(t) + "/?api_token=" + tokSecret}
+	d := f.spawn(cfg)
+	eventually(t, 30*time.Second, "outboxd waiting for the registry", func() bool {
+		return strings.Contains(d.Log(), "schema registry unreachable")
+	})
+	check := outboxd(t, f.dsn, "check", "-c", d.ConfigPath())
+	d.kill()
+	// Then streaming (no registry), for /status.
+	traced := f.config(seedRoute(f.topic("secrets")))
+	traced.Tracing = cfg.Tracing
+	d2 := f.start(traced)
+	_, status, err := d2.Get(context.Background(), "/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d2.kill()
+	for what, text := range map[string]string{"the log": d.Log(), "the streaming one's log": d2.Log(), "/status": string(status), "check": check.String()} {
+		for _, secret := range []string{regSecret, tokSecret} {
+			if strings.Contains(text, secret) {
+				t.Errorf("%s holds %s:\n%s", what, secret, text)
+			}
+		}
+	}
+	if !strings.Contains(check.stdout, "schema registry routes[0]") {
+		t.Errorf("check has no registry line:\n%s", check)
+	}
+
+	// User info in tracing.endpoint: refused, not quoted.
+	cfg.Tracing = testenv.Section{"endpoint": "http://tk:" + tokSecret + "@" + freePort(t)}
+	r := outboxd(t, f.dsn, "check", "-c", f.configFile(cfg))
+	if !strings.Contains(r.String(), "tracing.endpoint: holds credentials") || strings.Contains(r.String(), tokSecret) {
+		t.Errorf("tracing.endpoint with user info: want it refused without the secret:\n%s", r)
+	}
+
+	// A DSN without a path whose password, in its query, holds an @ (the
+	// user info, as libpq reads it, would run to it).
+	u, err := url.Parse(f.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := "postgres://" + u.Host + "?dbname=" + strings.TrimPrefix(u.Path, "/") + "&user=nobody&password=p@" + dsnSecret + "&sslmode=disable"
+	cfg = f.config(seedRoute(f.topic("secrets")))
+	cfg.DSN = bad
+	r = outboxd(t, bad, "check", "-c", f.configFile(cfg))
+	if strings.Contains(r.String(), dsnSecret) || !strings.Contains(r.String(), "where the user info ends is in doubt") {
+		t.Errorf("check prints the DSN's password, or does not refuse the DSN:\n%s", r)
+	}
 }

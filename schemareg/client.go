@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/outboxd/outboxd/certs"
+	"github.com/outboxd/outboxd/redact"
 )
 
 // Options say how to reach the registry.
@@ -42,7 +43,7 @@ type Client struct {
 func NewClient(o Options) (*Client, error) {
 	u, err := url.Parse(o.URL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("schema registry %q: not an http(s) URL", o.URL)
+		return nil, fmt.Errorf("schema registry %q: not an http(s) URL", redact.URL(o.URL))
 	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	if o.CAFile != "" {

@@ -11,6 +11,7 @@ import (
 	"github.com/outboxd/outboxd/clock"
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/envelope"
+	"github.com/outboxd/outboxd/redact"
 	"github.com/outboxd/outboxd/schemareg"
 )
 
@@ -51,7 +52,7 @@ func resolveSchemas(ctx context.Context, cfg config.Config, routing *envelope.Ro
 					fmt.Fprintf(&ids, ":key=%s", key.Identity())
 				}
 				ids.WriteString(";")
-				log.Info("schemas found", "route", i, "registry", s.URL)
+				log.Info("schemas found", "route", i, "registry", redact.URL(s.URL))
 				break
 			}
 			if schemareg.Permanent(err) || ctx.Err() != nil {

@@ -11,6 +11,7 @@ import (
 	"github.com/outboxd/outboxd/config"
 	"github.com/outboxd/outboxd/health"
 	"github.com/outboxd/outboxd/publish"
+	"github.com/outboxd/outboxd/redact"
 	"github.com/outboxd/outboxd/tracing"
 )
 
@@ -35,7 +36,7 @@ func startTracing(cfg config.Config, metrics *health.Metrics, log hclog.Logger) 
 	// The SDK reports an export that failed here (by default on the
 	// standard logger, unstructured).
 	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { log.Warn("tracing: spans not sent", "error", err) }))
-	log.Info("tracing: a span per record", "endpoint", t.Endpoint, "sample_ratio", t.SampleRatio, "propagate", t.Propagate)
+	log.Info("tracing: a span per record", "endpoint", redact.URL(t.Endpoint), "sample_ratio", t.SampleRatio, "propagate", t.Propagate)
 	stop := func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
