@@ -1,8 +1,12 @@
 package catalog
 
 import (
+	"context"
 	"fmt"
 	"hash/fnv"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // A cut-over is outboxd publishing, from a slot it has just created, the
@@ -62,4 +66,82 @@ func CutoverLock(slot string) int64 {
 	h := fnv.New64a()
 	h.Write([]byte("outboxd cut-over " + slot))
 	return int64(h.Sum64())
+}
+
+// LockHolder is a session holding a slot's cut-over lock, as pg_locks and
+// pg_stat_activity show it to any role.
+type LockHolder struct {
+	PID         string
+	Role        string
+	Application string
+	Client      string // the client's address; "" over a Unix socket
+	Since       string // when its session began
+	// Outboxd: the session is a replication connection (which needs the
+	// REPLICATION privilege) or of the role asking: outboxd's own. Any
+	// role that can connect can take an advisory lock.
+	Outboxd bool
+}
+
+func (h LockHolder) String() string {
+	from := ""
+	if h.Client != "" {
+		from = ", from " + h.Client
+	}
+	return fmt.Sprintf("pid %s (role %s, application %q%s, connected since %s)", h.PID, h.Role, h.Application, from, h.Since)
+}
+
+// CutoverLockHolders are the sessions, other than conn's, that hold slot's
+// cut-over lock (CutoverLock: an advisory lock on one bigint key, which
+// pg_locks shows as its two halves).
+func CutoverLockHolders(ctx context.Context, conn *pgconn.PgConn, slot string) ([]LockHolder, error) {
+	key := uint64(CutoverLock(slot))
+	rows, err := query(ctx, conn, fmt.Sprintf(`SELECT l.pid, coalesce(a.usename, ''), coalesce(a.application_name, ''),
+		coalesce(host(a.client_addr), ''), coalesce(to_char(a.backend_start AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'), ''),
+		coalesce(a.backend_type = 'walsender' OR a.usename = current_user, false)
+		FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
+		WHERE l.locktype = 'advisory' AND l.granted AND l.classid = %d AND l.objid = %d AND l.objsubid = 1
+		AND l.pid <> pg_catalog.pg_backend_pid() ORDER BY l.pid`, key>>32, key&0xffffffff))
+	if err != nil {
+		return nil, fmt.Errorf("read who holds the cut-over lock: %w", err)
+	}
+	var hs []LockHolder
+	for _, r := range rows {
+		hs = append(hs, LockHolder{PID: str(r[0]), Role: str(r[1]), Application: str(r[2]), Client: str(r[3]), Since: str(r[4]), Outboxd: str(r[5]) == "t"})
+	}
+	return hs, nil
+}
+
+// CutoverBusy says why slot's cut-over lock could not be taken, naming
+// what holds it: outboxd's own work (a cut-over publishing its snapshot,
+// a slot being created and recorded, the retention job or replay reading
+// the slot), or a session of another role, which is not a cut-over and
+// holds back what needs the lock until it lets go.
+func CutoverBusy(ctx context.Context, conn *pgconn.PgConn, slot string) string {
+	hs, err := CutoverLockHolders(ctx, conn, slot)
+	if err != nil {
+		return fmt.Sprintf("the cut-over lock of replication slot %q is held (%v)", slot, err)
+	}
+	var ours, others []string
+	for _, h := range hs {
+		if h.Outboxd {
+			ours = append(ours, h.String())
+		} else {
+			others = append(others, h.String())
+		}
+	}
+	switch {
+	case len(others) > 0:
+		pid := hs[0].PID
+		for _, h := range hs {
+			if !h.Outboxd {
+				pid = h.PID
+				break
+			}
+		}
+		return fmt.Sprintf("the cut-over lock of replication slot %q is held by %s: not an outboxd (neither outboxd's role nor a replication connection), so no cut-over runs; nothing that needs the lock proceeds until it lets go: if that session is not yours, end it (SELECT pg_terminate_backend(%s))",
+			slot, strings.Join(others, ", "), pid)
+	case len(ours) > 0:
+		return fmt.Sprintf("a cut-over is publishing its snapshot, or the slot is being created or read, by %s", strings.Join(ours, ", "))
+	}
+	return "a cut-over is publishing its snapshot, or the slot is being created (its holder let go since)"
 }

@@ -80,7 +80,7 @@ func ReadDelivery(ctx context.Context, conn *pgconn.PgConn, slot string, at pglo
 		return d, fmt.Errorf("take the cut-over lock: %w", err)
 	}
 	if len(rows) != 1 || str(rows[0][0]) != "t" {
-		d.Cutover = "a cut-over is publishing its snapshot"
+		d.Cutover = CutoverBusy(ctx, conn, slot)
 		return d, nil
 	}
 	marker, err := ReadSlot(ctx, conn, CutoverMarker(slot))

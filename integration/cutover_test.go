@@ -800,3 +800,70 @@ func TestCutoverUnfinishedWithoutAUsableSlot(t *testing.T) {
 		})
 	}
 }
+
+// TestCutoverLockHeldByAnotherRole (issue 35, item 2): a role with no
+// privilege on the outbox takes the cut-over's advisory lock (its key is
+// public). outboxd does not say a cut-over runs: a start that needs one
+// stands by naming the session (pid, role, application) and how to end
+// it, and goes on once it lets go; the retention job, which deletes
+// nothing meanwhile, names it too.
+func TestCutoverLockHeldByAnotherRole(t *testing.T) {
+	f := newFixture(t, seedSchema, map[string]int{"comandes": 1})
+	ctx := context.Background()
+	role := "intrus_" + f.name
+	if _, err := f.mon.Exec(ctx, "CREATE ROLE "+role+" LOGIN PASSWORD 'pw-intrus-7'"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = f.mon.Exec(context.Background(), "DROP ROLE IF EXISTS "+role) })
+	intruder := func() (*pgx.Conn, string) {
+		t.Helper()
+		c, err := pgx.Connect(ctx, strings.Replace(f.dsn, "postgres://postgres@", "postgres://"+role+":pw-intrus-7@", 1)+"&application_name=intrus")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var pid string
+		if err := c.QueryRow(ctx, fmt.Sprintf("SELECT pg_advisory_lock(%d), pg_backend_pid()::text", catalog.CutoverLock(f.name))).Scan(nil, &pid); err != nil {
+			t.Fatal(err)
+		}
+		return c, pid
+	}
+	named := func(log, pid string) bool {
+		return strings.Contains(log, "not an outboxd") && strings.Contains(log, "pid "+pid+" (role "+role) &&
+			strings.Contains(log, `application \"intrus\"`) && strings.Contains(log, "pg_terminate_backend("+pid+")")
+	}
+
+	cfg := f.config(seedRoute(f.topic("comandes")))
+	cfg.Retention = map[string]string{"max_age": "1h", "interval": "300ms", "confirm_timeout": "1s"}
+	held, pid := intruder()
+	d := f.spawn(cfg)
+	eventually(t, 20*time.Second, "the start standing by, naming the lock's holder", func() bool { return named(d.Log(), pid) })
+	if strings.Contains(d.Log(), "a cut-over is publishing") {
+		t.Errorf("outboxd said a cut-over runs while another role held the lock:\n%s", d.Log())
+	}
+	if st := d.status(); st.State != "standby" || !strings.Contains(st.LastError, "pid "+pid+" (role "+role) {
+		t.Errorf("/status: state %s, last_error %q: want standby, naming the lock's holder", st.State, st.LastError)
+	}
+	held.Close(ctx)
+	d.waitReady(30 * time.Second)
+
+	// The lock taken again, then rows two hours old delivered: retention
+	// waits, naming the holder, and deletes once it lets go.
+	held, pid = intruder()
+	mark := len(d.Log())
+	if _, err := f.db.Exec(ctx, `INSERT INTO outbox (id, agregat, agregat_id, tipus, carrega, creat_en)
+		SELECT gen_random_uuid(), 'comanda', 'P-' || g, 'comanda.creada', '{}', now() - interval '2 hours' FROM generate_series(1, 20) g`); err != nil {
+		t.Fatal(err)
+	}
+	f.waitConfirmed(f.walLSN(), 30*time.Second)
+	eventually(t, 20*time.Second, "retention naming the lock's holder", func() bool { return named(d.Log()[mark:], pid) })
+	var left int
+	if err := f.db.QueryRow(ctx, "SELECT count(*) FROM outbox").Scan(&left); err != nil || left != 20 {
+		t.Fatalf("%d rows left while the lock was held (%v), want all 20", left, err)
+	}
+	held.Close(ctx)
+	eventually(t, 20*time.Second, "retention deleting once the lock is free", func() bool {
+		_ = f.db.QueryRow(ctx, "SELECT count(*) FROM outbox").Scan(&left)
+		return left == 0
+	})
+	d.term()
+}

@@ -77,7 +77,7 @@ func (r *Runner) beginCutover(ctx context.Context, conn *pgconn.PgConn, srv cata
 		return nil, nil, fmt.Errorf("take the cut-over lock: %w", err)
 	}
 	if locked != "t" {
-		return nil, nil, &standbyError{fmt.Errorf("another outboxd instance is publishing the cut-over snapshot of replication slot %q", name)}
+		return nil, nil, &standbyError{errors.New(catalog.CutoverBusy(ctx, conn, name))}
 	}
 	unlock := func() { _, _ = scalar(ctx, conn, fmt.Sprintf("SELECT pg_advisory_unlock(%d)", lock)) }
 	slot, cut, err := r.prepareCutover(ctx, conn, srv)

@@ -2,6 +2,7 @@ package replication
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -122,7 +123,7 @@ func (r *Runner) withCreationLock(ctx context.Context, conn *pgconn.PgConn, do f
 		return fmt.Errorf("take the cut-over lock: %w", err)
 	}
 	if locked != "t" {
-		return &standbyError{fmt.Errorf("the cut-over lock of replication slot %q is held (another instance creating it, or the retention job reading it)", r.cfg.Slot)}
+		return &standbyError{errors.New(catalog.CutoverBusy(ctx, conn, r.cfg.Slot))}
 	}
 	defer func() { _, _ = scalar(ctx, conn, fmt.Sprintf("SELECT pg_advisory_unlock(%d)", lock)) }()
 	return do()

@@ -345,7 +345,7 @@ func (j *Job) lockCreation(ctx context.Context, conn *pgconn.PgConn) (func(), er
 		return nil, fmt.Errorf("take the cut-over lock: %w", err)
 	}
 	if len(rows) != 1 || len(rows[0].Rows) != 1 || string(rows[0].Rows[0][0]) != "t" {
-		return nil, &notYet{reason: "a cut-over is publishing its snapshot, or the slot is being created"}
+		return nil, &notYet{reason: catalog.CutoverBusy(ctx, conn, j.cfg.Slot)}
 	}
 	return func() {
 		_, _ = conn.Exec(context.Background(), fmt.Sprintf("SELECT pg_catalog.pg_advisory_unlock_shared(%d)", lock)).ReadAll()
