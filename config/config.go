@@ -423,6 +423,9 @@ type Tracing struct {
 	Propagate   bool              `yaml:"propagate"`
 	ServiceName string            `yaml:"service_name"`
 	Headers     map[string]string `yaml:"headers"` // sent with every export (authorization)
+	// HeaderFiles are headers whose value is read from a file at load
+	// time (a bearer token from a mounted secret), as password_file is.
+	HeaderFiles map[string]string `yaml:"header_files"`
 	CAFile      string            `yaml:"ca_file"` // https: the roots that sign the receiver's certificate ("": the system's)
 	// QueueSize bounds the spans waiting for export; beyond it spans are
 	// dropped (counted), never the records.
@@ -556,6 +559,17 @@ func Parse(data []byte, lookupEnv func(string) (string, bool), readFile func(str
 		if err := readSecretFile(cfg.lines, secret.fileField, secret.file, secret.passwordField, secret.password, readFile); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	for name, file := range cfg.Tracing.HeaderFiles {
+		v := cfg.Tracing.Headers[name]
+		if err := readSecretFile(cfg.lines, "tracing.header_files."+name, file, "tracing.headers."+name, &v, readFile); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if cfg.Tracing.Headers == nil {
+			cfg.Tracing.Headers = map[string]string{}
+		}
+		cfg.Tracing.Headers[name] = v
 	}
 	for i := range cfg.Routes {
 		errs = append(errs, cfg.Routes[i].Registry.load(cfg.lines, fmt.Sprintf("routes[%d].schema", i), readFile)...)

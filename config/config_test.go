@@ -361,3 +361,32 @@ func TestSoftMemoryLimit(t *testing.T) {
 		}
 	}
 }
+
+// TestTracingHeaderFiles (issue 35, item 5): a header's value from a file
+// (a bearer token in a mounted secret), as password_file; the same header
+// in both forms is refused, and an error names the file, never the value.
+func TestTracingHeaderFiles(t *testing.T) {
+	files := map[string]string{"/run/secrets/otlp": "Bearer t0k3n\n"}
+	read := func(name string) ([]byte, error) {
+		if v, ok := files[name]; ok {
+			return []byte(v), nil
+		}
+		return nil, os.ErrNotExist
+	}
+	yml := minimal + "tracing:\n  endpoint: https://collector:4318\n  headers: {x-team: outboxd}\n  header_files: {authorization: /run/secrets/otlp}\n"
+	cfg, err := config.Parse([]byte(yml), nil, read)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Tracing.Headers["authorization"] != "Bearer t0k3n" || cfg.Tracing.Headers["x-team"] != "outboxd" {
+		t.Errorf("headers %v", cfg.Tracing.Headers)
+	}
+	both := minimal + "tracing:\n  endpoint: https://collector:4318\n  headers: {authorization: x}\n  header_files: {authorization: /run/secrets/otlp}\n"
+	if _, err := config.Parse([]byte(both), nil, read); err == nil || !strings.Contains(err.Error(), "keep one") {
+		t.Errorf("a header in both forms: %v", err)
+	}
+	missing := minimal + "tracing:\n  endpoint: https://collector:4318\n  header_files: {authorization: /run/secrets/none}\n"
+	if _, err := config.Parse([]byte(missing), nil, read); err == nil || !strings.Contains(err.Error(), "tracing.header_files.authorization") {
+		t.Errorf("a missing header file: %v", err)
+	}
+}

@@ -186,6 +186,16 @@ func TestCompose(t *testing.T) {
 	if !slices.Contains(o.Ports, "127.0.0.1:"+port+":"+port) {
 		t.Errorf("health.listen %s is not published on the host's loopback only (127.0.0.1:%s:%s): ports %q", cfg.Health.Listen, port, port, o.Ports)
 	}
+	// Every service publishes on the host's loopback only (issue 35, item
+	// 5): PostgreSQL's superuser password is in the file, Kafka listens
+	// in PLAINTEXT.
+	for name, svc := range c.Services {
+		for _, p := range svc.Ports {
+			if !strings.HasPrefix(p, "127.0.0.1:") {
+				t.Errorf("service %s publishes %q on every interface: bind it to 127.0.0.1", name, p)
+			}
+		}
+	}
 	if grace, err := time.ParseDuration(o.StopGracePeriod); err != nil || grace <= cfg.Pipeline.ShutdownTimeout {
 		t.Errorf("stop_grace_period %q must exceed pipeline.shutdown_timeout %s, or the engine kills outboxd while it drains",
 			o.StopGracePeriod, cfg.Pipeline.ShutdownTimeout)

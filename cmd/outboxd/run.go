@@ -170,6 +170,15 @@ func warnInsecure(cfg config.Config, log hclog.Logger) {
 	if cfg.Kafka.SASL.Mechanism == sink.SASLPlain && !cfg.Kafka.TLS.Enable {
 		log.Warn("kafka.sasl.mechanism PLAIN without kafka.tls sends the password in clear text: enable kafka.tls (SASL_SSL) or use SCRAM")
 	}
+	for i, r := range cfg.Routes {
+		s := r.Registry
+		if strings.HasPrefix(s.URL, "http://") && (s.Password != "" || strings.Contains(s.URL, "@")) {
+			log.Warn(fmt.Sprintf("routes[%d].schema: basic authentication over http:// sends the registry's password in clear text: use an https:// registry URL", i))
+		}
+	}
+	if strings.HasPrefix(cfg.Tracing.Endpoint, "http://") && len(cfg.Tracing.Headers) > 0 {
+		log.Warn("tracing.headers go to an http:// endpoint in clear text (a bearer token with them): use an https:// tracing.endpoint")
+	}
 }
 
 // onTables wires what works on the routed tables themselves: the marks
