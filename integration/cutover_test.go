@@ -843,6 +843,9 @@ func TestCutoverLockHeldByAnotherRole(t *testing.T) {
 	if st := d.status(); st.State != "standby" || !strings.Contains(st.LastError, "pid "+pid+" (role "+role) {
 		t.Errorf("/status: state %s, last_error %q: want standby, naming the lock's holder", st.State, st.LastError)
 	}
+	if r := outboxd(t, f.dsn, "check", "-c", d.ConfigPath()); !named(strings.ReplaceAll(r.line("WARN cut-over lock:"), `"intrus"`, `\"intrus\"`), pid) {
+		t.Errorf("check does not name the lock's holder:\n%s", r)
+	}
 	held.Close(ctx)
 	d.waitReady(30 * time.Second)
 

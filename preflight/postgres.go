@@ -63,7 +63,7 @@ func checkPostgres(ctx context.Context, t *target) []Result {
 		out = append(out, pass("service", "%s: see %s", svc.Name, svc.Doc()))
 	}
 	for _, check := range []func(context.Context, *pgx.Conn, target) []Result{
-		checkWalLevel, checkCapacity, checkRole, checkTables, checkPartitions, checkPublication, checkSlot, checkFailover, checkStreaming,
+		checkWalLevel, checkCapacity, checkRole, checkTables, checkPartitions, checkPublication, checkSlot, checkFailover, checkStreaming, checkCutoverLock,
 	} {
 		out = append(out, check(ctx, conn, cfg)...)
 	}
@@ -85,11 +85,36 @@ func databaseChecks(cfg target) []string {
 	for _, t := range cfg.routing.Tables() {
 		names = append(names, "table "+t.String())
 	}
-	return append(names, "publication", "slot", "failover", "streaming")
+	return append(names, "publication", "slot", "failover", "streaming", "cut-over lock")
 }
 
 func queryFailed(name string, err error) []Result {
 	return []Result{fail(name, "query failed: "+oneLine(err.Error()), "check that the role can read the system catalogs")}
+}
+
+// ---- the cut-over lock ----
+
+// checkCutoverLock says who holds the slot's cut-over lock, which any role
+// can take (its key is public): a session that is not an outboxd holds
+// back a cut-over and the retention job.
+func checkCutoverLock(ctx context.Context, conn *pgx.Conn, cfg target) []Result {
+	hs, err := catalog.CutoverLockHolders(ctx, conn.PgConn(), cfg.Postgres.Slot)
+	if err != nil {
+		return queryFailed("cut-over lock", err)
+	}
+	return []Result{evalCutoverLock(hs, catalog.CutoverBusy(ctx, conn.PgConn(), cfg.Postgres.Slot))}
+}
+
+func evalCutoverLock(hs []catalog.LockHolder, busy string) Result {
+	if len(hs) == 0 {
+		return pass("cut-over lock", "free")
+	}
+	for _, h := range hs {
+		if !h.Outboxd {
+			return warn("cut-over lock", busy, "end that session if it is not yours; while it holds the lock no cut-over starts and the retention job deletes nothing")
+		}
+	}
+	return pass("cut-over lock", "%s", busy)
 }
 
 // ---- streaming ----
