@@ -237,6 +237,9 @@ func TestSlotRecordNeedsItsTable(t *testing.T) {
 	t.Cleanup(func() { _, _ = f.mon.Exec(context.Background(), "DROP ROLE IF EXISTS "+role) })
 	mustExec(f, fmt.Sprintf("GRANT SELECT, DELETE ON outbox TO %s", role))
 	mustExec(f, fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE outbox WITH (publish = 'insert')", f.name))
+	// PostgreSQL 15 took CREATE on the public schema from PUBLIC; before,
+	// every role may create the record's table there.
+	mustExec(f, "REVOKE CREATE ON SCHEMA public FROM PUBLIC")
 	topic := f.topic("comandes")
 	cfg := f.config(seedRoute(topic))
 	cfg.DSN = roleDSN(f, role, password)
