@@ -400,7 +400,9 @@ func kafkaLags(ctx context.Context, brokers, topic string, events []event, timeo
 		if err != nil {
 			return nil, fmt.Errorf("read %s: %d of %d records: %w", topic, len(lags), len(events), err)
 		}
-		lags = append(lags, m.Time.Sub(events[len(lags)].committed))
+		// Kafka's append time has a millisecond's resolution, the commit
+		// a microsecond's: an append in the commit's millisecond is 0.
+		lags = append(lags, max(m.Time.Sub(events[len(lags)].committed), 0))
 	}
 	return lags, nil
 }
