@@ -154,7 +154,6 @@ func evalStreaming(off string, byMessages bool, workMem, dir string, dirErr erro
 		"on PostgreSQL 14+, leave postgres.streaming at its default (true)")
 }
 
-
 // ---- wal_level ----
 
 func checkWalLevel(ctx context.Context, conn *pgx.Conn, cfg target) []Result {
