@@ -143,8 +143,8 @@ func checkStreaming(ctx context.Context, conn *pgx.Conn, cfg target) []Result {
 func evalStreaming(off string, byMessages bool, workMem, dir string, dirErr error) Result {
 	switch {
 	case off == "" && dirErr != nil:
-		return fail("streaming", fmt.Sprintf("the server will stream transactions larger than logical_decoding_work_mem (%s), but pipeline.spill_dir %s cannot take their changes: %v", workMem, dir, dirErr),
-			"set pipeline.spill_dir to a directory outboxd may write, with room for the outbox rows of the largest transaction")
+		return warn("streaming", fmt.Sprintf("off: pipeline.spill_dir %s cannot take the changes of a streamed transaction (%v), so the server holds each transaction larger than logical_decoding_work_mem (%s), a migration on any table included, until its commit, and every later event waits", dir, dirErr, workMem),
+			"set pipeline.spill_dir to a directory outboxd may write (in a container: an emptyDir or tmpfs volume), with room for the outbox rows of the largest transaction")
 	case off == "":
 		return pass("streaming", "on: the server streams transactions larger than logical_decoding_work_mem (%s) as they run, and outboxd keeps their outbox changes in %s until their commit", workMem, dir)
 	case byMessages:

@@ -105,10 +105,7 @@ func (r *Runner) session(ctx context.Context) (err error) {
 	// The slot is ours now: no other instance's session spills for it, and
 	// an earlier session's files (a killed process's) are stale, whether
 	// this one streams or not. A session that streams needs the directory.
-	dir := r.cfg.SpillDir
-	if dir == "" {
-		dir = os.TempDir()
-	}
+	dir := r.spillDir()
 	n, err := cleanSpills(dir, r.cfg.Slot)
 	switch {
 	case err != nil && streaming:
@@ -139,6 +136,15 @@ func (r *Runner) protocol(start pglogrepl.LSN) (args []string, streaming bool) {
 	r.mu.Unlock()
 	args = []string{"proto_version '1'", "publication_names " + catalog.QuoteLiteral(r.cfg.Publication), "messages 'true'"}
 	off := StreamingOff(r.cfg.Streaming, r.router != nil && r.router.RoutesMessages(), version)
+	if off == "" {
+		if err := WritableDir(r.spillDir()); err != nil {
+			// Streaming is a matter of latency, never of delivery: without
+			// a directory for the spill files the server holds each
+			// transaction until its commit, as before.
+			r.log.Warn("streaming large transactions: off: pipeline.spill_dir cannot take spill files; give outboxd a writable directory there (a container: an emptyDir or tmpfs volume) to stream", "dir", r.spillDir(), "error", err)
+			return args, false
+		}
+	}
 	switch {
 	case off != "":
 		r.log.Info("streaming large transactions: off ("+off+")", "server_version_num", version)
@@ -150,6 +156,15 @@ func (r *Runner) protocol(start pglogrepl.LSN) (args []string, streaming bool) {
 		return append(args, "streaming 'on'"), true
 	}
 	return args, false
+}
+
+// spillDir is pipeline.spill_dir, the system's temporary directory when
+// unset.
+func (r *Runner) spillDir() string {
+	if r.cfg.SpillDir != "" {
+		return r.cfg.SpillDir
+	}
+	return os.TempDir()
 }
 
 // StreamingOff is why a session does not ask the server to stream large
