@@ -118,6 +118,12 @@ func CutoverLockHolders(ctx context.Context, conn *pgconn.PgConn, slot string) (
 // holds back what needs the lock until it lets go.
 func CutoverBusy(ctx context.Context, conn *pgconn.PgConn, slot string) string {
 	hs, err := CutoverLockHolders(ctx, conn, slot)
+	return DescribeCutoverHolders(slot, hs, err)
+}
+
+// DescribeCutoverHolders is CutoverBusy's sentence for the holders hs (or
+// the error reading them), for a caller that has read them already.
+func DescribeCutoverHolders(slot string, hs []LockHolder, err error) string {
 	if err != nil {
 		return fmt.Sprintf("the cut-over lock of replication slot %q is held (%v)", slot, err)
 	}

@@ -102,7 +102,7 @@ func checkCutoverLock(ctx context.Context, conn *pgx.Conn, cfg target) []Result 
 	if err != nil {
 		return queryFailed("cut-over lock", err)
 	}
-	return []Result{evalCutoverLock(hs, catalog.CutoverBusy(ctx, conn.PgConn(), cfg.Postgres.Slot))}
+	return []Result{evalCutoverLock(hs, catalog.DescribeCutoverHolders(cfg.Postgres.Slot, hs, nil))}
 }
 
 func evalCutoverLock(hs []catalog.LockHolder, busy string) Result {
