@@ -317,6 +317,7 @@ func checkDeployment(t *testing.T, m manifests, d appsv1.Deployment) config.Conf
 	if sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
 		t.Error("readOnlyRootFilesystem is not true")
 	}
+	checkSpillDir(t, pod.Spec, c, cfg)
 	if sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
 		t.Error("allowPrivilegeEscalation is not false")
 	}
@@ -404,4 +405,41 @@ func mountSecrets(t *testing.T, m manifests, spec corev1.PodSpec, c corev1.Conta
 		}
 	}
 	return cfg
+}
+
+// checkSpillDir: with streaming on, the directory where a streamed
+// transaction's outbox changes wait for its commit (pipeline.spill_dir,
+// else the image's /tmp) is a writable emptyDir of the pod, or outboxd
+// finds it read-only (readOnlyRootFilesystem) and turns streaming off.
+func checkSpillDir(t *testing.T, spec corev1.PodSpec, c corev1.Container, cfg config.Config) {
+	t.Helper()
+	if !cfg.Postgres.Streaming {
+		return
+	}
+	dir := cfg.Pipeline.SpillDir
+	if dir == "" {
+		dir = "/tmp" // os.TempDir() in the image: no TMPDIR
+	}
+	for _, e := range c.Env {
+		if e.Name == "TMPDIR" && cfg.Pipeline.SpillDir == "" {
+			dir = e.Value
+		}
+	}
+	for _, vm := range c.VolumeMounts {
+		if vm.ReadOnly || (dir != vm.MountPath && !strings.HasPrefix(dir, vm.MountPath+"/")) {
+			continue
+		}
+		for _, v := range spec.Volumes {
+			if v.Name != vm.Name {
+				continue
+			}
+			if v.EmptyDir == nil {
+				t.Errorf("the spill directory %s is on volume %s, not an emptyDir: a streamed transaction's spill files belong to one process", dir, v.Name)
+			} else if v.EmptyDir.SizeLimit == nil {
+				t.Errorf("the spill directory's emptyDir %s has no sizeLimit", v.Name)
+			}
+			return
+		}
+	}
+	t.Errorf("postgres.streaming is on and the spill directory %s is no writable mount (the root file system is read-only): outboxd would turn streaming off", dir)
 }

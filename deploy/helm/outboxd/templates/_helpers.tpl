@@ -130,7 +130,7 @@ is the pod's, and must not depend on Kafka), false for the single instance
     runAsUser: 65532
     runAsGroup: 65532
     allowPrivilegeEscalation: false
-    readOnlyRootFilesystem: true # outboxd writes no file
+    readOnlyRootFilesystem: true # outboxd writes only its spill files, in the emptyDir at /tmp
     capabilities:
       drop: ["ALL"]
   volumeMounts:
@@ -140,6 +140,10 @@ is the pod's, and must not depend on Kafka), false for the single instance
     - name: outboxd-secrets
       mountPath: {{ .Values.secretMountPath }}
       readOnly: true
+    # A streamed transaction's outbox changes wait here for its commit
+    # (postgres.streaming; pipeline.spill_dir defaults to /tmp).
+    - name: outboxd-spill
+      mountPath: /tmp
 {{- end -}}
 {{- end -}}
 
@@ -165,6 +169,9 @@ In a service's chart that has this chart as a dependency:
   secret:
     secretName: {{ include "outboxd.secretName" . }}
     defaultMode: 0440 # read by the group fsGroup gives the volume
+- name: outboxd-spill
+  emptyDir:
+    sizeLimit: {{ .Values.spillSizeLimit }}
 {{- end -}}
 
 {{/*
