@@ -227,13 +227,23 @@ func dropPartitionsRun(t *testing.T, width, run time.Duration, withDefault, mark
 	stoppedWriting := time.Now()
 	// Every partition that ended max_age (and two passes) before the last
 	// write goes.
-	// The slack is for a loaded machine (make matrix met 30 s short).
-	eventually(t, maxAge+2*width+60*time.Second, "every partition past max_age dropped", func() bool {
+	// The slack is for a loaded machine (make matrix met 30 s short), and
+	// for outboxd's reconnect backoff, which may have grown to backoff_max
+	// (30 s) while Kafka was down (the writer stops after Kafka is back).
+	for deadline := stoppedWriting.Add(maxAge + 2*width + 30*time.Second + 60*time.Second); ; {
 		smu.Lock()
-		defer smu.Unlock()
 		last := samples[len(samples)-1]
-		return last.at.After(stoppedWriting.Add(maxAge+3*time.Second)) && len(oldParts(last, stoppedWriting.Add(-maxAge-2*time.Second), width)) == 0
-	})
+		smu.Unlock()
+		left := oldParts(last, stoppedWriting.Add(-maxAge-2*time.Second), width)
+		if last.at.After(stoppedWriting.Add(maxAge+3*time.Second)) && len(left) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s after the writer stopped, partitions past max_age left: %s", time.Since(stoppedWriting).Round(time.Second),
+				dropDiagnosis(f, d.Daemon, topic, last, left, errs, rows, stopped, restarted, stoppedWriting))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	cancel()
 	wg.Wait()
 	select {
@@ -377,6 +387,46 @@ func dropPartitionsRun(t *testing.T, width, run time.Duration, withDefault, mark
 	t.Logf("%d rows written over %s into %s partitions, %d delivered once each; %d partitions (%d rows) dropped, %s; at most %d partitions at once; size every width: %s",
 		len(rows), run, width, len(msgs), len(dropped), droppedRows, down, most, strings.Join(sizes, "; "))
 	d.term()
+}
+
+// dropDiagnosis says what a run that left old partitions looked like: the
+// partitions and their rows against the slot's position, what Kafka has,
+// whether a loop of the test stopped, and outboxd's last lines that are
+// neither debug nor a drop (the whole log follows, but CI shows its ends).
+func dropDiagnosis(f *fixture, d *testenv.Daemon, topic string, last partSample, left []string, errs chan error, rows []writtenRow,
+	stopped, restarted, stoppedWriting time.Time) string {
+	sort.Strings(left)
+	var b strings.Builder
+	fmt.Fprintf(&b, "%v at the last sample (%s, the slot at %s); Kafka stopped %s, up again %s, writer stopped %s; %d rows written, %d records in %s",
+		left, last.at.Format(time.StampMilli), last.confirmed, stopped.Format(time.StampMilli), restarted.Format(time.StampMilli),
+		stoppedWriting.Format(time.StampMilli), len(rows), f.topicSize(topic), topic)
+	parts := map[string]bool{}
+	for _, p := range left {
+		parts[p] = true
+	}
+	n, maxAfter := map[string]int{}, map[string]pglogrepl.LSN{}
+	for _, r := range rows {
+		if parts[r.part] {
+			n[r.part]++
+			maxAfter[r.part] = max(maxAfter[r.part], r.after)
+		}
+	}
+	for _, p := range left {
+		fmt.Fprintf(&b, "; %s: %d rows, the last committed before %s", p, n[p], maxAfter[p])
+	}
+	select {
+	case err := <-errs:
+		fmt.Fprintf(&b, "; a loop of the test stopped: %v", err)
+	default:
+	}
+	var tail []string
+	for _, l := range strings.Split(d.Log(), "\n") {
+		if !strings.Contains(l, "[DEBUG]") && !strings.Contains(l, "dropped a partition whose rows") {
+			tail = append(tail, l)
+		}
+	}
+	fmt.Fprintf(&b, "\noutboxd's last lines but drops and debug:\n%s", strings.Join(tail[max(0, len(tail)-25):], "\n"))
+	return b.String()
 }
 
 // oldParts is the partitions of s whose range ended before cutoff, by
