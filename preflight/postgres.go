@@ -3,7 +3,6 @@ package preflight
 import (
 	"context"
 	"fmt"
-	"os"
 	"sort"
 	"strings"
 	"time"
@@ -120,37 +119,33 @@ func evalCutoverLock(hs []catalog.LockHolder, busy string) Result {
 // ---- streaming ----
 
 // checkStreaming says whether the server will stream large transactions
-// to outboxd (replication.StreamingOff decides, as the session does), and
-// whether pipeline.spill_dir takes their changes.
+// to outboxd (replication.DecideStreaming decides, as for the session),
+// and whether pipeline.spill_dir takes their changes.
 func checkStreaming(ctx context.Context, conn *pgx.Conn, cfg target) []Result {
 	var version int
 	var workMem string
 	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int, current_setting('logical_decoding_work_mem')").Scan(&version, &workMem); err != nil {
 		return queryFailed("streaming", err)
 	}
-	dir := cfg.Pipeline.SpillDir
-	if dir == "" {
-		dir = os.TempDir()
-	}
 	msgs := cfg.routing.RoutesMessages()
-	off := replication.StreamingOff(cfg.Postgres.Streaming, msgs, version)
-	return []Result{evalStreaming(off, cfg.Postgres.Streaming && msgs, workMem, dir, replication.WritableDir(dir))}
+	d := replication.DecideStreaming(cfg.Postgres.Streaming, msgs, version, cfg.Pipeline.SpillDir)
+	return []Result{evalStreaming(d, cfg.Postgres.Streaming && msgs, workMem)}
 }
 
-// evalStreaming: off is why the server will not stream ("" if it will),
-// byMessages that it is off only because a route takes logical messages
-// (outboxd's choice, not a setting to change).
-func evalStreaming(off string, byMessages bool, workMem, dir string, dirErr error) Result {
+// evalStreaming: d is the decision, byMessages that streaming is off only
+// because a route takes logical messages (outboxd's choice, not a setting
+// to change).
+func evalStreaming(d replication.Streaming, byMessages bool, workMem string) Result {
 	switch {
-	case off == "" && dirErr != nil:
-		return warn("streaming", fmt.Sprintf("off: pipeline.spill_dir %s cannot take the changes of a streamed transaction (%v), so the server holds each transaction larger than logical_decoding_work_mem (%s), a migration on any table included, until its commit, and every later event waits", dir, dirErr, workMem),
+	case d.DirErr != nil:
+		return warn("streaming", fmt.Sprintf("off: %s, so the server holds each transaction larger than logical_decoding_work_mem (%s), a migration on any table included, until its commit, and every later event waits", d.Off, workMem),
 			"set pipeline.spill_dir to a directory outboxd may write (in a container: an emptyDir or tmpfs volume), with room for the outbox rows of the largest transaction")
-	case off == "":
-		return pass("streaming", "on: the server streams transactions larger than logical_decoding_work_mem (%s) as they run, and outboxd keeps their outbox changes in %s until their commit", workMem, dir)
+	case d.Off == "":
+		return pass("streaming", "on: the server streams transactions larger than logical_decoding_work_mem (%s) as they run, and outboxd keeps their outbox changes in %s until their commit", workMem, d.Dir)
 	case byMessages:
-		return pass("streaming", "off (%s): a transaction larger than logical_decoding_work_mem (%s) is spilled to the server's disk and holds back every later event until its commit is decoded", off, workMem)
+		return pass("streaming", "off (%s): a transaction larger than logical_decoding_work_mem (%s) is spilled to the server's disk and holds back every later event until its commit is decoded", d.Off, workMem)
 	}
-	return warn("streaming", fmt.Sprintf("off (%s): a transaction larger than logical_decoding_work_mem (%s), a migration on any table included, is spilled to the server's disk and holds back every later event until its commit is decoded", off, workMem),
+	return warn("streaming", fmt.Sprintf("off (%s): a transaction larger than logical_decoding_work_mem (%s), a migration on any table included, is spilled to the server's disk and holds back every later event until its commit is decoded", d.Off, workMem),
 		"on PostgreSQL 14+, leave postgres.streaming at its default (true)")
 }
 

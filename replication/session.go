@@ -105,7 +105,7 @@ func (r *Runner) session(ctx context.Context) (err error) {
 	// The slot is ours now: no other instance's session spills for it, and
 	// an earlier session's files (a killed process's) are stale, whether
 	// this one streams or not. A session that streams needs the directory.
-	dir := r.spillDir()
+	dir := SpillDir(r.cfg.SpillDir)
 	n, err := cleanSpills(dir, r.cfg.Slot)
 	switch {
 	case err != nil && streaming:
@@ -128,26 +128,22 @@ func (r *Runner) session(ctx context.Context) (err error) {
 
 // protocol is what START_REPLICATION asks pgoutput for, from the slot's
 // position start: protocol version 2 with streaming 'on' where
-// Config.Streaming asks for it and the server can (PostgreSQL 14+),
-// version 1 otherwise. The log says which, and why.
+// DecideStreaming says so, version 1 otherwise. The log says which, and
+// why.
 func (r *Runner) protocol(start pglogrepl.LSN) (args []string, streaming bool) {
 	r.mu.Lock()
 	version, whole := r.serverVersion, r.whole
 	r.mu.Unlock()
 	args = []string{"proto_version '1'", "publication_names " + catalog.QuoteLiteral(r.cfg.Publication), "messages 'true'"}
-	off := StreamingOff(r.cfg.Streaming, r.router != nil && r.router.RoutesMessages(), version)
-	if off == "" {
-		if err := WritableDir(r.spillDir()); err != nil {
-			// Streaming is a matter of latency, never of delivery: without
-			// a directory for the spill files the server holds each
-			// transaction until its commit, as before.
-			r.log.Warn("streaming large transactions: off: pipeline.spill_dir cannot take spill files; give outboxd a writable directory there (a container: an emptyDir or tmpfs volume) to stream", "dir", r.spillDir(), "error", err)
-			return args, false
-		}
-	}
+	d := DecideStreaming(r.cfg.Streaming, r.router != nil && r.router.RoutesMessages(), version, r.cfg.SpillDir)
 	switch {
-	case off != "":
-		r.log.Info("streaming large transactions: off ("+off+")", "server_version_num", version)
+	case d.DirErr != nil:
+		// Streaming is a matter of latency, never of delivery: without
+		// a directory for the spill files the server holds each
+		// transaction until its commit, as before.
+		r.log.Warn("streaming large transactions: off: pipeline.spill_dir cannot take spill files; give outboxd a writable directory there (a container: an emptyDir or tmpfs volume) to stream", "dir", d.Dir, "error", d.DirErr)
+	case d.Off != "":
+		r.log.Info("streaming large transactions: off ("+d.Off+")", "server_version_num", version)
 	case start < whole:
 		r.log.Info("streaming large transactions: off until the slot passes a transaction that must come whole", "until", whole.String())
 	default:
@@ -158,32 +154,46 @@ func (r *Runner) protocol(start pglogrepl.LSN) (args []string, streaming bool) {
 	return args, false
 }
 
-// spillDir is pipeline.spill_dir, the system's temporary directory when
-// unset.
-func (r *Runner) spillDir() string {
-	if r.cfg.SpillDir != "" {
-		return r.cfg.SpillDir
+// SpillDir is where a streamed transaction's outbox changes wait for its
+// commit: pipeline.spill_dir (configured), or the system's temporary
+// directory when unset.
+func SpillDir(configured string) string {
+	if configured != "" {
+		return configured
 	}
 	return os.TempDir()
 }
 
-// StreamingOff is why a session does not ask the server to stream large
-// transactions, "" when it does: the decision of the session (which also
-// waits, at run time, for a transaction that must come whole) and of
-// outboxd check.
-func StreamingOff(streaming, routesMessages bool, serverVersion int) string {
+// Streaming is whether sessions ask the server to stream large
+// transactions (DecideStreaming), for the session and for outboxd check.
+type Streaming struct {
+	Dir    string // SpillDir: where their outbox changes would wait
+	Off    string // why not, "" when they do
+	DirErr error  // Dir refused a file: the reason Off is set
+}
+
+// DecideStreaming decides whether a session asks PostgreSQL to stream
+// large transactions: postgres.streaming (streaming) asks for it, the
+// server can (14+), no route takes logical messages, and pipeline.spill_dir
+// (spillDir) takes files.
+func DecideStreaming(streaming, routesMessages bool, serverVersion int, spillDir string) Streaming {
+	d := Streaming{Dir: SpillDir(spillDir)}
 	switch {
 	case !streaming:
-		return "postgres.streaming is false: the server holds each transaction until its commit"
+		d.Off = "postgres.streaming is false: the server holds each transaction until its commit"
 	case routesMessages:
 		// pgoutput sends a streamed transaction's logical message under the
 		// top-level xid, not its subtransaction's (PostgreSQL through 18):
 		// a Stream Abort of a rolled-back savepoint could not drop it.
-		return "a route takes logical messages: the server would send one of a rolled-back savepoint of a streamed transaction as its top-level transaction's"
+		d.Off = "a route takes logical messages: the server would send one of a rolled-back savepoint of a streamed transaction as its top-level transaction's"
 	case serverVersion < 140000:
-		return "the server is older than PostgreSQL 14, which streams none"
+		d.Off = "the server is older than PostgreSQL 14, which streams none"
+	default:
+		if d.DirErr = WritableDir(d.Dir); d.DirErr != nil {
+			d.Off = fmt.Sprintf("pipeline.spill_dir %s cannot take the changes of a streamed transaction (%v)", d.Dir, d.DirErr)
+		}
 	}
-	return ""
+	return d
 }
 
 // newStream makes a session's stream from the slot's position start, with

@@ -74,7 +74,7 @@ func spillPattern(slot string, xid uint32) string {
 
 // WritableDir is nil when dir is a directory outboxd can create files in
 // (a spill file, at the first streamed transaction past the memory
-// buffer): the session's start and outboxd check ask it.
+// buffer): DecideStreaming asks it.
 func WritableDir(dir string) error {
 	f, err := os.CreateTemp(dir, ".outboxd-probe-*")
 	if err != nil {
@@ -89,11 +89,6 @@ func WritableDir(dir string) error {
 // transactions again from their start). Called once the slot is ours: a
 // standby instance on the same machine must not remove the active one's.
 func cleanSpills(dir, slot string) (int, error) {
-	// A directory that is not there fails now, not at the first large
-	// transaction.
-	if err := WritableDir(dir); err != nil {
-		return 0, err
-	}
 	names, err := filepath.Glob(filepath.Join(dir, "outboxd-"+slot+"-*.spill"))
 	if err != nil {
 		return 0, err

@@ -256,7 +256,8 @@ func TestStreamedTransactionConfirmedOnlyOnceAcknowledged(t *testing.T) {
 }
 
 // TestCleanSpillsOnlyTheSlots: a start removes its slot's stale spill
-// files, never another slot's.
+// files, never another slot's; a spill directory outboxd cannot write
+// turns streaming off.
 func TestCleanSpillsOnlyTheSlots(t *testing.T) {
 	dir := t.TempDir()
 	for _, n := range []string{"outboxd-km0-12-1.spill", "outboxd-km0-13-2.spill", "outboxd-km0_b-12-3.spill", "other.spill"} {
@@ -271,8 +272,14 @@ func TestCleanSpillsOnlyTheSlots(t *testing.T) {
 	if len(left) != 2 || left[0] != "other.spill" || left[1] != "outboxd-km0_b-12-3.spill" {
 		t.Fatalf("left %v", left)
 	}
-	if _, err := cleanSpills(filepath.Join(dir, "missing"), "km0"); err == nil {
-		t.Fatal("a spill directory that does not exist: no error")
+	// A directory that is not there: nothing to clean, and no streaming
+	// (DecideStreaming's probe, before any session streams).
+	missing := filepath.Join(dir, "missing")
+	if n, err := cleanSpills(missing, "km0"); err != nil || n != 0 {
+		t.Fatalf("cleanSpills of a missing directory: %d, %v", n, err)
+	}
+	if d := DecideStreaming(true, false, 150000, missing); d.DirErr == nil || d.Off == "" || d.Dir != missing {
+		t.Fatalf("a spill directory that does not exist: %+v", d)
 	}
 }
 
