@@ -2,7 +2,6 @@ package integration_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"sort"
@@ -14,7 +13,6 @@ import (
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxd/outboxd/testenv"
 )
@@ -173,18 +171,20 @@ func dropPartitionsRun(t *testing.T, width, run time.Duration, withDefault, mark
 		var c *string
 		var names []string
 		var size int64
-		if err := watcher.QueryRow(ctx, `SELECT (SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1),
-			ARRAY(SELECT relname::text FROM pg_class WHERE relname LIKE 'outbox\_p%' AND relkind = 'r'),
-			(SELECT COALESCE(sum(pg_total_relation_size(relid)), 0)::bigint FROM pg_partition_tree('outbox'))`, f.name).Scan(&c, &names, &size); err != nil {
-			// The sizes lock each partition in turn, and may deadlock with
-			// a DETACH that locks the table then a partition: the server
-			// picks one of the two, and the watcher only skips a sample
-			// (it stopped sampling once, and the test waited for ever).
-			var pgErr *pgconn.PgError
-			if errors.As(err, &pgErr) && pgErr.Code == "40P01" {
-				return nil
+		// The table locked first, as a DETACH, a CREATE TABLE ... PARTITION
+		// OF and an INSERT lock it: pg_partition_tree locks the partitions,
+		// then the sizes lock the table, and that order deadlocked with a
+		// DETACH (the watcher stopped, and the test waited for ever) and
+		// with the partition maker.
+		if err := pgx.BeginFunc(ctx, watcher, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "LOCK TABLE outbox IN ACCESS SHARE MODE"); err != nil {
+				return err
 			}
-			return err
+			return tx.QueryRow(ctx, `SELECT (SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1),
+			ARRAY(SELECT relname::text FROM pg_class WHERE relname LIKE 'outbox\_p%' AND relkind = 'r'),
+			(SELECT COALESCE(sum(pg_total_relation_size(relid)), 0)::bigint FROM pg_partition_tree('outbox'))`, f.name).Scan(&c, &names, &size)
+		}); err != nil {
+			return fmt.Errorf("the watcher: %w", err)
 		}
 		s := partSample{at: time.Now(), parts: map[string]bool{}, bytes: size}
 		if c != nil {
@@ -207,9 +207,19 @@ func dropPartitionsRun(t *testing.T, width, run time.Duration, withDefault, mark
 	}
 	d := f.start(cfg)
 	// The service: 10 rows every 50 ms, about 200 a second.
-	goLoop(50*time.Millisecond, stopWriting, func() error { return write(writer, 10, "now()") })
+	goLoop(50*time.Millisecond, stopWriting, func() error {
+		if err := write(writer, 10, "now()"); err != nil {
+			return fmt.Errorf("the writer: %w", err)
+		}
+		return nil
+	})
 	// pg_partman's part: partitions six widths ahead.
-	goLoop(width/2, ctx.Done(), func() error { return makeParts(maker, time.Now(), time.Now().Add(6*width)) })
+	goLoop(width/2, ctx.Done(), func() error {
+		if err := makeParts(maker, time.Now(), time.Now().Add(6*width)); err != nil {
+			return fmt.Errorf("the partition maker: %w", err)
+		}
+		return nil
+	})
 
 	var stopped, restarted time.Time
 	outageFor := max(2*width, 8*time.Second)
