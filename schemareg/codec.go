@@ -72,7 +72,7 @@ type entry struct {
 	id      int
 	version int
 	schema  *jsonschema.Schema             // json_schema
-	avro    avro.Schema                    // avro
+	avro    *avroCodec                     // avro
 	proto   protoreflect.MessageDescriptor // protobuf: the schema's first message
 	// prefix is what comes before the encoded value: the wire format's
 	// magic byte and id, and for Protobuf the message indexes ([0]: 0).
@@ -242,7 +242,7 @@ func newEntry(format string, r Registered) (*entry, error) {
 		if err != nil {
 			return nil, fmt.Errorf("subject %q version %d: %w", r.Subject, r.Version, err)
 		}
-		e.avro = sch
+		e.avro = newAvroCodec(sch)
 		return e, nil
 	}
 	doc, err := jsonschema.UnmarshalJSON(strings.NewReader(r.Schema))
@@ -280,14 +280,15 @@ func (c *Codec) Encode(dst, data, tipus []byte, versio int64) ([]byte, error) {
 	if e == nil {
 		return nil, fmt.Errorf("no schema for tipus %q (versio %d) in the route's schema.schemas", tipus, versio)
 	}
-	if e.avro != nil || e.proto != nil {
-		var enc []byte
-		var err error
-		if e.avro != nil {
-			enc, err = avroOf(e.avro, data)
-		} else {
-			enc, err = protoOf(e.proto, data)
+	if e.avro != nil {
+		out, err := e.avro.encode(append(dst, e.prefix...), data)
+		if err != nil {
+			return nil, fmt.Errorf("cannot be written by the schema of subject %q version %d (id %d): %v", e.subject, e.version, e.id, err)
 		}
+		return out, nil
+	}
+	if e.proto != nil {
+		enc, err := protoOf(e.proto, data)
 		if err != nil {
 			return nil, fmt.Errorf("cannot be written by the schema of subject %q version %d (id %d): %v", e.subject, e.version, e.id, err)
 		}
