@@ -74,6 +74,9 @@ type entry struct {
 	schema  *jsonschema.Schema             // json_schema
 	avro    *avroCodec                     // avro
 	proto   protoreflect.MessageDescriptor // protobuf: the schema's first message
+	// protoFast writes proto's rows in the common forms; nil when it
+	// does not take proto's messages.
+	protoFast *protoFast
 	// prefix is what comes before the encoded value: the wire format's
 	// magic byte and id, and for Protobuf the message indexes ([0]: 0).
 	prefix []byte
@@ -233,7 +236,7 @@ func newEntry(format string, r Registered) (*entry, error) {
 		if err != nil {
 			return nil, fmt.Errorf("subject %q version %d: %w", r.Subject, r.Version, err)
 		}
-		e.proto = md
+		e.proto, e.protoFast = md, newProtoFast(md)
 		e.prefix = append(e.prefix, 0) // message indexes [0]: the first message
 		return e, nil
 	}
@@ -288,6 +291,11 @@ func (c *Codec) Encode(dst, data, tipus []byte, versio int64) ([]byte, error) {
 		return out, nil
 	}
 	if e.proto != nil {
+		if e.protoFast != nil {
+			if out, ok := e.protoFast.encode(append(dst, e.prefix...), data); ok {
+				return out, nil
+			}
+		}
 		enc, err := protoOf(e.proto, data)
 		if err != nil {
 			return nil, fmt.Errorf("cannot be written by the schema of subject %q version %d (id %d): %v", e.subject, e.version, e.id, err)
