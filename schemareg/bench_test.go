@@ -65,11 +65,12 @@ func BenchmarkEncode(b *testing.B) {
 }
 
 // TestEncodeDoesNotAllocate: a warm codec writes the bench's order in
-// Avro and in Protobuf, and an Avro row with a union, an enum, a map and
+// Avro, in Protobuf and validated by its JSON Schema, and an Avro row with a union, an enum, a map and
 // a timestamp, without allocating.
 func TestEncodeDoesNotAllocate(t *testing.T) {
 	c := benchCodec(t, FormatAvro, order(t, "comanda-creada.avsc"))
 	pb := benchCodec(t, FormatProtobuf, order(t, "comanda_creada.proto"))
+	js := benchCodec(t, FormatJSONSchema, order(t, "comanda-creada.json"))
 	rich := benchCodec(t, FormatAvro, `{"type": "record", "name": "R", "fields": [
   {"name": "nota", "type": ["null", "string"], "default": null},
   {"name": "n", "type": ["null", "long", "string"]},
@@ -84,6 +85,7 @@ func TestEncodeDoesNotAllocate(t *testing.T) {
 	}{
 		{c, order(t, "order.json")},
 		{pb, order(t, "order.json")},
+		{js, order(t, "order.json")},
 		{rich, `{"n": "x", "estat": "PAGADA", "quan": "2026-12-05T10:00:00.123Z", "pes": 1.25, "attrs": {"a": "b", "c": "d"}, "extra": [1, {"x": null}]}`},
 	} {
 		row, tipus := []byte(tc.row), []byte("comanda.creada")

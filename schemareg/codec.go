@@ -71,9 +71,12 @@ type entry struct {
 	subject string
 	id      int
 	version int
-	schema  *jsonschema.Schema             // json_schema
-	avro    *avroCodec                     // avro
-	proto   protoreflect.MessageDescriptor // protobuf: the schema's first message
+	schema  *jsonschema.Schema // json_schema
+	// jsonFast passes schema's rows it can tell valid from their text;
+	// nil when it can tell none.
+	jsonFast *jsonFast
+	avro     *avroCodec                     // avro
+	proto    protoreflect.MessageDescriptor // protobuf: the schema's first message
 	// protoFast writes proto's rows in the common forms; nil when it
 	// does not take proto's messages.
 	protoFast *protoFast
@@ -262,7 +265,7 @@ func newEntry(format string, r Registered) (*entry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("subject %q version %d: %w", r.Subject, r.Version, err)
 	}
-	e.schema = sch
+	e.schema, e.jsonFast = sch, newJSONFast(sch)
 	return e, nil
 }
 
@@ -302,6 +305,9 @@ func (c *Codec) Encode(dst, data, tipus []byte, versio int64) ([]byte, error) {
 		}
 		dst = append(dst, e.prefix...)
 		return append(dst, enc...), nil
+	}
+	if e.jsonFast != nil && e.jsonFast.valid(data) {
+		return append(append(dst, e.prefix...), data...), nil
 	}
 	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(data))
 	if err != nil {

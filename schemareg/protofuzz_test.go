@@ -194,16 +194,26 @@ func protoCase(t testing.TB, seed uint64) (string, *entry, func() []byte) {
 // each, Encode writes what protojson and proto.Marshal wrote, or refuses
 // with their reason; the fast path takes a good share of the rows.
 func TestProtobufMatchesReference(t *testing.T) {
-	n := 2000
+	fastShare(t, 2000, func(seed uint64) func() bool {
+		text, e, row := protoCase(t, seed)
+		return func() bool { return sameProto(t, text, e, row()) }
+	})
+}
+
+// fastShare runs n random cases (400 with -short) of 10 rows each: a
+// case's row checks that the fast path and the reference agree on a row
+// and reports whether the fast path took it. It fails t when the fast
+// path took less than a tenth of them.
+func fastShare(t *testing.T, n int, newCase func(seed uint64) (row func() bool)) {
 	if testing.Short() {
 		n = 400
 	}
 	rows, fast := 0, 0
 	for seed := range uint64(n) {
-		text, e, row := protoCase(t, seed)
+		row := newCase(seed)
 		for range 10 {
 			rows++
-			if sameProto(t, text, e, row()) {
+			if row() {
 				fast++
 			}
 		}
