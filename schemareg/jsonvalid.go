@@ -44,7 +44,13 @@ type jsonFast struct {
 	root    *jsNode
 	integer jsonschema.Types
 	number  jsonschema.Types
-	pool    sync.Pool // *[]byte: a string unquoted
+	pool    sync.Pool // *jsScratch
+}
+
+// jsScratch is one check's memory, reused.
+type jsScratch struct {
+	str  []byte     // a string unquoted
+	keys []avroSpan // the names of the objects being checked, by depth
 }
 
 // newJSONFast compiles s, or nil when the fast path can tell nothing.
@@ -56,7 +62,7 @@ func newJSONFast(s *jsonschema.Schema) *jsonFast {
 	if f.root.other {
 		return nil
 	}
-	f.pool.New = func() any { return new([]byte) }
+	f.pool.New = func() any { return new(jsScratch) }
 	return f
 }
 
@@ -132,20 +138,21 @@ func (f *jsonFast) valid(data []byte) bool {
 	if err != nil || skipSpace(data, end) != len(data) {
 		return false
 	}
-	buf := f.pool.Get().(*[]byte)
-	ok := f.check(f.root, data[:end], skipSpace(data, 0), buf, 0)
-	f.pool.Put(buf)
+	sc := f.pool.Get().(*jsScratch)
+	sc.keys = sc.keys[:0]
+	ok := f.check(f.root, data[:end], skipSpace(data, 0), sc, 0)
+	f.pool.Put(sc)
 	return ok
 }
 
 // check: the value at data[p] is valid by n, for certain. refs counts
 // the $refs followed to n without going into the value (a cycle of them
 // is the validator's to report).
-func (f *jsonFast) check(n *jsNode, data []byte, p int, buf *[]byte, refs int) bool {
+func (f *jsonFast) check(n *jsNode, data []byte, p int, sc *jsScratch, refs int) bool {
 	if n.other || n.never || refs > 32 {
 		return false
 	}
-	if n.ref != nil && !f.check(n.ref, data, p, buf, refs+1) {
+	if n.ref != nil && !f.check(n.ref, data, p, sc, refs+1) {
 		return false
 	}
 	c := data[p]
@@ -183,8 +190,8 @@ func (f *jsonFast) check(n *jsNode, data []byte, p int, buf *[]byte, refs int) b
 			s := data[p:skipString(data, p)]
 			l := len(s) - 2
 			if !plainString(s) {
-				*buf = appendUnquoted((*buf)[:0], s)
-				l = utf8.RuneCount(*buf)
+				sc.str = appendUnquoted(sc.str[:0], s)
+				l = utf8.RuneCount(sc.str)
 			}
 			if l < n.minLen || n.maxLen >= 0 && l > n.maxLen {
 				return false
@@ -193,7 +200,7 @@ func (f *jsonFast) check(n *jsNode, data []byte, p int, buf *[]byte, refs int) b
 	case '[':
 		count := 0
 		for p = skipSpace(data, p+1); data[p] != ']'; count++ {
-			if n.items != nil && !f.check(n.items, data, p, buf, 0) {
+			if n.items != nil && !f.check(n.items, data, p, sc, 0) {
 				return false
 			}
 			if p = skipSpace(data, skipValue(data, p)); data[p] == ',' {
@@ -204,7 +211,7 @@ func (f *jsonFast) check(n *jsNode, data []byte, p int, buf *[]byte, refs int) b
 			return false
 		}
 	case '{':
-		return f.object(n, data, p, buf)
+		return f.object(n, data, p, sc)
 	}
 	return true
 }
@@ -216,23 +223,22 @@ func (n *jsNode) hasType(t string) bool {
 }
 
 // object checks the members of the object at data[p].
-func (f *jsonFast) object(n *jsNode, data []byte, p int, buf *[]byte) bool {
-	first := skipSpace(data, p+1)
-	for p = first; data[p] != '}'; {
+func (f *jsonFast) object(n *jsNode, data []byte, p int, sc *jsScratch) bool {
+	base := len(sc.keys)
+	defer func() { sc.keys = sc.keys[:base] }()
+	for p = skipSpace(data, p+1); data[p] != '}'; {
 		keyEnd := skipString(data, p)
 		key := data[p:keyEnd]
 		if !plainString(key) {
 			return false
 		}
 		// Named twice: the validator reads the last.
-		for q := first; q < p; {
-			qEnd := skipString(data, q)
-			if string(data[q:qEnd]) == string(key) {
+		for _, k := range sc.keys[base:] {
+			if string(data[k.from:k.to]) == string(key) {
 				return false
 			}
-			q = skipSpace(data, skipValue(data, skipSpace(data, skipSpace(data, qEnd)+1)))
-			q = skipSpace(data, q+1)
 		}
+		sc.keys = append(sc.keys, avroSpan{p, keyEnd})
 		p = skipSpace(data, skipSpace(data, keyEnd)+1)
 		name := key[1 : len(key)-1]
 		var node *jsNode
@@ -249,7 +255,7 @@ func (f *jsonFast) object(n *jsNode, data []byte, p int, buf *[]byte) bool {
 		default:
 			node = n.addl
 		}
-		if node != nil && !f.check(node, data, p, buf, 0) {
+		if node != nil && !f.check(node, data, p, sc, 0) {
 			return false
 		}
 		if p = skipSpace(data, skipValue(data, p)); data[p] == ',' {
@@ -257,24 +263,16 @@ func (f *jsonFast) object(n *jsNode, data []byte, p int, buf *[]byte) bool {
 		}
 	}
 	for _, r := range n.required {
-		if !hasMember(data, first, r) {
+		found := false
+		for _, k := range sc.keys[base:] {
+			if string(data[k.from+1:k.to-1]) == r {
+				found = true
+				break
+			}
+		}
+		if !found {
 			return false
 		}
 	}
 	return true
-}
-
-// hasMember: the object whose first member is at data[first] has a
-// member named name (its names are plain: object checked them).
-func hasMember(data []byte, first int, name string) bool {
-	for p := first; data[p] != '}'; {
-		keyEnd := skipString(data, p)
-		if string(data[p+1:keyEnd-1]) == name {
-			return true
-		}
-		if p = skipSpace(data, skipValue(data, skipSpace(data, skipSpace(data, keyEnd)+1))); data[p] == ',' {
-			p = skipSpace(data, p+1)
-		}
-	}
-	return false
 }
