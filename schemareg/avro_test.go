@@ -20,6 +20,11 @@ const orderAvro = `{"type": "record", "name": "ComandaCreada", "namespace": "km0
     {"name": "producte", "type": "string"}, {"name": "quantitat", "type": "long"}]}}},
   {"name": "mercat", "type": "string", "default": "girona"}]}`
 
+// avroOf writes data by schema with the schema-directed encoder.
+func avroOf(schema avro.Schema, data []byte) ([]byte, error) {
+	return newAvroCodec(schema).encode(nil, data)
+}
+
 // TestAvroOf: carrega (JSON) written by an Avro schema reads back, through
 // the Avro decoder, as the same event (defaults filled in); a value the
 // schema cannot take is refused by where and what kind, never by what it
@@ -66,10 +71,13 @@ func TestAvroLogicalTypes(t *testing.T) {
   {"name": "local", "type": {"type": "long", "logicalType": "local-timestamp-millis"}},
   {"name": "dia", "type": {"type": "int", "logicalType": "date"}},
   {"name": "hora", "type": {"type": "int", "logicalType": "time-millis"}},
+  {"name": "hora_us", "type": {"type": "long", "logicalType": "time-micros"}},
+  {"name": "durada_us", "type": {"type": "long", "logicalType": "time-micros"}},
   {"name": "import", "type": {"type": "bytes", "logicalType": "decimal", "precision": 9, "scale": 2}},
   {"name": "abans", "type": ["null", {"type": "long", "logicalType": "timestamp-millis"}], "default": null}]}`)
 	enc, err := avroOf(sch, []byte(`{"quan": "2026-12-05T10:00:00.123+01:00", "quan_us": "2026-12-05 09:00:00.000007+00",
-		"local": "2026-12-05T10:00:00", "dia": "2026-12-05", "hora": "10:30:01.5", "import": 12.5, "abans": 1764928800000}`))
+		"local": "2026-12-05T10:00:00", "dia": "2026-12-05", "hora": "10:30:01.5",
+		"hora_us": "10:30:01.000002", "durada_us": 1500, "import": 12.5, "abans": 1764928800000}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +88,8 @@ func TestAvroLogicalTypes(t *testing.T) {
 	at := time.Date(2026, 12, 5, 9, 0, 0, 0, time.UTC)
 	for k, want := range map[string]any{"quan": at.Add(123 * time.Millisecond), "quan_us": at.Add(7 * time.Microsecond),
 		"local": time.Date(2026, 12, 5, 10, 0, 0, 0, time.UTC), "dia": time.Date(2026, 12, 5, 0, 0, 0, 0, time.UTC),
-		"hora": 10*time.Hour + 30*time.Minute + 1500*time.Millisecond, "abans": time.UnixMilli(1764928800000).UTC()} {
+		"hora":    10*time.Hour + 30*time.Minute + 1500*time.Millisecond,
+		"hora_us": 10*time.Hour + 30*time.Minute + time.Second + 2*time.Microsecond, "durada_us": 1500 * time.Microsecond, "abans": time.UnixMilli(1764928800000).UTC()} {
 		g := got[k]
 		if m, ok := g.(map[string]any); ok { // a union's branch
 			for _, v := range m {
@@ -97,7 +106,7 @@ func TestAvroLogicalTypes(t *testing.T) {
 	if r, ok := got["import"].(*big.Rat); !ok || r.FloatString(2) != "12.50" {
 		t.Errorf("import: %#v", got["import"])
 	}
-	base := `"quan": 1, "quan_us": 1, "local": 1, "dia": 1, "hora": 1, "import": "1"`
+	base := `"quan": 1, "quan_us": 1, "local": 1, "dia": 1, "hora": 1, "hora_us": 1, "durada_us": 1, "import": "1"`
 	for _, tc := range []struct{ field, want string }{
 		{`"quan": "dimarts-secret"`, "at /quan: the schema wants timestamp-millis"},
 		{`"dia": "secret"`, "at /dia: the schema wants a date"},

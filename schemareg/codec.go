@@ -71,9 +71,15 @@ type entry struct {
 	subject string
 	id      int
 	version int
-	schema  *jsonschema.Schema             // json_schema
-	avro    avro.Schema                    // avro
-	proto   protoreflect.MessageDescriptor // protobuf: the schema's first message
+	schema  *jsonschema.Schema // json_schema
+	// jsonFast passes schema's rows it can tell valid from their text;
+	// nil when it can tell none.
+	jsonFast *jsonFast
+	avro     *avroCodec                     // avro
+	proto    protoreflect.MessageDescriptor // protobuf: the schema's first message
+	// protoFast writes proto's rows in the common forms; nil when it
+	// does not take proto's messages.
+	protoFast *protoFast
 	// prefix is what comes before the encoded value: the wire format's
 	// magic byte and id, and for Protobuf the message indexes ([0]: 0).
 	prefix []byte
@@ -233,7 +239,7 @@ func newEntry(format string, r Registered) (*entry, error) {
 		if err != nil {
 			return nil, fmt.Errorf("subject %q version %d: %w", r.Subject, r.Version, err)
 		}
-		e.proto = md
+		e.proto, e.protoFast = md, newProtoFast(md)
 		e.prefix = append(e.prefix, 0) // message indexes [0]: the first message
 		return e, nil
 	}
@@ -242,7 +248,7 @@ func newEntry(format string, r Registered) (*entry, error) {
 		if err != nil {
 			return nil, fmt.Errorf("subject %q version %d: %w", r.Subject, r.Version, err)
 		}
-		e.avro = sch
+		e.avro = newAvroCodec(sch)
 		return e, nil
 	}
 	doc, err := jsonschema.UnmarshalJSON(strings.NewReader(r.Schema))
@@ -259,7 +265,7 @@ func newEntry(format string, r Registered) (*entry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("subject %q version %d: %w", r.Subject, r.Version, err)
 	}
-	e.schema = sch
+	e.schema, e.jsonFast = sch, newJSONFast(sch)
 	return e, nil
 }
 
@@ -280,19 +286,28 @@ func (c *Codec) Encode(dst, data, tipus []byte, versio int64) ([]byte, error) {
 	if e == nil {
 		return nil, fmt.Errorf("no schema for tipus %q (versio %d) in the route's schema.schemas", tipus, versio)
 	}
-	if e.avro != nil || e.proto != nil {
-		var enc []byte
-		var err error
-		if e.avro != nil {
-			enc, err = avroOf(e.avro, data)
-		} else {
-			enc, err = protoOf(e.proto, data)
+	if e.avro != nil {
+		out, err := e.avro.encode(append(dst, e.prefix...), data)
+		if err != nil {
+			return nil, fmt.Errorf("cannot be written by the schema of subject %q version %d (id %d): %v", e.subject, e.version, e.id, err)
 		}
+		return out, nil
+	}
+	if e.proto != nil {
+		if e.protoFast != nil {
+			if out, ok := e.protoFast.encode(append(dst, e.prefix...), data); ok {
+				return out, nil
+			}
+		}
+		enc, err := protoOf(e.proto, data)
 		if err != nil {
 			return nil, fmt.Errorf("cannot be written by the schema of subject %q version %d (id %d): %v", e.subject, e.version, e.id, err)
 		}
 		dst = append(dst, e.prefix...)
 		return append(dst, enc...), nil
+	}
+	if e.jsonFast != nil && e.jsonFast.valid(data) {
+		return append(append(dst, e.prefix...), data...), nil
 	}
 	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(data))
 	if err != nil {

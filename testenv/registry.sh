@@ -10,7 +10,9 @@
 #   registry.sh stop  DIR   stop it (SIGTERM, then SIGKILL after 20 s)
 #
 # DIR/registry.env: REGISTRY_PORT, OUTBOXD_REGISTRY_URL. REGISTRY_PORT in the
-# environment picks the port (a restart on the same address). Idempotent.
+# environment picks the port (a restart on the same address);
+# REGISTRY_START_TIMEOUT how many seconds it may take to answer (60: a
+# busy machine's JVMs may need more). Idempotent.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -21,7 +23,7 @@ VERSION="${APICURIO_VERSION:-3.3.3}"
 CACHE="${OUTBOXD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/outboxd}"
 APP="$CACHE/apicurio-$VERSION"
 
-[[ $# -eq 2 ]] || { sed -n '2,14p' "$0" >&2; exit 2; }
+[[ $# -eq 2 ]] || { sed -n '2,16p' "$0" >&2; exit 2; }
 cmd="$1"
 DIR="$(abs_dir "$2")"
 RD="$DIR/registry"
@@ -71,10 +73,14 @@ case "$cmd" in
     mkdir -p "$RD"
     port="${REGISTRY_PORT:-$(claim_port "$DIR")}"
     java="$(java21)"
+    # The management interface on a port of its own on loopback: by
+    # default it binds 0.0.0.0:9000, and a second registry on the machine
+    # (another test's) would exit.
     (cd "$RD" && exec setsid "$java" -Xmx512m -Dquarkus.http.host=127.0.0.1 -Dquarkus.http.port="$port" \
-      -Dquarkus.log.level=WARN -jar "$APP/quarkus-run.jar" >"$RD/registry.log" 2>&1) &
+      -Dquarkus.management.host=127.0.0.1 -Dquarkus.management.port=0 -Dquarkus.log.level=WARN -jar "$APP/quarkus-run.jar" >"$RD/registry.log" 2>&1) &
     echo $! >"$PIDF"
-    for ((i = 0; i < 120; i++)); do
+    wait_s="${REGISTRY_START_TIMEOUT:-60}"
+    for ((i = 0; i < wait_s * 2; i++)); do
       if curl -sf -o /dev/null "http://127.0.0.1:$port/apis/ccompat/v7/subjects"; then
         printf 'REGISTRY_PORT=%s\nOUTBOXD_REGISTRY_URL=http://127.0.0.1:%s/apis/ccompat/v7\n' "$port" "$port" >"$ENVF"
         cat "$ENVF"
@@ -83,13 +89,14 @@ case "$cmd" in
       running || die "Apicurio Registry exited; its log: $RD/registry.log"
       sleep 0.5
     done
-    die "Apicurio Registry did not answer within 60 s; its log: $RD/registry.log"
+    kill "$(cat "$PIDF")" 2>/dev/null || true # not left running for nobody
+    die "Apicurio Registry did not answer within $wait_s s (REGISTRY_START_TIMEOUT); its log: $RD/registry.log"
     ;;
   stop)
     stop_service "$PIDF" 20 "$DIR" "$ENVF" REGISTRY_PORT
     ;;
   *)
-    sed -n '2,14p' "$0" >&2
+    sed -n '2,16p' "$0" >&2
     exit 2
     ;;
 esac

@@ -184,8 +184,9 @@ type bench struct {
 	runTag string
 	// collector receives outboxd's spans (-trace).
 	collector *testenv.Collector
-	// registry is the schema registry's URL (-value jsonschema).
-	registry string
+	// registry is the schema registry's URL (-value jsonschema, avro,
+	// protobuf); schemas the directory of the order's schemas.
+	registry, schemas string
 
 	mu       sync.Mutex
 	children []*os.Process     // relay, pg_recvlogical: killed on an interrupt
@@ -257,11 +258,12 @@ func run(o options) error {
 		}
 		defer func() { _ = reg.Stop() }()
 		b.registry = reg.URL
-		for file, text := range map[string]string{"comanda-creada.json": orderSchema, "comanda-creada.avsc": orderAvro, "comanda_creada.proto": orderProto} {
-			if err := os.WriteFile(filepath.Join(tmp, file), []byte(text), 0o600); err != nil {
-				return err
-			}
+		root, err := testenv.Root()
+		if err != nil {
+			return err
 		}
+		// The order's schemas, those schemareg's BenchmarkEncode writes by.
+		b.schemas = filepath.Join(root, "schemareg", "testdata", "order")
 	}
 	if o.trace >= 0 {
 		if b.collector, err = testenv.StartCollector(filepath.Join(tmp, "otelcol")); err != nil {
@@ -547,35 +549,6 @@ func (b *bench) routes(name string, tables int) []testenv.Route {
 	}
 }
 
-// orderSchema is a JSON Schema of the bench's orders (-value jsonschema).
-const orderSchema = `{"$schema": "http://json-schema.org/draft-07/schema#", "title": "comanda.creada", "type": "object",
-  "properties": {"id": {"type": "string"}, "client": {"type": "string"}, "mercat": {"type": "string"},
-    "linies": {"type": "array", "items": {"type": "object", "properties": {"producte": {"type": "string"},
-      "quantitat": {"type": "integer"}, "preu_centims": {"type": "integer"}}, "required": ["producte", "quantitat", "preu_centims"]}}},
-  "required": ["id", "client", "linies"]}`
-
-// orderAvro is an Avro schema of the bench's orders (-value avro).
-const orderAvro = `{"type": "record", "name": "ComandaCreada", "namespace": "km0", "fields": [
-  {"name": "id", "type": "string"}, {"name": "client", "type": "string"}, {"name": "mercat", "type": "string"},
-  {"name": "linies", "type": {"type": "array", "items": {"type": "record", "name": "Linia", "fields": [
-    {"name": "producte", "type": "string"}, {"name": "quantitat", "type": "int"}, {"name": "preu_centims", "type": "int"}]}}}]}`
-
-// orderProto is a Protobuf schema of the bench's orders (-value protobuf).
-const orderProto = `syntax = "proto3";
-package km0;
-message ComandaCreada {
-  string id = 1;
-  string client = 2;
-  string mercat = 3;
-  repeated Linia linies = 4;
-}
-message Linia {
-  string producte = 1;
-  int32 quantitat = 2;
-  int32 preu_centims = 3;
-}
-`
-
 // tracing is outboxd's tracing section for -trace.
 func (b *bench) tracing() testenv.Section {
 	if b.collector == nil {
@@ -593,13 +566,13 @@ func (b *bench) valueKeys() testenv.Section {
 		return testenv.Section{"value": "cloudevents", "cloudevents": "{mode: structured}"}
 	case "jsonschema":
 		return testenv.Section{"value": "payload", "schema": fmt.Sprintf(`{registry: %q, auto_register: true, schemas: {comanda.creada: %q}}`,
-			b.registry, filepath.Join(b.tmp, "comanda-creada.json"))}
+			b.registry, filepath.Join(b.schemas, "comanda-creada.json"))}
 	case "avro":
 		return testenv.Section{"value": "payload", "schema": fmt.Sprintf(`{registry: %q, format: avro, auto_register: true, schemas: {comanda.creada: %q}}`,
-			b.registry, filepath.Join(b.tmp, "comanda-creada.avsc"))}
+			b.registry, filepath.Join(b.schemas, "comanda-creada.avsc"))}
 	case "protobuf":
 		return testenv.Section{"value": "payload", "schema": fmt.Sprintf(`{registry: %q, format: protobuf, auto_register: true, schemas: {comanda.creada: %q}}`,
-			b.registry, filepath.Join(b.tmp, "comanda_creada.proto"))}
+			b.registry, filepath.Join(b.schemas, "comanda_creada.proto"))}
 	}
 	return nil
 }
