@@ -15,6 +15,10 @@
 //     polling relay in turn.
 //  3. Cost: CPU seconds and peak RSS of outboxd (or the relay), of the Kafka
 //     broker, and of the walsender (or the relay's backend), from /proc.
+//  4. Steady state (steady.go, issue 36): outboxd's CPU per event at each
+//     -steady rate in transactions of 1 to 10 rows, its idle CPU
+//     (keepalives only), and the top of its CPU profile (health.pprof) in
+//     an extra cell at the highest rate.
 //
 // With -cost it measures instead how cost grows with the work (cost.go,
 // `make bench-cost`): drain rate and CPU per event against carrega size,
