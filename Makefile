@@ -65,12 +65,14 @@ image: dist
 
 # Benchmarks print numbers; they are not tests (docs/reports/PERFORMANCE.md). Needs
 # the same tools as `make test`; starts and removes its own PostgreSQL and
-# Kafka; about 5 minutes with the defaults. Scale with ROWS=500000 REPEATS=5
-# DURATION=20s; more flags in BENCH_ARGS (go run ./tools/bench -h).
+# Kafka; about 7 minutes with the defaults. Scale with ROWS=500000 REPEATS=5
+# DURATION=20s; more flags in BENCH_ARGS (go run ./tools/bench -h). Its steady
+# phase prints outboxd's CPU per event at STEADY=200,2000 events/s
+# (transactions of 1-10 rows), its idle CPU and the top of a CPU profile.
 .PHONY: bench
 bench:
 	$(GO) run ./tools/bench -rows $${ROWS:-500000} -repeats $${REPEATS:-3} -duration $${DURATION:-5s} \
-		-rates $${RATES:-500,2000,10000} -out $${OUT:-bench-out} $(BENCH_ARGS)
+		-rates $${RATES:-500,2000,10000} -steady $${STEADY:-200,2000} -out $${OUT:-bench-out} $(BENCH_ARGS)
 
 # How cost grows with the work (issue 15, docs/reports/PERFORMANCE.md): drain rate
 # and CPU per event against carrega size (200 B to 200 KB), topic partitions

@@ -189,13 +189,25 @@ func (s *stream) pause(until time.Time) {
 	}
 }
 
-// readDeadline is how long the next read may wait: until the next status,
-// or a second when nothing waits to be confirmed (no reason to wake more
-// often), and never past the deadline of a stop.
+// readDeadline is how long the next read may wait: until the next status;
+// when nothing waits to be confirmed, until the next thing due without a
+// message (the idle status, the ping of a silent server or giving up on
+// it: checkPeers), as no acknowledgement can come to confirm meanwhile
+// and a message wakes the read anyway (an idle outboxd woke every second
+// for nothing: issue 36); and never past the deadline of a stop.
 func (s *stream) readDeadline(now, nextStatus, stopDeadline time.Time) time.Time {
 	deadline := nextStatus
 	if st := s.tracker.State(); st.Open == 0 && st.Confirmed == s.sentFlush {
-		if idle := now.Add(time.Second); idle.After(deadline) {
+		idle := s.sentAt.Add(s.cfg.idleStatusInterval)
+		if t := s.cfg.receiveTimeout; t > 0 {
+			peer := s.lastRecv.Add(t / 2)
+			if s.pinged {
+				peer = s.lastRecv.Add(t)
+			}
+			// checkPeers acts once the silence is longer, not as long.
+			idle = earliest(idle, peer.Add(time.Millisecond))
+		}
+		if idle.After(deadline) {
 			deadline = idle
 		}
 	}

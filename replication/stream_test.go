@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgproto3"
@@ -127,5 +128,41 @@ func TestMissingPublicationWarningStops(t *testing.T) {
 	}
 	if err := serverMessage(&pgproto3.NoticeResponse{Severity: "WARNING", Code: "01000", Message: "something else"}); err != nil {
 		t.Fatalf("another notice: %v", err)
+	}
+}
+
+// TestIdleReadDeadline: with nothing to confirm, a read waits until the
+// next thing due without a message (the idle status, the ping of a silent
+// server, giving up on it), not a second at a time; with something to
+// confirm, until the next status; never past a stop's deadline.
+func TestIdleReadDeadline(t *testing.T) {
+	now := time.Date(2026, 12, 5, 23, 0, 0, 0, time.UTC)
+	nextStatus := now.Add(100 * time.Millisecond)
+	for _, tc := range []struct {
+		name              string
+		sentAgo, recvAgo  time.Duration
+		receiveTimeout    time.Duration
+		pinged, unsettled bool
+		stop              time.Time
+		want              time.Time
+	}{
+		{name: "the idle status", sentAgo: time.Second, recvAgo: time.Second, want: now.Add(9 * time.Second)},
+		{name: "the ping first", sentAgo: time.Second, recvAgo: 12 * time.Second, receiveTimeout: 30 * time.Second, want: now.Add(3*time.Second + time.Millisecond)},
+		{name: "giving up after the ping", sentAgo: time.Second, recvAgo: 16 * time.Second, receiveTimeout: 30 * time.Second, pinged: true, want: now.Add(9 * time.Second)},
+		{name: "giving up first", sentAgo: time.Second, recvAgo: 25 * time.Second, receiveTimeout: 30 * time.Second, pinged: true, want: now.Add(5*time.Second + time.Millisecond)},
+		{name: "not before the next status", sentAgo: 10 * time.Second, recvAgo: time.Second, want: nextStatus},
+		{name: "something to confirm", sentAgo: time.Second, recvAgo: time.Second, unsettled: true, want: nextStatus},
+		{name: "a stop", sentAgo: time.Second, recvAgo: time.Second, stop: now.Add(2 * time.Second), want: now.Add(2 * time.Second)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := &stream{tracker: NewTracker(100, nil), sentFlush: 100, sentAt: now.Add(-tc.sentAgo), lastRecv: now.Add(-tc.recvAgo), pinged: tc.pinged,
+				cfg: streamConfig{statusInterval: 100 * time.Millisecond, idleStatusInterval: 10 * time.Second, receiveTimeout: tc.receiveTimeout}}
+			if tc.unsettled {
+				s.sentFlush = 50
+			}
+			if got := s.readDeadline(now, nextStatus, tc.stop); !got.Equal(tc.want) {
+				t.Errorf("read deadline in %s, want in %s", got.Sub(now), tc.want.Sub(now))
+			}
+		})
 	}
 }

@@ -2,6 +2,7 @@ package sink
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"strings"
 	"testing"
@@ -158,6 +159,41 @@ func TestEncodedLen(t *testing.T) {
 		b.add(&r, ts)
 		if got := len(b.buf) - before; got != want {
 			t.Errorf("value of %d bytes: encodedLen %d, took %d", v, want, got)
+		}
+	}
+}
+
+// TestSmallBatchUncompressed: a batch whose records take fewer than
+// minCompressBytes goes uncompressed whatever the codec (its attributes say
+// none), one at the bound is compressed, and both decode as given.
+func TestSmallBatchUncompressed(t *testing.T) {
+	base := time.UnixMilli(1789000000000)
+	for _, name := range []string{"gzip", "snappy", "lz4", "zstd"} {
+		cd, err := codec(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tc := range []struct {
+			value      int
+			compressed bool
+		}{{200, false}, {minCompressBytes, true}} {
+			recs := []outboxd.Record{{Key: []byte("P-2026-000123"), Value: []byte(strings.Repeat("a", tc.value)), Ack: nopAck{}}}
+			b := newBatch(&partition{topic: "t"}, base)
+			b.add(&recs[0], base.UnixMilli())
+			var out bytes.Buffer
+			raw, err := b.encode(cd, &out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			codecBits := int(binary.BigEndian.Uint16(raw[offAttributes:]) & 7)
+			if got := codecBits != 0; got != tc.compressed {
+				t.Errorf("%s, a %d-byte value: compressed %t (attributes codec %d), want %t", name, tc.value, got, codecBits, tc.compressed)
+			}
+			got, err := decodeRaw(raw)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkDecoded(t, got, recs, []int64{0}, base.UnixMilli())
 		}
 	}
 }

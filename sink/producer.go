@@ -117,6 +117,12 @@ type Producer struct {
 	pidAttempts int
 	pidRetryAt  time.Time
 	idleLogged  bool // logIdleWithWork said it for this spell
+	// wakeAt: when the sender's timer wakes it, zero while it waits for a
+	// kick or a round only; set with every round it takes or passes up.
+	// A new batch whose linger ends no sooner needs no kick (appendRecord):
+	// at the rates services run, most records open a batch, and a kick per
+	// record woke the sender only to set that timer again (issue 36).
+	wakeAt time.Time
 	// Scratch for the outboxd.stream header (withStream), under mu.
 	streamHeaders []outboxd.Header
 	streamValue   []byte
@@ -266,8 +272,12 @@ func (p *Producer) appendRecord(t *topic, part *partition, r *outboxd.Record, no
 		b, kick = nil, true
 	}
 	if b == nil {
-		b, kick = newBatch(part, now), true
+		b = newBatch(part, now)
 		part.open = b
+		// A timer already set to wake the sender before the batch's linger
+		// ends (the sender then takes a round or sets it again) serves the
+		// new batch too.
+		kick = kick || p.wakeAt.IsZero() || p.wakeAt.After(now.Add(p.cfg.Linger))
 	}
 	b.add(rs, ts)
 	b.stream = b.stream || rs != r

@@ -83,7 +83,15 @@ func (p *Producer) run() {
 		sooner(p.readTails(now))
 		sooner(p.joinTransaction(now))
 		p.mu.Lock()
-		rd, wait, drop, exit := p.takeRound(p.clock.Now())
+		now = p.clock.Now()
+		rd, wait, drop, exit := p.takeRound(now)
+		if retry > 0 && (wait == 0 || retry < wait) {
+			wait = retry
+		}
+		p.wakeAt = time.Time{}
+		if rd == nil && wait > 0 {
+			p.wakeAt = now.Add(wait)
+		}
 		p.mu.Unlock()
 		if drop != nil {
 			p.completeAll(drop.batches)
@@ -97,9 +105,6 @@ func (p *Producer) run() {
 		if rd != nil {
 			go p.send(rd)
 			continue
-		}
-		if retry > 0 && (wait == 0 || retry < wait) {
-			wait = retry
 		}
 		var timer <-chan time.Time // nil: until kicked or a round comes back
 		if wait > 0 {

@@ -527,3 +527,36 @@ func TestRetryBacksOffOnItsClock(t *testing.T) {
 		t.Fatalf("a: %v after %d requests; want delivered at the third", err, b.arrived.Load())
 	}
 }
+
+// TestNewBatchKick: a record that opens a batch wakes the sender only when
+// no timer of the sender's wakes it before the batch's linger ends: at the
+// rates services run, most records open a batch, and a kick for each woke
+// the sender only to set its timer again (issue 36).
+func TestNewBatchKick(t *testing.T) {
+	now := time.UnixMilli(1789000000000)
+	linger := 5 * time.Millisecond
+	for _, tc := range []struct {
+		name   string
+		wakeAt time.Time
+		kick   bool
+	}{
+		{"no timer", time.Time{}, true},
+		{"a timer before the linger's end", now.Add(linger / 2), false},
+		{"a timer at the linger's end", now.Add(linger), false},
+		{"a timer passed (the sender runs)", now.Add(-time.Second), false},
+		{"a timer after the linger's end", now.Add(2 * linger), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &Producer{cfg: Config{Linger: linger, BatchSize: 1000, BatchBytes: 1 << 20}, kick: make(chan struct{}, 1), wakeAt: tc.wakeAt}
+			tp := &topic{name: "t"}
+			part := &partition{topic: "t"}
+			p.appendRecord(tp, part, &outboxd.Record{Topic: "t", Key: []byte("k"), Value: []byte("v"), Ack: nopAck{}}, now, now.UnixMilli())
+			if got := len(p.kick) == 1; got != tc.kick {
+				t.Errorf("kicked %t, want %t", got, tc.kick)
+			}
+			if part.open == nil || part.open.count != 1 {
+				t.Fatalf("the record is not in the partition's open batch")
+			}
+		})
+	}
+}

@@ -159,11 +159,17 @@ func (c *consumer) close() {
 // write inserts rows at rate events/s in transactions of txn rows, tagged
 // with cell, for dur, on several connections; it returns the rows committed.
 func write(ctx context.Context, conns []*pgx.Conn, rate, txn, cell int, dur time.Duration) (int, error) {
+	return writeSized(ctx, conns, rate, func() int { return txn }, cell, dur)
+}
+
+// writeSized is write with each transaction's rows drawn from size: the
+// pace counts rows, so the rate holds whatever the sizes.
+func writeSized(ctx context.Context, conns []*pgx.Conn, rate int, size func() int, cell int, dur time.Duration) (int, error) {
 	ins := `INSERT INTO outbox (id, agregat, agregat_id, tipus, carrega)
 		SELECT gen_random_uuid(), 'comanda', 'P-2026-' || lpad(floor(random() * 5000)::int::text, 6, '0'), 'comanda.creada', ` +
 		carregaSQL("g", `, 'bench_c', $1::int, 'bench_t', floor(extract(epoch from clock_timestamp()) * 1000000)::bigint`) + `
 		FROM generate_series(1, $2::int) g`
-	tokens := make(chan struct{}, 1<<16)
+	tokens := make(chan int, 1<<16)
 	var written atomic.Int64
 	var firstErr error
 	var errOnce sync.Once
@@ -174,7 +180,7 @@ func write(ctx context.Context, conns []*pgx.Conn, rate, txn, cell int, dur time
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for range tokens {
+			for txn := range tokens {
 				if time.Now().After(stop) {
 					continue
 				}
@@ -186,19 +192,19 @@ func write(ctx context.Context, conns []*pgx.Conn, rate, txn, cell int, dur time
 			}
 		}()
 	}
-	// Transactions are due at a fixed pace from the start; a late writer
-	// catches up rather than slowing the rate down.
-	perTxn := time.Duration(float64(time.Second) * float64(txn) / float64(rate))
-	sent := 0
+	// Rows are due at a fixed pace from the start; a late writer catches
+	// up rather than slowing the rate down.
+	perRow := time.Duration(float64(time.Second) / float64(rate))
+	sent, next := 0, size()
 	tick := time.NewTicker(500 * time.Microsecond)
 	for now := range tick.C {
 		if now.After(stop) {
 			break
 		}
-		due := int(now.Sub(start) / perTxn)
-		for ; sent < due; sent++ {
+		due := int(now.Sub(start) / perRow)
+		for ; sent+next <= due; sent, next = sent+next, size() {
 			select {
-			case tokens <- struct{}{}:
+			case tokens <- next:
 			default: // the writer is far behind: the achieved rate says so
 			}
 		}

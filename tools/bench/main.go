@@ -15,6 +15,10 @@
 //     polling relay in turn.
 //  3. Cost: CPU seconds and peak RSS of outboxd (or the relay), of the Kafka
 //     broker, and of the walsender (or the relay's backend), from /proc.
+//  4. Steady state (steady.go, issue 36): outboxd's CPU per event at each
+//     -steady rate in transactions of 1 to 10 rows, its idle CPU
+//     (keepalives only), and the top of its CPU profile (health.pprof) in
+//     an extra cell at the highest rate.
 //
 // With -cost it measures instead how cost grows with the work (cost.go,
 // `make bench-cost`): drain rate and CPU per event against carrega size,
@@ -69,6 +73,11 @@ type options struct {
 	value      string  // the seed route's value: "" (the envelope), cloudevents, cloudevents-structured, jsonschema
 	cost       costOptions
 
+	// The steady phase (steady.go): rates, time per rate, idle time, and
+	// the profiled extra cell's length (0: none).
+	steadyRates                          []int
+	steadyDur, steadyIdle, steadyProfile time.Duration
+
 	kafka, pipeline testenv.Section // kafkaYAML and pipeYAML, parsed
 }
 
@@ -81,7 +90,7 @@ func main() {
 		return
 	}
 	var o options
-	var rates, txns string
+	var rates, txns, steadyRates string
 	flag.IntVar(&o.rows, "rows", 500000, "backlog size for the drain (env ROWS in make bench)")
 	flag.IntVar(&o.repeats, "repeats", 3, "repetitions of every workload; the table shows medians")
 	flag.DurationVar(&o.duration, "duration", 5*time.Second, "how long the writer runs at each rate")
@@ -100,6 +109,10 @@ func main() {
 	flag.StringVar(&o.value, "value", "", `the seed route's record: "" (the envelope), "cloudevents" (binary), "cloudevents-structured", "jsonschema" (carrega validated and in the schema registry's wire format, against an Apicurio Registry the bench starts), "avro" (carrega in Avro by the schema, the same registry), "protobuf" (carrega in Protobuf by a .proto, the same registry)`)
 	flag.Float64Var(&o.trace, "trace", -1, "tracing on with this tracing.sample_ratio (0 to 1): outboxd's spans go to an OpenTelemetry Collector the bench starts (testenv/otelcol.sh); negative: off")
 	flag.StringVar(&o.services, "services", "", "reuse the PostgreSQL and Kafka that `bash testenv/services.sh up DIR` started (left running; for repeated development runs)")
+	flag.StringVar(&steadyRates, "steady", "200,2000", `steady-phase rates, events/s, in transactions of 1-10 rows: outboxd's CPU per event, latency, idle CPU and a CPU profile ("" skips the phase)`)
+	flag.DurationVar(&o.steadyDur, "steady-duration", 20*time.Second, "how long the writer runs at each steady rate")
+	flag.DurationVar(&o.steadyIdle, "steady-idle", 30*time.Second, "how long outboxd's idle CPU is measured (keepalives only; 0 skips)")
+	flag.DurationVar(&o.steadyProfile, "steady-profile", 15*time.Second, "length of outboxd's CPU profile, taken in an extra cell at the highest steady rate (0 skips)")
 	parseCost := costFlags(&o.cost)
 	flag.Parse()
 	var err error
@@ -108,6 +121,9 @@ func main() {
 	}
 	if err == nil {
 		o.txnSizes, err = ints(txns)
+	}
+	if err == nil && steadyRates != "" {
+		o.steadyRates, err = ints(steadyRates)
 	}
 	if err == nil {
 		o.kafka, err = section(o.kafkaYAML)
@@ -339,6 +355,11 @@ func run(o options) error {
 			rep.profile = d.results[sysOutboxd].perfReport
 		}
 	}
+	if len(o.steadyRates) > 0 {
+		if rep.steady, err = b.steady(ctx); err != nil {
+			return fmt.Errorf("steady: %w", err)
+		}
+	}
 	if !o.skipLat {
 		for i := 0; i < o.repeats; i++ {
 			for _, sys := range []string{sysOutboxd, sysRelay} {
@@ -502,6 +523,11 @@ func carregaSQL(g, extra string) string {
 // startOutboxd runs outboxd on a slot with its default settings (only what
 // a deployment must set is set, plus the -outboxd-* experiments).
 func (b *bench) startOutboxd(name, dsn, slot string, tables int) (*testenv.Daemon, error) {
+	return b.startOutboxdWith(name, dsn, slot, tables, nil)
+}
+
+// startOutboxdWith is startOutboxd with keys for outboxd's health section.
+func (b *bench) startOutboxdWith(name, dsn, slot string, tables int, health testenv.Section) (*testenv.Daemon, error) {
 	d, err := testenv.StartDaemon(b.tmp, testenv.Config{
 		DSN: dsn, Brokers: b.env.KafkaBrokers, Slot: slot,
 		Routes:   b.routes(name, tables),
@@ -509,6 +535,7 @@ func (b *bench) startOutboxd(name, dsn, slot string, tables int) (*testenv.Daemo
 		Kafka:    b.o.kafka,
 		Pipeline: b.o.pipeline,
 		Log:      testenv.Section{"level": "warn"},
+		Health:   health,
 		Tracing:  b.tracing(),
 		Bin:      b.o.binary,
 		Env:      envList(b.o.outboxEnv),

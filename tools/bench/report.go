@@ -17,6 +17,7 @@ type report struct {
 	cells   []cellResult
 	profile string // perf summary of outboxd during an extra drain
 	idle    map[string][]float64
+	steady  *steadyRun
 }
 
 func median(v []float64) float64 {
@@ -253,8 +254,18 @@ func (r *report) write(stdout io.Writer) error {
 		}
 	}
 
+	if r.steady != nil {
+		p, err := r.writeSteady(&b, check)
+		if err != nil {
+			return err
+		}
+		if p != "" {
+			plots = append(plots, p)
+		}
+	}
+
 	if len(targets) > 0 {
-		fmt.Fprintf(&b, "\nTargets (issue 5):\n%s\n", strings.Join(targets, "\n"))
+		fmt.Fprintf(&b, "\nTargets (issues 5 and 36):\n%s\n", strings.Join(targets, "\n"))
 	}
 	if m, _ := filepath.Glob(filepath.Join(r.o.out, "outboxd-perf-latency-*.txt")); len(m) > 0 {
 		plots = append(plots, m...)
