@@ -667,7 +667,6 @@ write_node_props() {
     echo "# a node of a cluster (kafka-cluster.sh): these override the above"
     echo "process.roles=$NODE_ROLES"
     echo "listeners=$listeners"
-    if [[ "$NODE_ROLES" == controller ]]; then echo "advertised.listeners="; fi
     echo "inter.broker.listener.name=$NODE_IBL"
     echo "controller.quorum.voters=$NODE_VOTERS"
     echo "default.replication.factor=$NODE_RF"
@@ -679,6 +678,11 @@ write_node_props() {
     echo "share.coordinator.state.topic.min.isr=$NODE_MIN_ISR"
     echo "unclean.leader.election.enable=false"
   } >>"$PROPS"
+  # A controller advertises no client listener: Kafka 3 wants no
+  # advertised.listeners on it, Kafka 4.4 refuses an empty one.
+  if [[ "$NODE_ROLES" == controller ]]; then
+    grep -v '^advertised\.listeners=' "$PROPS" >"$PROPS.tmp" && mv "$PROPS.tmp" "$PROPS"
+  fi
 }
 
 [[ $# -ge 2 ]] || usage
