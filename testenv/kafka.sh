@@ -226,6 +226,9 @@ write_props() {
       echo "broker.id=$NODE_ID"
       echo "zookeeper.connect=127.0.0.1:$CPORT"
       echo "zookeeper.session.timeout.ms=$ZK_SESSION_MS"
+      # What a (re)starting broker waits for ZooKeeper's answers: not the
+      # short session's 4 s (the default), which a loaded machine misses.
+      echo "zookeeper.connection.timeout.ms=30000"
     else
       echo "process.roles=broker,controller"
       echo "node.id=$NODE_ID"

@@ -20,6 +20,7 @@ import (
 	"runtime"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -62,6 +63,7 @@ func run() int {
 	scenarios := flag.String("chaos", "3", "chaos scenarios to run on each version (CHAOS_SCENARIOS); empty: none")
 	kafkaVersions := flag.String("kafka", "2.8.2,3.6.2,3.9.1,4.1.1,4.4.0", "Apache Kafka versions for the Kafka-side tests; empty: none")
 	kafkaRun := flag.String("kafka-run", kafkaTests, "the Kafka-side tests (go test -run)")
+	kafkaParallel := flag.Int("kafka-parallel", 1, "Kafka versions run at once (each a go test process with its own services)")
 	out := flag.String("out", "docs/reports/MATRIX.md", "where the results go")
 	flag.Parse()
 	old, err := os.ReadFile(*out)
@@ -84,20 +86,32 @@ func run() int {
 		results = append(results, r)
 	}
 	pgTook, kstart := time.Since(start), time.Now()
-	var kafka []result
-	for _, v := range list(*kafkaVersions) {
-		fmt.Fprintf(os.Stderr, "%s matrix: Kafka %s: Kafka-side integration tests\n", time.Now().Format("15:04:05"), v)
-		r := integration(v, []string{"OUTBOXD_KAFKA_VERSION=" + v}, "-run", *kafkaRun, "./integration/")
+	kv := list(*kafkaVersions)
+	kafka := make([]result, len(kv))
+	lanes := make(chan struct{}, max(1, *kafkaParallel))
+	var wg sync.WaitGroup
+	for i, v := range kv {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			lanes <- struct{}{}
+			defer func() { <-lanes }()
+			fmt.Fprintf(os.Stderr, "%s matrix: Kafka %s: Kafka-side integration tests\n", time.Now().Format("15:04:05"), v)
+			r := integration(v, []string{"OUTBOXD_KAFKA_VERSION=" + v}, "-run", *kafkaRun, "./integration/")
+			fmt.Fprintf(os.Stderr, "%s matrix: Kafka %s: %d passed, %d failed, %d skipped %s\n", time.Now().Format("15:04:05"), v, len(r.pass), len(r.fail), len(r.skip), r.err)
+			kafka[i] = r
+		}()
+	}
+	wg.Wait()
+	for _, r := range kafka {
 		failed = failed || len(r.fail) > 0 || r.err != ""
-		fmt.Fprintf(os.Stderr, "%s matrix: Kafka %s: %d passed, %d failed, %d skipped %s\n", time.Now().Format("15:04:05"), v, len(r.pass), len(r.fail), len(r.skip), r.err)
-		kafka = append(kafka, r)
 	}
 	var pg, kf strings.Builder
 	if len(results) > 0 {
 		write(&pg, results, *scenarios, pgTook)
 	}
 	if len(kafka) > 0 {
-		writeKafka(&kf, kafka, *kafkaRun, time.Since(kstart))
+		writeKafka(&kf, kafka, *kafkaRun, *kafkaParallel, time.Since(kstart))
 	}
 	if err := os.WriteFile(*out, []byte(compose(string(old), pg.String(), kf.String())), 0o644); err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -297,11 +311,11 @@ func writeOutcomes(w io.Writer, r result) {
 
 // writeKafka writes the Kafka axis: one row per version, then each
 // version's failures and skips.
-func writeKafka(w io.Writer, results []result, run string, took time.Duration) {
+func writeKafka(w io.Writer, results []result, run string, parallel int, took time.Duration) {
 	host, _ := os.Hostname()
 	fmt.Fprintf(w, "%s (`make matrix`)\n\n", kafkaHeading)
-	fmt.Fprintf(w, "Written by `go run ./tools/matrix` on %s (%s, %d CPUs, %s; %s in all): the Kafka-side integration tests, `OUTBOXD_KAFKA_VERSION=V go test -run '%s' ./integration/`, on PostgreSQL 15, against one broker (a cluster of brokers and a KRaft controller where a test needs one) of each Apache Kafka version. What differs between the versions is in [kafka-versions.md](../kafka-versions.md).\n\n",
-		time.Now().UTC().Format("2006-01-02 15:04 UTC"), host, runtime.NumCPU(), runtime.Version(), took.Round(time.Second), run)
+	fmt.Fprintf(w, "Written by `go run ./tools/matrix` on %s (%s, %d CPUs, %s; %s in all, %d version(s) at a time): the Kafka-side integration tests, `OUTBOXD_KAFKA_VERSION=V go test -run '%s' ./integration/`, on PostgreSQL 15, against one broker (a cluster of brokers and a KRaft controller where a test needs one) of each Apache Kafka version. What differs between the versions is in [kafka-versions.md](../kafka-versions.md).\n\n",
+		time.Now().UTC().Format("2006-01-02 15:04 UTC"), host, runtime.NumCPU(), runtime.Version(), took.Round(time.Second), max(1, parallel), run)
 	fmt.Fprintf(w, "| Kafka | metadata | Kafka-side tests | passed | failed | skipped | took |\n| --- | --- | --- | ---: | ---: | ---: | ---: |\n")
 	for _, r := range results {
 		verdict := "ok"
