@@ -167,7 +167,6 @@ func TestLostAcknowledgementIsNotDuplicated(t *testing.T) {
 func TestLeaderKillNoDuplicates(t *testing.T) {
 	kafkaOnly(t)
 	needEnv(t)
-	needKRaftCluster(t)
 	cluster := startEnv(t, "a cluster", testenv.Options{NoPostgres: true, KafkaNodes: 3})
 	f := newFixtureOn(t, &testenv.Env{Dir: cluster.Dir, PGDSN: env.PGDSN, KafkaBrokers: cluster.KafkaBrokers}, seedSchema, map[string]int{"comandes": 6})
 	topic := f.topic("comandes")

@@ -104,14 +104,3 @@ func kafkaOnly(t *testing.T) {
 		t.Skipf("SKIPPED in the OUTBOXD_PG_VERSION=%s pass: a Kafka-side test (the PostgreSQL version plays no part in it); it runs in the default PostgreSQL pass of make test", os.Getenv("OUTBOXD_PG_VERSION"))
 	}
 }
-
-// needKRaftCluster skips, saying so, a test that starts a cluster of
-// brokers when the suite's Kafka version runs with ZooKeeper
-// (OUTBOXD_KAFKA_VERSION=2.x): testenv's cluster (kafka-cluster.sh) has a
-// KRaft controller apart from its brokers, which Kafka 2.x does not have.
-func needKRaftCluster(t *testing.T) {
-	t.Helper()
-	if v, err := env.KafkaVersion(); err == nil && testenv.KafkaZooKeeper(v) {
-		t.Skipf("SKIPPED on Kafka %s (ZooKeeper): this test needs a cluster of brokers, and testenv's cluster (kafka-cluster.sh) is built on a KRaft controller apart from the brokers, which Kafka %s has not; one broker with ZooKeeper runs the other Kafka-side tests", v, v)
-	}
-}

@@ -157,7 +157,6 @@ func TestMissingTopicWithoutAutoCreationStops(t *testing.T) {
 func TestControllerDownBeforeNewTopic(t *testing.T) {
 	kafkaOnly(t)
 	needEnv(t)
-	needKRaftCluster(t)
 	cluster := startEnv(t, "a cluster", testenv.Options{NoPostgres: true, KafkaNodes: 2})
 	f := newFixture(t, seedSchema, nil)
 	ctx := context.Background()

@@ -385,11 +385,6 @@ func (e *Env) KafkaVersion() (string, error) {
 	return k["KAFKA_VERSION"], nil
 }
 
-// KafkaZooKeeper says whether a Kafka version runs with ZooKeeper in
-// testenv (2.x: kafka.sh), not KRaft; a cluster (KafkaNodes above 1) is
-// KRaft's only.
-func KafkaZooKeeper(version string) bool { return strings.HasPrefix(version, "2.") }
-
 // KafkaPID is the broker's process id.
 func (e *Env) KafkaPID() (int, error) {
 	b, err := os.ReadFile(filepath.Join(e.Dir, "kafka", "broker.pid"))

@@ -19,7 +19,9 @@
 #                      4.1.1). 3.x and 4.x run KRaft; 2.x runs with a
 #                      ZooKeeper of its own (the jars Kafka depends on) on
 #                      KAFKA_CONTROLLER_PORT, state in DIR/kafka/zookeeper:
-#                      stop and kill leave it running, destroy stops it
+#                      stop and kill leave it running, destroy stops it (a
+#                      cluster's controller node runs that ZooKeeper alone,
+#                      its brokers register there)
 #   KAFKA_AUTO_CREATE  auto.create.topics.enable (default true)
 #   KAFKA_ACLS         on: ACLs (StandardAuthorizer; with ZooKeeper,
 #                      AclAuthorizer): the PLAINTEXT
@@ -54,7 +56,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 . "$HERE/common.sh"
 
 usage() {
-  sed -n '2,49p' "$0" >&2
+  sed -n '2,51p' "$0" >&2
   exit 2
 }
 
@@ -63,8 +65,10 @@ usage() {
 # (kafka-cluster.sh; the node settings below).
 NODE_ID=1
 NODE_ROLES=broker,controller
-# ZK: non-empty when the version runs with ZooKeeper (Kafka 2.x; cmd_start).
-ZK=""
+# ZK: non-empty when the version runs with ZooKeeper (Kafka 2.x; cmd_start);
+# ZK_ADDR: the ZooKeeper the broker registers in (its own on CPORT, or a
+# cluster's: the controller node's, which runs ZooKeeper alone).
+ZK="" ZK_ADDR=""
 
 setup_dirs() {
   DIR="$(abs_dir "$1")"
@@ -184,7 +188,7 @@ write_env() {
     echo "KAFKA_CONTROLLER_PORT=$CPORT"
     echo "OUTBOXD_KAFKA_BROKERS=127.0.0.1:$PORT"
     echo "KAFKA_VERSION=$VERSION"
-    [[ -z "${ZK:-}" ]] || echo "KAFKA_ZOOKEEPER=127.0.0.1:$CPORT"
+    [[ -z "${ZK:-}" ]] || echo "KAFKA_ZOOKEEPER=$ZK_ADDR"
     echo "KAFKA_AUTO_CREATE=$AUTO_CREATE"
     echo "KAFKA_ACLS=${ACLS:-off}"
     echo "KAFKA_LISTENERS=$spec"
@@ -224,7 +228,7 @@ write_props() {
       # so that a broker restarted after SIGKILL re-registers soon (the old
       # registration lives until the old session expires).
       echo "broker.id=$NODE_ID"
-      echo "zookeeper.connect=127.0.0.1:$CPORT"
+      echo "zookeeper.connect=$ZK_ADDR"
       echo "zookeeper.session.timeout.ms=$ZK_SESSION_MS"
       # What a (re)starting broker waits for ZooKeeper's answers: not the
       # short session's 4 s (the default), which a loaded machine misses.
@@ -429,7 +433,7 @@ fail_with_log() {
 }
 
 cmd_start() {
-  if broker_pid >/dev/null; then print_env; return; fi
+  if broker_pid >/dev/null || zk_only; then print_env; return; fi
   mkdir -p "$KD"
   local first=0
   if ! load_settings; then
@@ -438,10 +442,22 @@ cmd_start() {
   fi
   LIB="$(KAFKA_VERSION="$VERSION" bash "$HERE/kafka-fetch.sh")"
   VERSION="$(basename "$(dirname "$LIB")")" VERSION="${VERSION#kafka-}"
-  ZK=""
+  ZK="" ZK_ADDR="127.0.0.1:$CPORT"
   if [[ "$VERSION" == 2.* ]]; then ZK=1; fi
-  [[ -z "$ZK" || ! -f "$KD/node.env" ]] ||
-    die "Kafka $VERSION runs with ZooKeeper: a cluster node (kafka-cluster.sh) needs KRaft, KAFKA_VERSION 3.x or 4.x"
+  if [[ -n "$ZK" && -f "$KD/node.env" ]]; then
+    # A cluster with ZooKeeper: the controller node runs ZooKeeper alone
+    # (the cluster's metadata, as a KRaft controller holds it), each broker
+    # registers in it, and one of the brokers is Kafka's controller.
+    if [[ "$NODE_ROLES" == controller ]]; then
+      write_env
+      start_zk
+      log "ZooKeeper ready on $ZK_ADDR after $((SECONDS)) s"
+      print_env
+      return 0
+    fi
+    [[ "$NODE_ROLES" == broker ]] || die "Kafka $VERSION runs with ZooKeeper: a cluster node is a broker or the controller (ZooKeeper), not both"
+    ZK_ADDR="${NODE_VOTERS#*@}"
+  fi
   local attempt rc t0=$SECONDS
   for attempt in 1 2 3; do
     if any_listening; then
@@ -452,7 +468,7 @@ cmd_start() {
     write_env
     write_props
     write_node_props
-    if [[ -n "$ZK" ]]; then start_zk; fi
+    if [[ -n "$ZK" && "$ZK_ADDR" == "127.0.0.1:$CPORT" ]]; then start_zk; fi
     format_storage
     if [[ -n "$ZK" ]]; then zk_wait_unregistered; fi
     launch
@@ -527,7 +543,7 @@ zk_pid() {
 
 # zk_say WORD: ZooKeeper's answer to a four-letter word (ruok, dump).
 zk_say() {
-  timeout 5 bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$1" && printf %s "$2" >&3 && cat <&3' _ "$CPORT" "$1" 2>/dev/null
+  timeout 5 bash -c 'exec 3<>"/dev/tcp/${1%:*}/${1##*:}" && printf %s "$2" >&3 && cat <&3' _ "$ZK_ADDR" "$1" 2>/dev/null
 }
 
 start_zk() {
@@ -561,10 +577,17 @@ EOF
   die "ZooKeeper on 127.0.0.1:$CPORT did not become ready"
 }
 
+# zk_only: this node runs ZooKeeper alone (a cluster's controller node
+# with Kafka 2.x), and it is up.
+zk_only() {
+  [[ -f "$KD/node.env" && "$(read_env "$KD/node.env" NODE_ROLES)" == controller ]] && zk_pid >/dev/null
+}
+
+# stop_zk [TERM|KILL]
 stop_zk() {
   local pid i
   pid="$(zk_pid)" || { rm -f "$KD/zookeeper.pid"; return 0; }
-  kill -TERM "$pid" 2>/dev/null || true
+  kill "-${1:-TERM}" "$pid" 2>/dev/null || true
   for ((i = 0; i < 100; i++)); do
     zk_pid >/dev/null || break
     sleep 0.1
@@ -578,13 +601,13 @@ stop_zk() {
 zk_users() {
   local password
   uses 'SASL_*' || return 0
-  [[ -f "$KD/zookeeper/scram-users.done" ]] && return 0
+  [[ -f "$KD/scram-users.done" ]] && return 0
   password="$(cat "$KD/sasl.password")"
   java -XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Dorg.slf4j.simpleLogger.defaultLogLevel=warn -cp "$LIB/*" \
-    kafka.admin.ConfigCommand --zookeeper "127.0.0.1:$CPORT" --alter --entity-type users --entity-name "$SASL_USER" \
+    kafka.admin.ConfigCommand --zookeeper "$ZK_ADDR" --alter --entity-type users --entity-name "$SASL_USER" \
     --add-config "SCRAM-SHA-256=[password=$password],SCRAM-SHA-512=[password=$password]" \
     >"$KD/format.log" 2>&1 9>&- || { cat "$KD/format.log" >&2; die "kafka SCRAM credentials in ZooKeeper failed"; }
-  touch "$KD/zookeeper/scram-users.done"
+  touch "$KD/scram-users.done"
 }
 
 # zk_wait_unregistered: a broker killed with SIGKILL stays registered until
@@ -609,7 +632,9 @@ zk_wait_unregistered() {
 #                              caller, so that every node knows every voter
 #                              before any starts
 #   KAFKA_VOTERS               controller.quorum.voters as this node sees them
-#                              (ID@HOST:PORT,...; a proxy's address, say)
+#                              (ID@HOST:PORT,...; a proxy's address, say);
+#                              with ZooKeeper (2.x), 0@HOST:PORT is where the
+#                              brokers find it (zookeeper.connect)
 #   KAFKA_CLUSTER_ID           the cluster's id, the same on every node
 #   KAFKA_REPLICATION_FACTOR   default and internal topics' replication factor
 #   KAFKA_MIN_ISR              min.insync.replicas (internal topics' too)
@@ -660,6 +685,19 @@ listen_ports() {
 
 write_node_props() {
   [[ -f "$KD/node.env" ]] || return 0
+  if [[ -n "$ZK" ]]; then
+    cat >>"$PROPS" <<EOF
+# a broker of a cluster with ZooKeeper (kafka-cluster.sh): these override the above
+inter.broker.listener.name=$NODE_IBL
+default.replication.factor=$NODE_RF
+min.insync.replicas=$NODE_MIN_ISR
+offsets.topic.replication.factor=$NODE_RF
+transaction.state.log.replication.factor=$NODE_RF
+transaction.state.log.min.isr=$NODE_MIN_ISR
+unclean.leader.election.enable=false
+EOF
+    return 0
+  fi
   local listeners
   listeners="$(sed -n 's/^listeners=//p' "$PROPS" | head -n1)"
   case "$NODE_ROLES" in
@@ -694,10 +732,10 @@ setup_dirs "$2"
 lock
 case "$cmd" in
   start) cmd_start ;;
-  stop) stop_broker TERM ;;
-  kill) stop_broker KILL ;;
+  stop) if zk_only; then stop_zk TERM; else stop_broker TERM; fi ;;
+  kill) if zk_only; then stop_zk KILL; else stop_broker KILL; fi ;;
   status)
-    if broker_pid >/dev/null; then print_env; else echo "stopped" >&2; exit 1; fi
+    if broker_pid >/dev/null || zk_only; then print_env; else echo "stopped" >&2; exit 1; fi
     ;;
   env) [[ -f "$ENVF" ]] && print_env || die "no $ENVF" ;;
   destroy)
