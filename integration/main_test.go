@@ -58,7 +58,13 @@ func runMain(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	fmt.Printf("integration: PostgreSQL %d (OUTBOXD_PG_VERSION=%q), Kafka at %s\n", major, os.Getenv("OUTBOXD_PG_VERSION"), env.KafkaBrokers)
+	kafkaVersion, err := env.KafkaVersion()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	fmt.Printf("integration: PostgreSQL %d (OUTBOXD_PG_VERSION=%q), Kafka %s (OUTBOXD_KAFKA_VERSION=%q) at %s\n",
+		major, os.Getenv("OUTBOXD_PG_VERSION"), kafkaVersion, os.Getenv("OUTBOXD_KAFKA_VERSION"), env.KafkaBrokers)
 	if seedSchema, err = testenv.SeedSchema(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

@@ -128,7 +128,12 @@ func (p *Producer) topicFailure(t *topic, err error, answered bool, now time.Tim
 		if ae := authFailure(err); ae != nil {
 			return ae
 		}
-		if reason := permanent(err); reason != "" {
+		// UNKNOWN_SERVER_ERROR for the topic is the broker failing to
+		// answer for it, not a refusal: Kafka 2.x with ZooKeeper answers so
+		// while it cannot reach ZooKeeper to create the topic. Asked again,
+		// as the Java producer waits for a topic's metadata whatever its
+		// error (max.block.ms).
+		if reason := permanent(err); reason != "" && !errors.Is(err, kafka.Unknown) {
 			return &RecordError{Topic: t.name, Key: key, Err: err, Reason: reason}
 		}
 	}

@@ -223,6 +223,8 @@ func TestMetadataRefusalStops(t *testing.T) {
 		{"invalid topic", int16(kafka.InvalidTopic), "the topic name is invalid"},
 		{"unknown code", 9999, "non-retriable"},
 		{"request timed out", int16(kafka.RequestTimedOut), ""},
+		// Kafka 2.8.2 with its ZooKeeper down, asked to create the topic.
+		{"unknown server error", int16(kafka.Unknown), ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// The first answer waits until both records were handed over:

@@ -196,6 +196,8 @@ func explain(err error) (why string, definitive bool) {
 		return "TLS: the broker's listener does not speak TLS: turn kafka.tls off or use the broker's SSL/SASL_SSL port", true
 	case tlsAlert(err) != "":
 		return "TLS: the broker refused the handshake (" + tlsAlert(err) + "): it may require a client certificate (kafka.tls.cert_file, key_file) it trusts", true
+	case badRecordMAC(err):
+		return "TLS: the broker refused the handshake (tls: bad record MAC: its first record after the handshake does not decrypt, which is how Kafka 2.x refuses a client it does not trust): it may require a client certificate (kafka.tls.cert_file, key_file) it trusts", true
 	case errors.As(err, &kerr) && kerr == kafka.SASLAuthenticationFailed:
 		return "SASL: authentication failed: check kafka.sasl.username, the password and kafka.sasl.mechanism (the broker must have the user for that mechanism)", true
 	case errors.As(err, &kerr) && (kerr == kafka.UnsupportedSASLMechanism || kerr == kafka.IllegalSASLState):
@@ -208,6 +210,19 @@ func explain(err error) (why string, definitive bool) {
 		return "TLS: the handshake timed out: the port may not be a TLS listener", false
 	}
 	return "", false
+}
+
+// badRecordMAC: crypto/tls could not decrypt a record the broker sent (a
+// net.OpError "local error" around the bad_record_mac alert it raised).
+// A Kafka 2.x broker (2.8.2 on Java 17 seen) that requires a client
+// certificate and got none sends, after a TLS 1.3 handshake, a record no
+// client can decrypt instead of the certificate_required alert (openssl
+// s_client: "decryption failed or bad record mac"); Kafka 3.x and 4.x send
+// the alert. Over TCP, whose checksums a corrupted record must pass first,
+// that is the broker's refusal, not an outage.
+func badRecordMAC(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "local error" && op.Err != nil && op.Err.Error() == "tls: bad record MAC"
 }
 
 // tlsAlert is the alert the broker's TLS stack sent ("tls: bad

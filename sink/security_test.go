@@ -141,6 +141,32 @@ func TestTLSFailuresAreNamedAndPermanent(t *testing.T) {
 	pool := x509.NewCertPool()
 	caPEM, _ := os.ReadFile(p.caFile)
 	pool.AppendCertsFromPEM(caPEM)
+	// A listener that refuses as Kafka 2.x does: it asks for a client
+	// certificate, completes the TLS 1.3 handshake without one, then sends
+	// a record the client cannot decrypt instead of an alert.
+	garbled, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer garbled.Close()
+	go func() {
+		for {
+			c, err := garbled.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				if tls.Server(c, &tls.Config{Certificates: []tls.Certificate{p.server}, ClientAuth: tls.RequestClientCert}).Handshake() != nil {
+					return
+				}
+				record := append([]byte{23, 3, 3, 0, 32}, make([]byte, 32)...) // application data, 32 bytes of nothing
+				_, _ = c.Write(record)
+				_ = c.SetReadDeadline(time.Now().Add(time.Minute))
+				_, _ = c.Read(make([]byte, 1))
+			}()
+		}
+	}()
 	var mtlsLns []net.Listener
 	for _, v := range []uint16{tls.VersionTLS13, tls.VersionTLS12} {
 		ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{p.server}, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: pool, MaxVersion: v})
@@ -195,6 +221,7 @@ func TestTLSFailuresAreNamedAndPermanent(t *testing.T) {
 		{"plaintext listener", TLSOptions{Enable: true, CAFile: p.caFile, ServerName: "broker.test"}, plainLn.Addr().String(), "does not speak TLS"},
 		{"no client certificate, TLS 1.3", TLSOptions{Enable: true, CAFile: p.caFile, ServerName: "broker.test"}, mtlsLns[0].Addr().String(), "refused the handshake (tls: certificate required)"},
 		{"no client certificate, TLS 1.2", TLSOptions{Enable: true, CAFile: p.caFile, ServerName: "broker.test"}, mtlsLns[1].Addr().String(), "refused the handshake (tls: "},
+		{"no client certificate, Kafka 2.x", TLSOptions{Enable: true, CAFile: p.caFile, ServerName: "broker.test"}, garbled.Addr().String(), "refused the handshake (tls: bad record MAC"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := dial(tc.o, tc.addr)

@@ -46,6 +46,11 @@ type Options struct {
 	// $OUTBOXD_PG_VERSION, and without it 15 (Debian's). See pg-fetch.sh.
 	PGVersion string
 
+	// KafkaVersion is the Apache Kafka release, e.g. "2.8.2" (with a
+	// ZooKeeper), "3.9.1" or "4.4.0"; "" takes $OUTBOXD_KAFKA_VERSION, and
+	// without it 4.1.1. See kafka-fetch.sh and kafka.sh.
+	KafkaVersion string
+
 	// NoAutoCreateTopics sets the broker's auto.create.topics.enable=false.
 	NoAutoCreateTopics bool
 	// KafkaACLs turns the broker's ACLs on (kafka.sh KAFKA_ACLS=on): the
@@ -176,6 +181,10 @@ func (o Options) environ() ([]string, error) {
 	if pgVersion == "" {
 		pgVersion = os.Getenv("OUTBOXD_PG_VERSION")
 	}
+	kafkaVersion := o.KafkaVersion
+	if kafkaVersion == "" {
+		kafkaVersion = os.Getenv("OUTBOXD_KAFKA_VERSION")
+	}
 	cluster, err := o.clusterEnviron()
 	if err != nil {
 		return nil, err
@@ -191,6 +200,7 @@ func (o Options) environ() ([]string, error) {
 		"PG_WAL_LEVEL="+wal,
 		"PG_SSL="+onOff(o.PostgresTLS),
 		"PG_COMMIT_TS="+onOff(o.CommitTimestamps),
+		"KAFKA_VERSION="+kafkaVersion,
 		"KAFKA_AUTO_CREATE="+strconv.FormatBool(!o.NoAutoCreateTopics),
 		"KAFKA_ACLS="+onOff(o.KafkaACLs),
 		"KAFKA_LISTENERS="+ls,
@@ -360,6 +370,19 @@ func (e *Env) KafkaSASL() (user, passwordFile string, err error) {
 		return "", "", errors.New("testenv: the broker has no SASL listener")
 	}
 	return user, passwordFile, nil
+}
+
+// KafkaVersion is the Apache Kafka version the broker runs (kafka.sh
+// writes it in kafka.env at the first start).
+func (e *Env) KafkaVersion() (string, error) {
+	k, err := readEnvFile(filepath.Join(e.Dir, "kafka.env"))
+	if err != nil {
+		return "", err
+	}
+	if k["KAFKA_VERSION"] == "" {
+		return "", fmt.Errorf("testenv: no Kafka version in %s", e.Dir)
+	}
+	return k["KAFKA_VERSION"], nil
 }
 
 // KafkaPID is the broker's process id.

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # An Apache Kafka cluster on loopback for the high-availability tests and
-# the chaos suite: KAFKA_NODES brokers (default 3) and one KRaft controller,
-# each a kafka.sh node in a folder of its own. The controller runs apart so
+# the chaos suite: KAFKA_NODES brokers (default 3) and one KRaft controller
+# (with Kafka 2.x, KAFKA_VERSION=2.8.2: one ZooKeeper, and one of the brokers
+# is Kafka's controller), each a kafka.sh node in a folder of its own. The
+# controller (ZooKeeper) runs apart so
 # that brokers can go down without taking the metadata quorum with them:
 # two brokers of three down leaves the third leading with an ISR of one,
 # and a produce with acks=all gets NOT_ENOUGH_REPLICAS.

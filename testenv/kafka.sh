@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Apache Kafka (KRaft, one combined broker+controller node) on loopback for
-# the tests, chaos, benchmarks and the demo. Jars come from kafka-fetch.sh.
+# Apache Kafka (KRaft, one combined broker+controller node; Kafka 2.x: one
+# broker and a ZooKeeper) on loopback for the tests, chaos, benchmarks and
+# the demo. Jars come from kafka-fetch.sh.
 #
 #   kafka.sh start   DIR   format (once) + start, wait until ready, print env
 #   kafka.sh stop    DIR   SIGTERM, wait up to 30 s, then SIGKILL; keeps data
@@ -14,8 +15,16 @@
 # the settings below, and KAFKA_<NAME>_PORT for each extra listener.
 # Settings read at the first start and kept in kafka.env, like the ports, so
 # a restarted broker keeps its addresses, topics and data:
+#   KAFKA_VERSION      the Apache Kafka version (kafka-fetch.sh; default
+#                      4.1.1). 3.x and 4.x run KRaft; 2.x runs with a
+#                      ZooKeeper of its own (the jars Kafka depends on) on
+#                      KAFKA_CONTROLLER_PORT, state in DIR/kafka/zookeeper:
+#                      stop and kill leave it running, destroy stops it (a
+#                      cluster's controller node runs that ZooKeeper alone,
+#                      its brokers register there)
 #   KAFKA_AUTO_CREATE  auto.create.topics.enable (default true)
-#   KAFKA_ACLS         on: ACLs (StandardAuthorizer): the PLAINTEXT
+#   KAFKA_ACLS         on: ACLs (StandardAuthorizer; with ZooKeeper,
+#                      AclAuthorizer): the PLAINTEXT
 #                      listener's principal (User:ANONYMOUS, which the
 #                      inter-broker and controller connections use too) is
 #                      a super user, the SASL user outboxd may do what ACLs
@@ -32,7 +41,8 @@
 #                      localhost); a SASL listener takes PLAIN, SCRAM-SHA-256
 #                      and SCRAM-SHA-512 for the user outboxd, whose random
 #                      password is made at the first start (SCRAM credentials
-#                      with StorageTool format --add-scram) and kept in
+#                      with StorageTool format --add-scram; with ZooKeeper,
+#                      ConfigCommand --zookeeper --add-config) and kept in
 #                      DIR/kafka/sasl.password; kafka.env then names it
 #                      (KAFKA_SASL_USERNAME, KAFKA_SASL_PASSWORD_FILE) and the
 #                      PKI's files (TLS_CA_FILE, TLS_CERT_FILE, ...).
@@ -46,7 +56,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 . "$HERE/common.sh"
 
 usage() {
-  sed -n '2,41p' "$0" >&2
+  sed -n '2,51p' "$0" >&2
   exit 2
 }
 
@@ -55,6 +65,10 @@ usage() {
 # (kafka-cluster.sh; the node settings below).
 NODE_ID=1
 NODE_ROLES=broker,controller
+# ZK: non-empty when the version runs with ZooKeeper (Kafka 2.x; cmd_start);
+# ZK_ADDR: the ZooKeeper the broker registers in (its own on CPORT, or a
+# cluster's: the controller node's, which runs ZooKeeper alone).
+ZK="" ZK_ADDR=""
 
 setup_dirs() {
   DIR="$(abs_dir "$1")"
@@ -93,6 +107,7 @@ load_settings() {
   CPORT="$(read_env "$ENVF" KAFKA_CONTROLLER_PORT)"
   [[ -n "$PORT" && -n "$CPORT" ]] || return 1
   AUTO_CREATE="$(read_env "$ENVF" KAFKA_AUTO_CREATE)"
+  VERSION="$(read_env "$ENVF" KAFKA_VERSION)"
   ACLS="$(read_env "$ENVF" KAFKA_ACLS)"
   parse_listeners "$(read_env "$ENVF" KAFKA_LISTENERS)"
   for i in "${!XNAME[@]}"; do
@@ -104,6 +119,8 @@ load_settings() {
 
 # first_settings: the settings of a first start, from the environment.
 first_settings() {
+  VERSION="${KAFKA_VERSION:-}"
+  [[ -z "$VERSION" || "$VERSION" =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] || die "KAFKA_VERSION must be a release such as 3.9.1, got '$VERSION'"
   AUTO_CREATE="${KAFKA_AUTO_CREATE:-true}"
   [[ "$AUTO_CREATE" == true || "$AUTO_CREATE" == false ]] || die "KAFKA_AUTO_CREATE must be true or false"
   ACLS="${KAFKA_ACLS:-off}"
@@ -170,6 +187,8 @@ write_env() {
     echo "KAFKA_PORT=$PORT"
     echo "KAFKA_CONTROLLER_PORT=$CPORT"
     echo "OUTBOXD_KAFKA_BROKERS=127.0.0.1:$PORT"
+    echo "KAFKA_VERSION=$VERSION"
+    [[ -z "${ZK:-}" ]] || echo "KAFKA_ZOOKEEPER=$ZK_ADDR"
     echo "KAFKA_AUTO_CREATE=$AUTO_CREATE"
     echo "KAFKA_ACLS=${ACLS:-off}"
     echo "KAFKA_LISTENERS=$spec"
@@ -186,11 +205,13 @@ print_env() { cat "$ENVF"; }
 
 write_props() {
   # Every listener as name, security protocol, port and advertised address
-  # (none for the controller). A listener with another protocol (SSL,
-  # SASL_SSL, SASL_PLAINTEXT) also needs its listener.name.<name>.*
-  # properties (keystore, JAAS) below the list.
+  # (none for the controller; with ZooKeeper there is no controller
+  # listener). A listener with another protocol (SSL, SASL_SSL,
+  # SASL_PLAINTEXT) also needs its listener.name.<name>.* properties
+  # (keystore, JAAS) below the list.
   local names=(PLAINTEXT CONTROLLER) protos=(PLAINTEXT PLAINTEXT) ports=("$PORT" "$CPORT")
   local advs=("127.0.0.1:$PORT" "") i listeners="" advertised="" protomap=""
+  if [[ -n "$ZK" ]]; then names=(PLAINTEXT) protos=(PLAINTEXT) ports=("$PORT") advs=("127.0.0.1:$PORT"); fi
   for i in "${!XNAME[@]}"; do
     names+=("${XNAME[$i]}") protos+=("${XPROTO[$i]}") ports+=("${XPORT[$i]}")
     advs+=("${XADV[$i]:-127.0.0.1:${XPORT[$i]}}")
@@ -200,14 +221,28 @@ write_props() {
     protomap+="${protomap:+,}${names[$i]}:${protos[$i]}"
     if [[ -n "${advs[$i]}" ]]; then advertised+="${advertised:+,}${names[$i]}://${advs[$i]}"; fi
   done
-  cat >"$PROPS" <<EOF
-# written by testenv/kafka.sh
-process.roles=broker,controller
-node.id=$NODE_ID
-controller.quorum.voters=$NODE_ID@127.0.0.1:$CPORT
+  {
+    echo "# written by testenv/kafka.sh (Apache Kafka $VERSION)"
+    if [[ -n "$ZK" ]]; then
+      # Kafka 2.x: a broker registered in ZooKeeper, whose session is short
+      # so that a broker restarted after SIGKILL re-registers soon (the old
+      # registration lives until the old session expires).
+      echo "broker.id=$NODE_ID"
+      echo "zookeeper.connect=$ZK_ADDR"
+      echo "zookeeper.session.timeout.ms=$ZK_SESSION_MS"
+      # What a (re)starting broker waits for ZooKeeper's answers: not the
+      # short session's 4 s (the default), which a loaded machine misses.
+      echo "zookeeper.connection.timeout.ms=30000"
+    else
+      echo "process.roles=broker,controller"
+      echo "node.id=$NODE_ID"
+      echo "controller.quorum.voters=$NODE_ID@127.0.0.1:$CPORT"
+      echo "controller.listener.names=CONTROLLER"
+    fi
+  } >"$PROPS"
+  cat >>"$PROPS" <<EOF
 listeners=$listeners
 advertised.listeners=$advertised
-controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
 listener.security.protocol.map=$protomap
 log.dirs=$KD/data
@@ -219,8 +254,6 @@ offsets.topic.num.partitions=10
 transaction.state.log.replication.factor=1
 transaction.state.log.min.isr=1
 transaction.state.log.num.partitions=10
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
 group.initial.rebalance.delay.ms=0
 auto.create.topics.enable=$AUTO_CREATE
 delete.topic.enable=true
@@ -228,14 +261,24 @@ delete.topic.enable=true
 # short retention.ms loses its old records within seconds, as a week does
 # to a real one (restart de-duplication's tests).
 log.retention.check.interval.ms=1000
+EOF
+  if [[ -z "$ZK" ]]; then
+    cat >>"$PROPS" <<EOF
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
 # Short broker session so a broker restarted after SIGKILL re-registers fast
 # (the controller rejects the new incarnation until the old session expires).
 broker.heartbeat.interval.ms=500
 broker.session.timeout.ms=3000
 EOF
+  fi
   if [[ "${ACLS:-off}" == on ]]; then
+    # KRaft keeps ACLs in its metadata log (StandardAuthorizer), a
+    # ZooKeeper cluster in ZooKeeper (AclAuthorizer).
+    local authorizer=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+    [[ -z "$ZK" ]] || authorizer=kafka.security.authorizer.AclAuthorizer
     cat >>"$PROPS" <<EOF
-authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+authorizer.class.name=$authorizer
 super.users=User:ANONYMOUS
 EOF
   fi
@@ -248,7 +291,20 @@ EOF
 SASL_USER=outboxd
 write_security_props() {
   local i lname password=""
-  if uses '*SSL'; then
+  if uses '*SSL' && [[ -n "$ZK" ]]; then
+    # Kafka 2.x takes a PEM key only encrypted: a PKCS#12 keystore there.
+    local kspass
+    kspass="$(od -An -N12 -tx1 /dev/urandom | tr -d ' \n')"
+    (umask 077 && openssl pkcs12 -export -in "$DIR/pki/server.pem" -inkey "$DIR/pki/server.key" \
+      -passout "pass:$kspass" -out "$KD/keystore.p12")
+    cat >>"$PROPS" <<EOF
+ssl.keystore.type=PKCS12
+ssl.keystore.location=$KD/keystore.p12
+ssl.keystore.password=$kspass
+ssl.truststore.type=PEM
+ssl.truststore.location=$DIR/pki/ca.pem
+EOF
+  elif uses '*SSL'; then
     (umask 077 && cat "$DIR/pki/server.key" "$DIR/pki/server.pem" >"$KD/keystore.pem")
     cat >>"$PROPS" <<EOF
 ssl.keystore.type=PEM
@@ -298,6 +354,7 @@ gen_cluster_id() {
 }
 
 format_storage() {
+  if [[ -n "$ZK" ]]; then zk_users; return; fi
   [[ -f "$KD/data/meta.properties" ]] && return 0
   local id scram=() m password
   id="$(gen_cluster_id)"
@@ -320,16 +377,20 @@ launch() {
     "-Dorg.slf4j.simpleLogger.dateTimeFormat=yyyy-MM-dd'T'HH:mm:ss.SSS" \
     -cp "$LIB/*" kafka.Kafka "$PROPS" \
     </dev/null >>"$LOGF" 2>&1 9>&- &
-  local pid=$! i
-  echo "$pid" >"$PIDF"
-  # The child runs as a copy of this shell until it has exec'ed setsid and
-  # java; broker_pid, which checks the command line, would take it for a dead
-  # broker in that window (seen on a loaded CI machine: "Kafka exited during
-  # startup" with an empty log). Wait until broker_pid sees the broker, or
-  # for the child's end.
+  echo "$!" >"$PIDF"
+  wait_exec "$!" broker_pid
+}
+
+# wait_exec PID CHECK: a child started in the background runs as a copy of
+# this shell until it has exec'ed setsid and java; CHECK (broker_pid,
+# zk_pid), which checks the command line, would take it for a dead process
+# in that window (seen on a loaded CI machine: "Kafka exited during
+# startup" with an empty log). Wait until CHECK sees it, or for its end.
+wait_exec() {
+  local i
   for ((i = 0; i < 200; i++)); do
-    broker_pid >/dev/null && break
-    [[ -r "/proc/$pid/cmdline" ]] || break
+    "$2" >/dev/null && return 0
+    [[ -r "/proc/$1/cmdline" ]] || return 0
     sleep 0.05
   done
 }
@@ -340,10 +401,14 @@ all_listening() {
   for p in $(listen_ports); do port_listening "$p" || return 1; done
 }
 
-# any_listening: something already listens on one of the broker's ports.
+# any_listening: something already listens on one of the broker's ports
+# (this DIR's ZooKeeper on its own).
 any_listening() {
   local p
-  for p in $(all_ports); do port_listening "$p" && return 0; done
+  for p in $(all_ports); do
+    [[ -n "$ZK" && "$p" == "$CPORT" ]] && zk_pid >/dev/null && continue
+    port_listening "$p" && return 0
+  done
   return 1
 }
 
@@ -352,7 +417,8 @@ wait_ready() {
   local deadline=$((SECONDS + ${KAFKA_START_TIMEOUT:-90}))
   while ((SECONDS < deadline)); do
     broker_pid >/dev/null || return 1
-    if grep -q "Kafka Server started" "$LOGF" 2>/dev/null && all_listening; then
+    # KRaft says "Kafka Server started", a ZooKeeper broker "[KafkaServer id=N] started".
+    if grep -qE "Kafka Server started|\[KafkaServer id=[0-9]+\] started" "$LOGF" 2>/dev/null && all_listening; then
       return 0
     fi
     sleep 0.1
@@ -367,13 +433,30 @@ fail_with_log() {
 }
 
 cmd_start() {
-  if broker_pid >/dev/null; then print_env; return; fi
-  LIB="$(bash "$HERE/kafka-fetch.sh")"
+  if broker_pid >/dev/null || zk_only; then print_env; return; fi
   mkdir -p "$KD"
   local first=0
   if ! load_settings; then
     first=1
     first_settings
+  fi
+  LIB="$(KAFKA_VERSION="$VERSION" bash "$HERE/kafka-fetch.sh")"
+  VERSION="$(basename "$(dirname "$LIB")")" VERSION="${VERSION#kafka-}"
+  ZK="" ZK_ADDR="127.0.0.1:$CPORT"
+  if [[ "$VERSION" == 2.* ]]; then ZK=1; fi
+  if [[ -n "$ZK" && -f "$KD/node.env" ]]; then
+    # A cluster with ZooKeeper: the controller node runs ZooKeeper alone
+    # (the cluster's metadata, as a KRaft controller holds it), each broker
+    # registers in it, and one of the brokers is Kafka's controller.
+    if [[ "$NODE_ROLES" == controller ]]; then
+      write_env
+      start_zk
+      log "ZooKeeper ready on $ZK_ADDR after $((SECONDS)) s"
+      print_env
+      return 0
+    fi
+    [[ "$NODE_ROLES" == broker ]] || die "Kafka $VERSION runs with ZooKeeper: a cluster node is a broker or the controller (ZooKeeper), not both"
+    ZK_ADDR="${NODE_VOTERS#*@}"
   fi
   local attempt rc t0=$SECONDS
   for attempt in 1 2 3; do
@@ -385,7 +468,9 @@ cmd_start() {
     write_env
     write_props
     write_node_props
+    if [[ -n "$ZK" && "$ZK_ADDR" == "127.0.0.1:$CPORT" ]]; then start_zk; fi
     format_storage
+    if [[ -n "$ZK" ]]; then zk_wait_unregistered; fi
     launch
     rc=0
     wait_ready || rc=$?
@@ -438,6 +523,105 @@ stop_broker() {
   rm -f "$PIDF"
 }
 
+# ---- ZooKeeper (Kafka 2.x) ----
+# One ZooKeeper server of this DIR on 127.0.0.1:$CPORT, from the jars
+# Kafka 2.x depends on; its state in DIR/kafka/zookeeper survives stop and
+# kill (a broker's crash), destroy stops it and removes it.
+
+# The broker's ZooKeeper session: the registration of a broker killed with
+# SIGKILL lives this long, and a new broker with its id waits for it to go.
+ZK_SESSION_MS=4000
+
+zk_pid() {
+  local pid
+  [[ -f "$KD/zookeeper.pid" ]] || return 1
+  pid="$(cat "$KD/zookeeper.pid" 2>/dev/null || true)"
+  [[ -n "$pid" && -r "/proc/$pid/cmdline" ]] || return 1
+  tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "ZooKeeperServerMain $KD/zookeeper.cfg" || return 1
+  echo "$pid"
+}
+
+# zk_say WORD: ZooKeeper's answer to a four-letter word (ruok, dump).
+zk_say() {
+  timeout 5 bash -c 'exec 3<>"/dev/tcp/${1%:*}/${1##*:}" && printf %s "$2" >&3 && cat <&3' _ "$ZK_ADDR" "$1" 2>/dev/null
+}
+
+start_zk() {
+  local i
+  if ! zk_pid >/dev/null; then
+    mkdir -p "$KD/zookeeper"
+    cat >"$KD/zookeeper.cfg" <<EOF
+# written by testenv/kafka.sh
+dataDir=$KD/zookeeper
+clientPortAddress=127.0.0.1
+clientPort=$CPORT
+tickTime=500
+maxClientCnxns=0
+admin.enableServer=false
+4lw.commands.whitelist=ruok,dump
+EOF
+    setsid java -Xms32m -Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 \
+      -Dorg.slf4j.simpleLogger.defaultLogLevel=warn \
+      -cp "$LIB/*" org.apache.zookeeper.server.ZooKeeperServerMain "$KD/zookeeper.cfg" \
+      </dev/null >>"$KD/zookeeper.log" 2>&1 9>&- &
+    echo "$!" >"$KD/zookeeper.pid"
+    wait_exec "$!" zk_pid
+  fi
+  for ((i = 0; i < 600; i++)); do
+    [[ "$(zk_say ruok)" == imok ]] && return 0
+    zk_pid >/dev/null || break
+    sleep 0.1
+  done
+  echo "---- tail of $KD/zookeeper.log ----" >&2
+  tail -n 40 "$KD/zookeeper.log" >&2 || true
+  die "ZooKeeper on 127.0.0.1:$CPORT did not become ready"
+}
+
+# zk_only: this node runs ZooKeeper alone (a cluster's controller node
+# with Kafka 2.x), and it is up.
+zk_only() {
+  [[ -f "$KD/node.env" && "$(read_env "$KD/node.env" NODE_ROLES)" == controller ]] && zk_pid >/dev/null
+}
+
+# stop_zk [TERM|KILL]
+stop_zk() {
+  local pid i
+  pid="$(zk_pid)" || { rm -f "$KD/zookeeper.pid"; return 0; }
+  kill "-${1:-TERM}" "$pid" 2>/dev/null || true
+  for ((i = 0; i < 100; i++)); do
+    zk_pid >/dev/null || break
+    sleep 0.1
+  done
+  if zk_pid >/dev/null; then kill -KILL "$pid" 2>/dev/null || true; sleep 0.2; fi
+  rm -f "$KD/zookeeper.pid"
+}
+
+# zk_users: the SASL user's SCRAM credentials, written into ZooKeeper
+# once (what StorageTool --add-scram does for KRaft).
+zk_users() {
+  local password
+  uses 'SASL_*' || return 0
+  [[ -f "$KD/scram-users.done" ]] && return 0
+  password="$(cat "$KD/sasl.password")"
+  java -XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Dorg.slf4j.simpleLogger.defaultLogLevel=warn -cp "$LIB/*" \
+    kafka.admin.ConfigCommand --zookeeper "$ZK_ADDR" --alter --entity-type users --entity-name "$SASL_USER" \
+    --add-config "SCRAM-SHA-256=[password=$password],SCRAM-SHA-512=[password=$password]" \
+    >"$KD/format.log" 2>&1 9>&- || { cat "$KD/format.log" >&2; die "kafka SCRAM credentials in ZooKeeper failed"; }
+  touch "$KD/scram-users.done"
+}
+
+# zk_wait_unregistered: a broker killed with SIGKILL stays registered until
+# its ZooKeeper session expires, and a new broker with its id would stop at
+# "node already exists": wait for that registration to go.
+zk_wait_unregistered() {
+  local i
+  for ((i = 0; i < ZK_SESSION_MS / 100 + 100; i++)); do
+    zk_say dump | grep -qF "/brokers/ids/$NODE_ID" || return 0
+    sleep 0.1
+  done
+  die "the broker $NODE_ID killed before is still registered in ZooKeeper"
+}
+
 # ---- a node of a cluster (kafka-cluster.sh) ----
 # Read at the first start, kept in DIR/kafka/node.env, and written after
 # the single-node properties above, which they override (in a properties
@@ -448,7 +632,9 @@ stop_broker() {
 #                              caller, so that every node knows every voter
 #                              before any starts
 #   KAFKA_VOTERS               controller.quorum.voters as this node sees them
-#                              (ID@HOST:PORT,...; a proxy's address, say)
+#                              (ID@HOST:PORT,...; a proxy's address, say);
+#                              with ZooKeeper (2.x), 0@HOST:PORT is where the
+#                              brokers find it (zookeeper.connect)
 #   KAFKA_CLUSTER_ID           the cluster's id, the same on every node
 #   KAFKA_REPLICATION_FACTOR   default and internal topics' replication factor
 #   KAFKA_MIN_ISR              min.insync.replicas (internal topics' too)
@@ -499,6 +685,19 @@ listen_ports() {
 
 write_node_props() {
   [[ -f "$KD/node.env" ]] || return 0
+  if [[ -n "$ZK" ]]; then
+    cat >>"$PROPS" <<EOF
+# a broker of a cluster with ZooKeeper (kafka-cluster.sh): these override the above
+inter.broker.listener.name=$NODE_IBL
+default.replication.factor=$NODE_RF
+min.insync.replicas=$NODE_MIN_ISR
+offsets.topic.replication.factor=$NODE_RF
+transaction.state.log.replication.factor=$NODE_RF
+transaction.state.log.min.isr=$NODE_MIN_ISR
+unclean.leader.election.enable=false
+EOF
+    return 0
+  fi
   local listeners
   listeners="$(sed -n 's/^listeners=//p' "$PROPS" | head -n1)"
   case "$NODE_ROLES" in
@@ -509,7 +708,6 @@ write_node_props() {
     echo "# a node of a cluster (kafka-cluster.sh): these override the above"
     echo "process.roles=$NODE_ROLES"
     echo "listeners=$listeners"
-    if [[ "$NODE_ROLES" == controller ]]; then echo "advertised.listeners="; fi
     echo "inter.broker.listener.name=$NODE_IBL"
     echo "controller.quorum.voters=$NODE_VOTERS"
     echo "default.replication.factor=$NODE_RF"
@@ -521,6 +719,11 @@ write_node_props() {
     echo "share.coordinator.state.topic.min.isr=$NODE_MIN_ISR"
     echo "unclean.leader.election.enable=false"
   } >>"$PROPS"
+  # A controller advertises no client listener: Kafka 3 wants no
+  # advertised.listeners on it, Kafka 4.4 refuses an empty one.
+  if [[ "$NODE_ROLES" == controller ]]; then
+    grep -v '^advertised\.listeners=' "$PROPS" >"$PROPS.tmp" && mv "$PROPS.tmp" "$PROPS"
+  fi
 }
 
 [[ $# -ge 2 ]] || usage
@@ -529,14 +732,15 @@ setup_dirs "$2"
 lock
 case "$cmd" in
   start) cmd_start ;;
-  stop) stop_broker TERM ;;
-  kill) stop_broker KILL ;;
+  stop) if zk_only; then stop_zk TERM; else stop_broker TERM; fi ;;
+  kill) if zk_only; then stop_zk KILL; else stop_broker KILL; fi ;;
   status)
-    if broker_pid >/dev/null; then print_env; else echo "stopped" >&2; exit 1; fi
+    if broker_pid >/dev/null || zk_only; then print_env; else echo "stopped" >&2; exit 1; fi
     ;;
   env) [[ -f "$ENVF" ]] && print_env || die "no $ENVF" ;;
   destroy)
     stop_broker TERM
+    stop_zk
     # shellcheck disable=SC2046
     if load_settings; then release_ports "$DIR" $(all_ports); fi
     rm -rf "$KD" "$ENVF" "$DIR/.kafka.lock"

@@ -259,12 +259,13 @@ health:
 // listener is NAME[:PROTOCOL][=HOST:PORT] (kafka.sh).
 func TestOptionsEnviron(t *testing.T) {
 	t.Setenv("OUTBOXD_PG_VERSION", "")
+	t.Setenv("OUTBOXD_KAFKA_VERSION", "3.9.1")
 	got, err := Options{PostgresTLS: true, CommitTimestamps: true, PGVersion: "17", Listeners: []Listener{
 		{Name: "PROXIED", Advertise: "127.0.0.1:4000"}, {Name: "SASL_SSL", Protocol: "SASL_SSL"}, {Name: "MTLS", Protocol: "SSL", Advertise: "localhost:4001"}}}.environ()
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"PG_VERSION=17", "PG_WAL_LEVEL=logical", "PG_SSL=on", "PG_COMMIT_TS=on", "KAFKA_AUTO_CREATE=true", "KAFKA_ACLS=off", "KAFKA_LISTENERS=PROXIED=127.0.0.1:4000,SASL_SSL:SASL_SSL,MTLS:SSL=localhost:4001"}
+	want := []string{"PG_VERSION=17", "PG_WAL_LEVEL=logical", "PG_SSL=on", "PG_COMMIT_TS=on", "KAFKA_VERSION=3.9.1", "KAFKA_AUTO_CREATE=true", "KAFKA_ACLS=off", "KAFKA_LISTENERS=PROXIED=127.0.0.1:4000,SASL_SSL:SASL_SSL,MTLS:SSL=localhost:4001"}
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Errorf("got %q\nwant %q", got, want)
 	}
