@@ -106,9 +106,13 @@ func Dial(ctx context.Context, cfg Config, addr string) (*kafka.Conn, error) {
 	if _, err := conn.ApiVersions(); err != nil {
 		conn.Close()
 		// With TLS 1.3 a broker's refusal of the client (no certificate)
-		// arrives here, on the first read, rather than in the handshake.
+		// arrives here, on the first read, rather than in the handshake:
+		// an alert, or from Kafka 2.x a record that does not decrypt.
 		if why, definitive := explain(err); definitive {
 			return nil, fmt.Errorf("%s: %w", why, err)
+		}
+		if badRecordMAC(err) {
+			return nil, &AuthError{Reason: "TLS: the broker refused the handshake (tls: bad record MAC: its first record after the handshake does not decrypt, which is how Kafka 2.x refuses a client it does not trust): it may require a client certificate (kafka.tls.cert_file, key_file) it trusts", Err: err}
 		}
 		return nil, fmt.Errorf("%s accepts TCP but does not answer as a Kafka broker: %w", addr, err)
 	}

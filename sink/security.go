@@ -196,8 +196,6 @@ func explain(err error) (why string, definitive bool) {
 		return "TLS: the broker's listener does not speak TLS: turn kafka.tls off or use the broker's SSL/SASL_SSL port", true
 	case tlsAlert(err) != "":
 		return "TLS: the broker refused the handshake (" + tlsAlert(err) + "): it may require a client certificate (kafka.tls.cert_file, key_file) it trusts", true
-	case badRecordMAC(err):
-		return "TLS: the broker refused the handshake (tls: bad record MAC: its first record after the handshake does not decrypt, which is how Kafka 2.x refuses a client it does not trust): it may require a client certificate (kafka.tls.cert_file, key_file) it trusts", true
 	case errors.As(err, &kerr) && kerr == kafka.SASLAuthenticationFailed:
 		return "SASL: authentication failed: check kafka.sasl.username, the password and kafka.sasl.mechanism (the broker must have the user for that mechanism)", true
 	case errors.As(err, &kerr) && (kerr == kafka.UnsupportedSASLMechanism || kerr == kafka.IllegalSASLState):
@@ -218,8 +216,9 @@ func explain(err error) (why string, definitive bool) {
 // certificate and got none sends, after a TLS 1.3 handshake, a record no
 // client can decrypt instead of the certificate_required alert (openssl
 // s_client: "decryption failed or bad record mac"); Kafka 3.x and 4.x send
-// the alert. Over TCP, whose checksums a corrupted record must pass first,
-// that is the broker's refusal, not an outage.
+// the alert. Taken for the broker's refusal only on the first request of
+// a connection outboxd dials itself (dial): later, a record that does not
+// decrypt may be a fault on the way, and is retried.
 func badRecordMAC(err error) bool {
 	var op *net.OpError
 	return errors.As(err, &op) && op.Op == "local error" && op.Err != nil && op.Err.Error() == "tls: bad record MAC"

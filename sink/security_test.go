@@ -248,8 +248,11 @@ func TestSASLFailuresArePermanent(t *testing.T) {
 			t.Errorf("%v: explain %q, retriable %v", kerr, Explain(err), retriable(err))
 		}
 	}
-	// An outage is not an authentication failure.
-	for _, err := range []error{errors.New("dial tcp: connection refused"), kafka.NotLeaderForPartition} {
+	// An outage is not an authentication failure, nor is a record that does
+	// not decrypt on a connection past its first request (dial takes that
+	// for Kafka 2.x's refusal, on the first request only).
+	for _, err := range []error{errors.New("dial tcp: connection refused"), kafka.NotLeaderForPartition,
+		&net.OpError{Op: "local error", Err: errors.New("tls: bad record MAC")}} {
 		if authFailure(err) != nil {
 			t.Errorf("%v taken for an authentication failure", err)
 		}

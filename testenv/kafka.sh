@@ -47,7 +47,9 @@
 #                      (KAFKA_SASL_USERNAME, KAFKA_SASL_PASSWORD_FILE) and the
 #                      PKI's files (TLS_CA_FILE, TLS_CERT_FILE, ...).
 # Knobs read at every start: KAFKA_HEAP_OPTS (default "-Xms256m -Xmx512m"),
-# KAFKA_LOG_LEVEL (default info), KAFKA_START_TIMEOUT (seconds, default 90).
+# KAFKA_LOG_LEVEL (default info), KAFKA_START_TIMEOUT (seconds, default 180: a broker restarted late in a
+# test run recovers the logs of every topic the run made, slowly on a loaded
+# machine).
 # All subcommands are idempotent.
 set -euo pipefail
 
@@ -414,7 +416,7 @@ any_listening() {
 
 # wait_ready: 0 ready, 1 process died, 2 timeout.
 wait_ready() {
-  local deadline=$((SECONDS + ${KAFKA_START_TIMEOUT:-90}))
+  local deadline=$((SECONDS + ${KAFKA_START_TIMEOUT:-180}))
   while ((SECONDS < deadline)); do
     broker_pid >/dev/null || return 1
     # KRaft says "Kafka Server started", a ZooKeeper broker "[KafkaServer id=N] started".
@@ -482,7 +484,7 @@ cmd_start() {
     fi
     if ((rc == 2)); then
       stop_broker KILL
-      fail_with_log "Kafka did not become ready within ${KAFKA_START_TIMEOUT:-90} s"
+      fail_with_log "Kafka did not become ready within ${KAFKA_START_TIMEOUT:-180} s"
     fi
     if ((first)) && ((attempt < 3)) && grep -q "Address already in use" "$LOGF"; then
       log "port collision, picking other ports"
