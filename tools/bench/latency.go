@@ -217,6 +217,33 @@ func writeSized(ctx context.Context, conns []*pgx.Conn, rate int, size func() in
 
 const writers = 6
 
+// setupWriters makes the database and topics name (setupDB) and the
+// writer's connections to it; done closes and removes all of it, whatever
+// the error.
+func (b *bench) setupWriters(ctx context.Context, name string, bl backlog) (dsn string, db *pgx.Conn, conns []*pgx.Conn, done func(), err error) {
+	done = func() {}
+	dsn, db, err = b.setupDB(ctx, name, bl)
+	if err != nil {
+		return "", nil, nil, done, err
+	}
+	done = func() {
+		for _, c := range conns {
+			c.Close(ctx)
+		}
+		b.deleteTopics(name, bl)
+		db.Close(ctx)
+		b.dropDB(ctx, name)
+	}
+	for i := 0; i < writers; i++ {
+		c, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			return dsn, db, conns, done, err // done closes those made
+		}
+		conns = append(conns, c)
+	}
+	return dsn, db, conns, done, nil
+}
+
 // latency runs the (txn, rate) cells against one system: outboxd or the
 // relay (commit to a Kafka consumer's receipt), or pg_recvlogical (commit
 // to receipt through its standard output: the decode floor). With sweep,
@@ -229,26 +256,13 @@ func (b *bench) latency(ctx context.Context, sys string, rep int, txns, rates []
 	short := map[string]string{sysOutboxd: "outboxd", sysRelay: "relay", sysRecv: "recv"}[sys]
 	name := fmt.Sprintf("bench_lat_%s_%d", short, rep) + b.runTag
 	bl := backlog{partitions: b.o.partitions, tables: 1}
-	dsn, db, err := b.setupDB(ctx, name, bl)
+	dsn, db, conns, done, err := b.setupWriters(ctx, name, bl)
+	defer done()
 	if err != nil {
 		return nil, 0, err
 	}
-	defer b.dropDB(ctx, name)
-	defer db.Close(ctx)
-	defer b.deleteTopics(name, bl)
-	var conns []*pgx.Conn
-	defer func() {
-		for _, c := range conns {
-			c.Close(ctx)
-		}
-	}()
 	var backends []*cpuWatch // the writer's
-	for i := 0; i < writers; i++ {
-		c, err := pgx.Connect(ctx, dsn)
-		if err != nil {
-			return nil, 0, err
-		}
-		conns = append(conns, c)
+	for _, c := range conns {
 		backends = append(backends, newCPUWatch(int(c.PgConn().PID())))
 	}
 	var got *latencies

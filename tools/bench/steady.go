@@ -12,8 +12,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/outboxd/outboxd/testenv"
 )
 
@@ -61,25 +59,10 @@ func steadyTxn() int { return 1 + rand.IntN(10) }
 func (b *bench) steady(ctx context.Context) (*steadyRun, error) {
 	name := "bench_steady" + b.runTag
 	bl := backlog{partitions: b.o.partitions, tables: 1}
-	dsn, db, err := b.setupDB(ctx, name, bl)
+	dsn, db, conns, done, err := b.setupWriters(ctx, name, bl)
+	defer done()
 	if err != nil {
 		return nil, err
-	}
-	defer b.dropDB(ctx, name)
-	defer db.Close(ctx)
-	defer b.deleteTopics(name, bl)
-	var conns []*pgx.Conn
-	defer func() {
-		for _, c := range conns {
-			c.Close(ctx)
-		}
-	}()
-	for i := 0; i < writers; i++ {
-		c, err := pgx.Connect(ctx, dsn)
-		if err != nil {
-			return nil, err
-		}
-		conns = append(conns, c)
 	}
 	cons, err := startConsumer(b.env.KafkaBrokers, name, b.o.partitions)
 	if err != nil {
