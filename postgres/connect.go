@@ -10,11 +10,13 @@ import (
 	"bufio"
 	"context"
 	"io"
+	"net"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/outboxd/outboxd/quietconn"
 )
 
 // Session is what a connection is opened as.
@@ -52,6 +54,16 @@ func withSession(base *pgconn.Config, s Session) *pgconn.Config {
 		pc.RuntimeParams["replication"] = "database"
 		pc.BuildFrontend = func(r io.Reader, w io.Writer) *pgproto3.Frontend {
 			return pgproto3.NewFrontend(bufio.NewReaderSize(r, readBufferSize), w)
+		}
+		// The stream's reads and writes, several per transaction, must not
+		// wake the runtime's monitor (package quietconn).
+		dial := pc.DialFunc
+		pc.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := dial(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return quietconn.Wrap(c), nil
 		}
 	}
 	for k, v := range s.Params {

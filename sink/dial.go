@@ -9,6 +9,7 @@ import (
 	"net"
 	"time"
 
+	"github.com/outboxd/outboxd/quietconn"
 	"github.com/segmentio/kafka-go"
 )
 
@@ -43,6 +44,7 @@ func dialer(cfg Config) func(ctx context.Context, network, addr string) (net.Con
 		if err != nil {
 			return nil, err
 		}
+		c = quietconn.Wrap(c) // a produce request's write and read wake no monitor
 		if cfg.TLS != nil {
 			tc := cfg.TLS
 			if tc.ServerName == "" {

@@ -18,6 +18,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime"
 	"sync"
 	"syscall"
 	"time"
@@ -48,7 +49,23 @@ commands:
 `
 
 func main() {
+	oneProcessor()
 	os.Exit(realMain(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// oneProcessor runs outboxd's goroutines on one processor unless the
+// environment's GOMAXPROCS says otherwise. outboxd is one stream: a
+// walsender decodes its transactions one after the other, and one core
+// keeps up with it (a drain at the decode limit takes 4 µs of CPU per
+// event, 0.7 of a core). With a second processor, every goroutine one of
+// them readies wakes a thread for the other, and on the virtual machines
+// sidecars run on, a wake-up costs more CPU than a transaction's work:
+// at steady rates a second processor made outboxd's CPU per event 1.3-1.5x
+// (docs/reports/PERFORMANCE.md, issue 36).
+func oneProcessor() {
+	if os.Getenv("GOMAXPROCS") == "" {
+		runtime.GOMAXPROCS(1)
+	}
 }
 
 func realMain(args []string, stdout, stderr io.Writer) int {
