@@ -55,19 +55,19 @@ func withSession(base *pgconn.Config, s Session) *pgconn.Config {
 		pc.BuildFrontend = func(r io.Reader, w io.Writer) *pgproto3.Frontend {
 			return pgproto3.NewFrontend(bufio.NewReaderSize(r, readBufferSize), w)
 		}
-		// The stream's reads and writes, several per transaction, must not
-		// wake the runtime's monitor (package quietconn).
-		dial := pc.DialFunc
-		pc.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
-			c, err := dial(ctx, network, addr)
-			if err != nil {
-				return nil, err
-			}
-			return quietconn.Wrap(c), nil
-		}
 	}
 	for k, v := range s.Params {
 		pc.RuntimeParams[k] = v
+	}
+	// Reads and writes (the stream's several per transaction, the
+	// monitor's polls) must not wake the runtime's monitor (quietconn).
+	dial := pc.DialFunc
+	pc.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return quietconn.Wrap(c), nil
 	}
 	return pc
 }
