@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sync"
 	"time"
 
 	"github.com/outboxd/outboxd/quietconn"
@@ -127,4 +128,70 @@ func Dial(ctx context.Context, cfg Config, addr string) (*kafka.Conn, error) {
 	}
 	_ = conn.SetDeadline(time.Time{})
 	return conn, nil
+}
+
+// Prober asks brokers whether they answer as Kafka, as Dial does, on
+// connections it keeps between probes: the health monitor's poll dialled
+// every broker anew (TCP, TLS, SASL, two requests, a close), a dozen
+// wake-ups of an idle outboxd per broker and poll (issue 36). A kept
+// connection is asked its API versions; one that does not answer is
+// closed and the broker dialled again at once, so that a broker that
+// restarted is not reported down for a stale connection, and a broker
+// whose new connections fail is.
+type Prober struct {
+	cfg   Config
+	mu    sync.Mutex
+	conns map[string]*kafka.Conn // idle, by address
+}
+
+// NewProber is a Prober of cfg's brokers; Close closes what it keeps.
+func NewProber(cfg Config) *Prober {
+	return &Prober{cfg: cfg, conns: map[string]*kafka.Conn{}}
+}
+
+// Probe reports whether the broker at addr answers as Kafka.
+func (p *Prober) Probe(ctx context.Context, addr string) error {
+	p.mu.Lock()
+	c := p.conns[addr]
+	delete(p.conns, addr) // in use: a concurrent probe of addr dials its own
+	p.mu.Unlock()
+	if c != nil {
+		deadline := time.Now().Add(dialTimeout)
+		if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+			deadline = d
+		}
+		_ = c.SetDeadline(deadline)
+		if _, err := c.ApiVersions(); err == nil {
+			_ = c.SetDeadline(time.Time{})
+			p.keep(addr, c)
+			return nil
+		}
+		c.Close()
+	}
+	c, err := Dial(ctx, p.cfg, addr)
+	if err != nil {
+		return err
+	}
+	p.keep(addr, c)
+	return nil
+}
+
+func (p *Prober) keep(addr string, c *kafka.Conn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.conns == nil || p.conns[addr] != nil {
+		c.Close()
+		return
+	}
+	p.conns[addr] = c
+}
+
+// Close closes the kept connections; a probe after it keeps none.
+func (p *Prober) Close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
 }

@@ -54,6 +54,24 @@ func notKafka(t *testing.T, serve func(c net.Conn, received *bytes.Buffer)) (str
 	}
 }
 
+// serveRequests answers the requests c receives with answer's response
+// until answer returns nil or last, or the connection ends.
+func serveRequests(c net.Conn, answer func(msg protocol.Message) (res protocol.Message, last bool)) {
+	for {
+		version, id, _, msg, err := protocol.ReadRequest(c)
+		if err != nil {
+			return
+		}
+		res, last := answer(msg)
+		if res == nil {
+			return
+		}
+		if err := protocol.WriteResponse(c, version, id, res); err != nil || last {
+			return
+		}
+	}
+}
+
 // readRequest reads what the client sent first into got.
 func readRequest(c net.Conn, got *bytes.Buffer) {
 	buf := make([]byte, 512)
@@ -143,38 +161,24 @@ func saslBroker(t *testing.T, refuse bool, cert *tls.Certificate) string {
 	serve := func(c net.Conn) {
 		defer c.Close()
 		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-		for {
-			version, id, _, msg, err := protocol.ReadRequest(c)
-			if err != nil {
-				return
-			}
-			var res protocol.Message
+		serveRequests(c, func(msg protocol.Message) (protocol.Message, bool) {
 			switch msg.(type) {
 			case *apiversions.Request:
-				res = &apiversions.Response{ApiKeys: []apiversions.ApiKeyResponse{
+				return &apiversions.Response{ApiKeys: []apiversions.ApiKeyResponse{
 					{ApiKey: int16(protocol.ApiVersions), MaxVersion: 2},
 					{ApiKey: int16(protocol.SaslHandshake), MaxVersion: 1},
 					{ApiKey: int16(protocol.SaslAuthenticate), MaxVersion: 1},
-					{ApiKey: int16(protocol.Metadata), MaxVersion: 8}}}
+					{ApiKey: int16(protocol.Metadata), MaxVersion: 8}}}, false
 			case *saslhandshake.Request:
-				res = &saslhandshake.Response{Mechanisms: []string{"PLAIN"}}
+				return &saslhandshake.Response{Mechanisms: []string{"PLAIN"}}, false
 			case *saslauthenticate.Request:
 				if !refuse {
-					return // the broker goes away
+					return nil, true // the broker goes away
 				}
-				res = &saslauthenticate.Response{ErrorCode: int16(kafka.SASLAuthenticationFailed), ErrorMessage: "Authentication failed: Invalid username or password"}
-			default:
-				return
+				return &saslauthenticate.Response{ErrorCode: int16(kafka.SASLAuthenticationFailed), ErrorMessage: "Authentication failed: Invalid username or password"}, true
 			}
-			if err := protocol.WriteResponse(c, version, id, res); err != nil {
-				return
-			}
-			if refuse {
-				if _, ok := msg.(*saslauthenticate.Request); ok {
-					return
-				}
-			}
-		}
+			return nil, true
+		})
 	}
 	wg.Add(1)
 	go func() {

@@ -77,15 +77,10 @@ func run(ctx context.Context, path string, proc *process) error {
 	rc.Trace = tracer
 	if cfg.Health.Listen != "" {
 		// The same question check asks: does the broker answer as Kafka?
-		probe := func(ctx context.Context, addr string) error {
-			c, err := sink.Dial(ctx, sc, addr)
-			if err == nil {
-				c.Close()
-			}
-			return err
-		}
+		prober := sink.NewProber(sc)
+		defer prober.Close()
 		mon = health.NewMonitor(health.MonitorConfig{Conn: conn, Slot: cfg.Postgres.Slot, Publication: cfg.Postgres.Publication,
-			Tables: rc.Tables, Brokers: cfg.Kafka.Brokers, Probe: probe, Interval: cfg.Health.PollInterval}, log.Named("health"))
+			Tables: rc.Tables, Brokers: cfg.Kafka.Brokers, Probe: prober.Probe, Interval: cfg.Health.PollInterval}, log.Named("health"))
 		rc.OnStreaming = mon.PollNow
 	}
 	schemas, err := resolveSchemas(ctx, cfg, &routing, log.Named("schema"))
