@@ -106,7 +106,7 @@ func main() {
 	flag.StringVar(&o.outboxEnv, "outboxd-env", "", `extra environment for outboxd only, "K=V,K=V" (e.g. "GOMAXPROCS=2" to override outboxd's default)`)
 	flag.StringVar(&o.binary, "outboxd-bin", "", "run this outboxd binary instead of building the working tree's (to compare versions)")
 	flag.StringVar(&o.routing, "routing", "", `"rich": outboxd with every routing feature at once (two routes per row, a template, an override, fields, the trace context, position headers, the record timestamp): two records per row`)
-	flag.StringVar(&o.value, "value", "", `the seed route's record: "" (the envelope), "cloudevents" (binary), "cloudevents-structured", "jsonschema" (carrega validated and in the schema registry's wire format, against an Apicurio Registry the bench starts), "avro" (carrega in Avro by the schema, the same registry), "protobuf" (carrega in Protobuf by a .proto, the same registry)`)
+	flag.StringVar(&o.value, "value", "", `the seed route's record: "" (the envelope), "cloudevents" (binary), "cloudevents-structured", "jsonschema" (carrega validated and in the schema registry's wire format, against an Apicurio Registry the bench starts), "avro" (carrega in Avro by the schema, the same registry), "protobuf" (carrega in Protobuf by a .proto, the same registry); the three registry shapes register the key too (key: registered)`)
 	flag.Float64Var(&o.trace, "trace", -1, "tracing on with this tracing.sample_ratio (0 to 1): outboxd's spans go to an OpenTelemetry Collector the bench starts (testenv/otelcol.sh); negative: off")
 	flag.StringVar(&o.services, "services", "", "reuse the PostgreSQL and Kafka that `bash testenv/services.sh up DIR` started (left running; for repeated development runs)")
 	flag.StringVar(&steadyRates, "steady", "200,2000", `steady-phase rates, events/s, in transactions of 1-10 rows: outboxd's CPU per event, latency, idle CPU and a CPU profile ("" skips the phase)`)
@@ -584,6 +584,14 @@ func (b *bench) tracing() testenv.Section {
 	return testenv.Section{"endpoint": b.collector.Endpoint, "sample_ratio": strconv.FormatFloat(b.o.trace, 'f', -1, 64)}
 }
 
+// registered is a route whose value is carrega in format by the order's
+// schema file, and whose key is registered too (issue 37: "the route's
+// value in the registry's wire format, a registered key too").
+func (b *bench) registered(format, file string) testenv.Section {
+	return testenv.Section{"value": "payload", "schema": fmt.Sprintf(`{registry: %q, format: %s, auto_register: true, key: registered, schemas: {comanda.creada: %q}}`,
+		b.registry, format, filepath.Join(b.schemas, file))}
+}
+
 // valueKeys are the seed route's keys for -value.
 func (b *bench) valueKeys() testenv.Section {
 	switch b.o.value {
@@ -592,14 +600,11 @@ func (b *bench) valueKeys() testenv.Section {
 	case "cloudevents-structured":
 		return testenv.Section{"value": "cloudevents", "cloudevents": "{mode: structured}"}
 	case "jsonschema":
-		return testenv.Section{"value": "payload", "schema": fmt.Sprintf(`{registry: %q, auto_register: true, schemas: {comanda.creada: %q}}`,
-			b.registry, filepath.Join(b.schemas, "comanda-creada.json"))}
+		return b.registered("json_schema", "comanda-creada.json")
 	case "avro":
-		return testenv.Section{"value": "payload", "schema": fmt.Sprintf(`{registry: %q, format: avro, auto_register: true, schemas: {comanda.creada: %q}}`,
-			b.registry, filepath.Join(b.schemas, "comanda-creada.avsc"))}
+		return b.registered("avro", "comanda-creada.avsc")
 	case "protobuf":
-		return testenv.Section{"value": "payload", "schema": fmt.Sprintf(`{registry: %q, format: protobuf, auto_register: true, schemas: {comanda.creada: %q}}`,
-			b.registry, filepath.Join(b.schemas, "comanda_creada.proto"))}
+		return b.registered("protobuf", "comanda_creada.proto")
 	}
 	return nil
 }
