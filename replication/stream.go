@@ -98,7 +98,7 @@ func (s *stream) run(ctx context.Context) error {
 	var readDeadline time.Time // the connection's, as last set here
 	s.lastRecv, s.ackedAtStatus = now, s.pub.Acked()
 	for {
-		if s.statusDue(now, nextStatus) {
+		if s.reply || !now.Before(nextStatus) || s.farAhead() {
 			if err := s.sendStatus(now, false); err != nil {
 				return err
 			}
@@ -178,25 +178,6 @@ func (s *stream) check(now time.Time) error {
 		return s.failed(s.deliveryError(err))
 	}
 	return nil
-}
-
-// statusDue reports whether a standby status goes out now: when the
-// server asked for one, when one is due (nextStatus), when much was
-// acknowledged since the last; and in the last half of the interval as
-// soon as something new is confirmed. A status then rides on a wake-up the
-// stream has anyway (a message from the server) rather than on its read
-// deadline's own: at a steady few transactions per interval that was one
-// wake-up of outboxd in eight (issue 36). The slot still trails the last
-// acknowledgement by at most postgres.status_interval.
-func (s *stream) statusDue(now, nextStatus time.Time) bool {
-	if s.reply || !now.Before(nextStatus) || s.farAhead() {
-		return true
-	}
-	if now.Before(nextStatus.Add(-s.cfg.statusInterval / 2)) {
-		return false
-	}
-	st := s.tracker.State()
-	return st.Moved && st.Confirmed != s.sentFlush
 }
 
 // pause waits, reading nothing, until an outcome may have made room or a

@@ -3,7 +3,6 @@ package replication
 import (
 	"encoding/binary"
 	"errors"
-	"github.com/outboxd/outboxd/publish"
 	"strings"
 	"testing"
 	"time"
@@ -163,38 +162,6 @@ func TestIdleReadDeadline(t *testing.T) {
 			}
 			if got := s.readDeadline(now, nextStatus, tc.stop); !got.Equal(tc.want) {
 				t.Errorf("read deadline in %s, want in %s", got.Sub(now), tc.want.Sub(now))
-			}
-		})
-	}
-}
-
-// A status rides on a message that comes in the last half of the
-// interval once something new is confirmed, instead of waiting for its own
-// read deadline (a wake-up of its own at a steady rate: issue 36); before
-// that half, or with nothing new, only the interval makes it due.
-func TestStatusRidesOnAMessage(t *testing.T) {
-	now := time.Date(2026, 12, 6, 3, 0, 0, 0, time.UTC)
-	for _, tc := range []struct {
-		name      string
-		dueIn     time.Duration
-		confirmed bool // the tracker confirmed past the last status
-		want      bool
-	}{
-		{name: "due", dueIn: 0, want: true},
-		{name: "last half, something new", dueIn: 40 * time.Millisecond, confirmed: true, want: true},
-		{name: "last half, nothing new", dueIn: 40 * time.Millisecond, want: false},
-		{name: "first half, something new", dueIn: 60 * time.Millisecond, confirmed: true, want: false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			tr := NewTracker(100, nil)
-			tr.Keepalive(200)
-			s := &stream{tracker: tr, sentFlush: 200, pub: publish.New(publish.Config{}),
-				cfg: streamConfig{statusInterval: 100 * time.Millisecond, idleStatusInterval: 10 * time.Second}}
-			if tc.confirmed {
-				tr.Keepalive(300)
-			}
-			if got := s.statusDue(now, now.Add(tc.dueIn)); got != tc.want {
-				t.Errorf("status due %v, want %v", got, tc.want)
 			}
 		})
 	}
