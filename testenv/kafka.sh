@@ -491,6 +491,12 @@ cmd_start() {
       new_ports
       continue
     fi
+    if ((attempt < 3)) && [[ ! -s "$LOGF" ]]; then
+      # Gone before its first line (seen once in CI, restarting a cluster
+      # node under load): nothing to learn from it; start it again.
+      log "the broker exited before writing a line of its log; starting it again"
+      continue
+    fi
     fail_with_log "Kafka exited during startup"
   done
   die "Kafka failed to start"
