@@ -72,7 +72,7 @@ func (c *Conn) Read(b []byte) (int, error) {
 	if errno != 0 {
 		n = 0
 	}
-	return c.result("read", n, errno, err, true)
+	return c.result("read", n, errno, err)
 }
 
 // Write writes all of b, waiting on the poller (and the write deadline)
@@ -80,11 +80,16 @@ func (c *Conn) Read(b []byte) (int, error) {
 func (c *Conn) Write(b []byte) (int, error) {
 	var n int
 	var errno syscall.Errno
+	var short error
 	err := c.rc.Write(func(fd uintptr) bool {
 		for n < len(b) {
 			r, _, e := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&b[n])), uintptr(len(b)-n))
 			switch e {
 			case 0:
+				if r == 0 { // as the net package: not a loop for ever
+					short = io.ErrUnexpectedEOF
+					return true
+				}
 				n += int(r)
 			case syscall.EINTR:
 			case syscall.EAGAIN:
@@ -96,17 +101,20 @@ func (c *Conn) Write(b []byte) (int, error) {
 		}
 		return true
 	})
-	return c.result("write", n, errno, err, false)
+	if err == nil {
+		err = short
+	}
+	return c.result("write", n, errno, err)
 }
 
 // result is what Read or Write returns, its errors as the wrapped
 // connection's would be: io.EOF at the end of the stream, a *net.OpError
 // otherwise.
-func (c *Conn) result(op string, n int, errno syscall.Errno, err error, read bool) (int, error) {
+func (c *Conn) result(op string, n int, errno syscall.Errno, err error) (int, error) {
 	if err == nil && errno != 0 {
 		err = os.NewSyscallError(op, errno)
 	}
-	if err == nil && read && n == 0 {
+	if err == nil && op == "read" && n == 0 {
 		return 0, io.EOF
 	}
 	if err != nil {

@@ -65,36 +65,30 @@ func TestReadWriteWhole(t *testing.T) {
 			c, s := pair(t, network)
 			want := make([]byte, 8<<20)
 			rand.Read(want)
-			errc := make(chan error, 1)
-			go func() {
-				_, err := c.Write(want)
-				errc <- err
-			}()
-			got := make([]byte, len(want))
-			if _, err := io.ReadFull(s, got); err != nil {
-				t.Fatal(err)
-			}
-			if err := <-errc; err != nil {
-				t.Fatalf("write: %v", err)
-			}
-			if !bytes.Equal(got, want) {
-				t.Fatal("the server read other bytes than the wrapped connection wrote")
-			}
-			go func() {
-				_, err := s.Write(want)
-				errc <- err
-			}()
-			got2 := make([]byte, len(want))
-			if _, err := io.ReadFull(c, got2); err != nil {
-				t.Fatal(err)
-			}
-			if err := <-errc; err != nil {
-				t.Fatal(err)
-			}
-			if !bytes.Equal(got2, want) {
-				t.Fatal("the wrapped connection read other bytes than the server wrote")
-			}
+			sendWhole(t, c, s, want, "the server read other bytes than the wrapped connection wrote")
+			sendWhole(t, s, c, want, "the wrapped connection read other bytes than the server wrote")
 		})
+	}
+}
+
+// sendWhole writes want to from while reading it from to, and fails t with
+// differ unless to read it all, unchanged.
+func sendWhole(t *testing.T, from, to net.Conn, want []byte, differ string) {
+	t.Helper()
+	errc := make(chan error, 1)
+	go func() {
+		_, err := from.Write(want)
+		errc <- err
+	}()
+	got := make([]byte, len(want))
+	if _, err := io.ReadFull(to, got); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatalf("write: %v", err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal(differ)
 	}
 }
 

@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"strconv"
-	"sync"
 	"time"
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -40,9 +39,6 @@ func newOTLPExporter(url string, headers map[string]string, tlsConfig *tls.Confi
 	return &otlpExporter{url: url, headers: headers, client: &http.Client{Transport: tr, Timeout: exportTimeout}}
 }
 
-// bodies are request bodies, reused from export to export.
-var bodies = sync.Pool{New: func() any { return new([]byte) }}
-
 // exportTimeout bounds one request, as OTEL_EXPORTER_OTLP_TIMEOUT's default.
 const exportTimeout = 10 * time.Second
 
@@ -52,14 +48,9 @@ func (e *otlpExporter) ExportSpans(ctx context.Context, spans []sdktrace.ReadOnl
 	if len(spans) == 0 {
 		return nil
 	}
-	buf := bodies.Get().(*[]byte)
-	defer func() {
-		if cap(*buf) <= 4<<20 {
-			bodies.Put(buf)
-		}
-	}()
-	body := appendTracesData((*buf)[:0], spans)
-	*buf = body
+	// A body of its own per export, never pooled: the HTTP transport may
+	// still be reading a request's body after Do returns.
+	body := appendTracesData(nil, spans)
 	delay := time.Second
 	for {
 		retryAfter, err := e.post(ctx, body)

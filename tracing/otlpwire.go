@@ -2,10 +2,12 @@ package tracing
 
 import (
 	"math"
+	"slices"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/sdk/instrumentation"
+	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"google.golang.org/protobuf/encoding/protowire"
 )
@@ -25,32 +27,21 @@ func appendTracesData(b []byte, spans []sdktrace.ReadOnlySpan) []byte {
 	}
 	type resourceGroup struct {
 		key    attribute.Distinct
-		spans  sdktrace.ReadOnlySpan // the first: its resource
+		res    *resource.Resource
 		scopes []scopeGroup
 	}
 	var groups []resourceGroup
 	for _, s := range spans {
-		rk := s.Resource().Equivalent()
-		gi := -1
-		for i := range groups {
-			if groups[i].key == rk {
-				gi = i
-				break
-			}
-		}
+		res := s.Resource()
+		rk := res.Equivalent()
+		gi := slices.IndexFunc(groups, func(g resourceGroup) bool { return g.key == rk })
 		if gi < 0 {
-			groups = append(groups, resourceGroup{key: rk, spans: s})
+			groups = append(groups, resourceGroup{key: rk, res: res})
 			gi = len(groups) - 1
 		}
 		g := &groups[gi]
 		sc := s.InstrumentationScope()
-		si := -1
-		for i := range g.scopes {
-			if g.scopes[i].scope == sc {
-				si = i
-				break
-			}
-		}
+		si := slices.IndexFunc(g.scopes, func(sg scopeGroup) bool { return sg.scope == sc })
 		if si < 0 {
 			g.scopes = append(g.scopes, scopeGroup{scope: sc})
 			si = len(g.scopes) - 1
@@ -59,9 +50,8 @@ func appendTracesData(b []byte, spans []sdktrace.ReadOnlySpan) []byte {
 	}
 	for _, g := range groups {
 		b = appendMessage(b, 1, func(b []byte) []byte { // ResourceSpans
-			res := g.spans.Resource()
 			b = appendMessage(b, 1, func(b []byte) []byte { // Resource
-				return appendKeyValues(b, 1, res.Attributes())
+				return appendKeyValues(b, 1, g.res.Attributes())
 			})
 			for _, sg := range g.scopes {
 				b = appendMessage(b, 2, func(b []byte) []byte { // ScopeSpans
@@ -76,7 +66,7 @@ func appendTracesData(b []byte, spans []sdktrace.ReadOnlySpan) []byte {
 					return appendString(b, 3, sg.scope.SchemaURL)
 				})
 			}
-			return appendString(b, 3, res.SchemaURL())
+			return appendString(b, 3, g.res.SchemaURL())
 		})
 	}
 	return b
