@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -556,6 +557,42 @@ func TestNewBatchKick(t *testing.T) {
 			}
 			if part.open == nil || part.open.count != 1 {
 				t.Fatalf("the record is not in the partition's open batch")
+			}
+		})
+	}
+}
+
+// The senders live as long as the producer (issue 36: a goroutine per
+// round grew its stack anew each time) and end with it: after Close no
+// goroutine of the producer is left, idempotent (five senders) or not
+// (one), with every record acknowledged.
+func TestSendersEndWithTheProducer(t *testing.T) {
+	for _, idempotent := range []bool{false, true} {
+		t.Run(fmt.Sprintf("idempotence=%t", idempotent), func(t *testing.T) {
+			before := runtime.NumGoroutine()
+			b := &fakeBroker{}
+			p := testProducer(t, b, Config{BatchSize: 1, Linger: time.Millisecond, MaxAttempts: 5, Idempotence: idempotent})
+			r := newAckRecorder(20)
+			for i := range 20 {
+				produceOne(t, p, rec(r, fmt.Sprintf("P-%d", i%4), fmt.Sprintf("v%d", i)))
+				p.Flush()
+			}
+			r.wait(t)
+			for _, k := range r.told() {
+				if err := r.get(k); err != nil {
+					t.Fatalf("%s: %v", k, err)
+				}
+			}
+			if err := p.Close(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			deadline := time.Now().Add(5 * time.Second)
+			for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
+				time.Sleep(5 * time.Millisecond)
+			}
+			if n := runtime.NumGoroutine(); n > before {
+				buf := make([]byte, 1<<20)
+				t.Fatalf("%d goroutines left after Close (%d before):\n%s", n-before, before, buf[:runtime.Stack(buf, true)])
 			}
 		})
 	}
