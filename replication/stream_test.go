@@ -134,7 +134,8 @@ func TestMissingPublicationWarningStops(t *testing.T) {
 // TestIdleReadDeadline: with nothing to confirm, a read waits until the
 // next thing due without a message (the idle status, the ping of a silent
 // server, giving up on it), not a second at a time; with something to
-// confirm, until the next status; never past a stop's deadline.
+// confirm, until half an interval past the next status (a message before
+// then takes it along: statusLate); never past a stop's deadline.
 func TestIdleReadDeadline(t *testing.T) {
 	now := time.Date(2026, 12, 5, 23, 0, 0, 0, time.UTC)
 	nextStatus := now.Add(100 * time.Millisecond)
@@ -150,8 +151,8 @@ func TestIdleReadDeadline(t *testing.T) {
 		{name: "the ping first", sentAgo: time.Second, recvAgo: 12 * time.Second, receiveTimeout: 30 * time.Second, want: now.Add(3*time.Second + time.Millisecond)},
 		{name: "giving up after the ping", sentAgo: time.Second, recvAgo: 16 * time.Second, receiveTimeout: 30 * time.Second, pinged: true, want: now.Add(9 * time.Second)},
 		{name: "giving up first", sentAgo: time.Second, recvAgo: 25 * time.Second, receiveTimeout: 30 * time.Second, pinged: true, want: now.Add(5*time.Second + time.Millisecond)},
-		{name: "not before the next status", sentAgo: 10 * time.Second, recvAgo: time.Second, want: nextStatus},
-		{name: "something to confirm", sentAgo: time.Second, recvAgo: time.Second, unsettled: true, want: nextStatus},
+		{name: "not before the next status", sentAgo: 10 * time.Second, recvAgo: time.Second, want: nextStatus.Add(50 * time.Millisecond)},
+		{name: "something to confirm", sentAgo: time.Second, recvAgo: time.Second, unsettled: true, want: nextStatus.Add(50 * time.Millisecond)},
 		{name: "a stop", sentAgo: time.Second, recvAgo: time.Second, stop: now.Add(2 * time.Second), want: now.Add(2 * time.Second)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
