@@ -200,11 +200,12 @@ func (s *stream) pause(until time.Time) {
 }
 
 // readDeadline is how long the next read may wait: until half a status
-// interval past the next status (statusLate); when nothing waits to be confirmed, until the next thing due without a
-// message (the idle status, the ping of a silent server or giving up on
-// it: checkPeers), as no acknowledgement can come to confirm meanwhile
-// and a message wakes the read anyway (an idle outboxd woke every second
-// for nothing: issue 36); and never past the deadline of a stop.
+// interval past the next status (statusLate); when nothing waits to be
+// confirmed, until the next thing due without a message (the idle status,
+// the ping of a silent server or giving up on it: checkPeers), as no
+// acknowledgement can come to confirm meanwhile and a message wakes the
+// read anyway (an idle outboxd woke every second for nothing: issue 36);
+// and never past the deadline of a stop.
 func (s *stream) readDeadline(now, nextStatus, stopDeadline time.Time) time.Time {
 	deadline := nextStatus.Add(s.cfg.statusInterval / statusLate)
 	if st := s.tracker.State(); st.Open == 0 && st.Confirmed == s.sentFlush {
