@@ -215,6 +215,17 @@ func TestSecondRouteHoldsTheSlot(t *testing.T) {
 	ctx := context.Background()
 	second := testenv.Route{Table: "public.outbox", Topic: f.topic("petit"), More: testenv.Section{"filter": "{tipus: comanda.creada}"}}
 	d := f.start(f.config(seedRoute(f.topic("comandes")), second))
+	// A row for comandes alone first: with kafka.deduplicate a partition's
+	// first records wait for its own tail read, and were comandes's still
+	// pending when petit's refusal stops the producer, its record of the
+	// two-route row would never leave. Once comandes has a record, its tail
+	// is known and the two-route row's record there goes at once; petit's
+	// waits for its tail read.
+	if _, err := f.db.Exec(ctx, `INSERT INTO outbox (id, agregat, agregat_id, tipus, carrega) VALUES
+		('00000000-0000-4000-8000-0000000000a0', 'comanda', 'K-0', 'comanda.pagada', '{"n": 0}')`); err != nil {
+		t.Fatal(err)
+	}
+	consumeExactly(t, f.topic("comandes"), 1)
 	if _, err := f.db.Exec(ctx, `INSERT INTO outbox (id, agregat, agregat_id, tipus, carrega) VALUES
 		('00000000-0000-4000-8000-0000000000a1', 'comanda', 'K-1', 'comanda.creada', '{"n": 1}')`); err != nil {
 		t.Fatal(err)
@@ -222,8 +233,8 @@ func TestSecondRouteHoldsTheSlot(t *testing.T) {
 	if err := d.exited(60 * time.Second); err == nil {
 		t.Fatal("outboxd exited 0 with a record refused for good")
 	}
-	if got := consumeExactly(t, f.topic("comandes"), 1); header(got[0], "id_esdeveniment") != "00000000-0000-4000-8000-0000000000a1" {
-		t.Fatalf("the first route's record: %v", got[0].Headers)
+	if got := consumeExactly(t, f.topic("comandes"), 2); header(got[1], "id_esdeveniment") != "00000000-0000-4000-8000-0000000000a1" {
+		t.Fatalf("the first route's record: %v", got[1].Headers)
 	}
 	if passed := f.slotPassed("00000000-0000-4000-8000-0000000000a1"); len(passed) > 0 {
 		c, _ := f.slot()
