@@ -7,17 +7,26 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strconv"
 	"sync"
 	"time"
 
-	"github.com/outboxd/outboxd/quietconn"
 	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/protocol"
+	"github.com/segmentio/kafka-go/protocol/apiversions"
+	"github.com/segmentio/kafka-go/protocol/saslauthenticate"
+	"github.com/segmentio/kafka-go/protocol/saslhandshake"
+	"github.com/segmentio/kafka-go/sasl"
+
+	"github.com/outboxd/outboxd/quietconn"
 )
 
 // Every connection outboxd opens to Kafka is set up in this file: the
-// producer's Transport, and Dial for the probes (check, the health
-// monitor). TLS and SASL belong here and nowhere else: kafka.Transport and
-// kafka.Dialer both take a tls.Config and a SASL mechanism.
+// producer's Transport, its produce connections (wire.go), and Dial for
+// the probes (check, the health monitor). TLS and SASL belong here and
+// nowhere else: kafka.Transport and kafka.Dialer both take a tls.Config
+// and a SASL mechanism, and a produce connection authenticates as the
+// Transport does, with the same mechanism (wire.setUp).
 
 const (
 	dialTimeout   = 5 * time.Second
@@ -194,4 +203,83 @@ func (p *Prober) Close() {
 		c.Close()
 	}
 	p.conns = nil
+}
+
+// connect dials addr and readies the connection for produce requests: the
+// broker's API versions (it must take produceVersion), then SASL when
+// configured, as kafka-go's Transport does for its own connections.
+func (ws *wires) connect(ctx context.Context, addr string) (*wire, error) {
+	ctx, cancel := context.WithTimeout(ctx, dialTimeout)
+	defer cancel()
+	c, err := ws.dial(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	deadline, _ := ctx.Deadline()
+	_ = c.SetDeadline(deadline)
+	w := &wire{c: c}
+	if err := w.setUp(ctx, addr, ws.cfg.ClientID, ws.cfg.SASL); err != nil {
+		c.Close()
+		return nil, err
+	}
+	_ = c.SetDeadline(time.Time{})
+	w.clientID = ws.cfg.ClientID
+	return w, nil
+}
+
+// setUp asks the broker its API versions and authenticates, with
+// correlation ids from 1; produce requests follow the last one.
+func (w *wire) setUp(ctx context.Context, addr, clientID string, mech sasl.Mechanism) error {
+	next := func() int32 { w.corr++; return w.corr }
+	m, err := protocol.RoundTrip(w.c, 0, next(), clientID, &apiversions.Request{})
+	if err != nil {
+		return err
+	}
+	av := m.(*apiversions.Response)
+	if av.ErrorCode != 0 {
+		return fmt.Errorf("API versions from the broker at %s: %w", addr, kafka.Error(av.ErrorCode))
+	}
+	takes := false
+	for _, k := range av.ApiKeys {
+		if k.ApiKey == int16(protocol.Produce) {
+			takes = k.MinVersion <= produceVersion && produceVersion <= k.MaxVersion
+		}
+	}
+	if !takes {
+		return fmt.Errorf("the broker at %s does not take produce requests v%d (Kafka 2.1 and later do)", addr, produceVersion)
+	}
+	if mech == nil {
+		return nil
+	}
+	m, err = protocol.RoundTrip(w.c, 1, next(), clientID, &saslhandshake.Request{Mechanism: mech.Name()})
+	if err != nil {
+		return err
+	}
+	if code := m.(*saslhandshake.Response).ErrorCode; code != 0 {
+		return kafka.Error(code)
+	}
+	host, port, _ := net.SplitHostPort(addr)
+	portNum, _ := strconv.Atoi(port)
+	ctx = sasl.WithMetadata(ctx, &sasl.Metadata{Host: host, Port: portNum})
+	sess, state, err := mech.Start(ctx)
+	if err != nil {
+		return err
+	}
+	for done := false; !done; {
+		m, err := protocol.RoundTrip(w.c, 1, next(), clientID, &saslauthenticate.Request{AuthBytes: state})
+		if err != nil {
+			return err
+		}
+		r := m.(*saslauthenticate.Response)
+		if r.ErrorCode != 0 {
+			if r.ErrorMessage != "" {
+				return &brokerError{code: kafka.Error(r.ErrorCode), message: r.ErrorMessage}
+			}
+			return kafka.Error(r.ErrorCode)
+		}
+		if done, state, err = sess.Next(ctx, r.AuthBytes); err != nil {
+			return err
+		}
+	}
+	return nil
 }

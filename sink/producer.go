@@ -2,8 +2,10 @@
 // compatible with the Java client (murmur2) or with librdkafka (crc32), and
 // one completion per record.
 //
-// It encodes record batches itself and sends them through kafka-go's
-// Transport (connections, metadata, API versions). kafka-go's Writer sends
+// It encodes record batches and produce requests itself and sends them on
+// its own connections, one per broker (wire.go); everything else
+// (metadata, API versions, tails, transactions) goes through kafka-go's
+// Transport. kafka-go's Writer sends
 // one produce request per partition batch, so small transactions spread
 // over many partitions cost a request each; this producer sends, in rounds,
 // one request per leader broker that carries a batch for every partition
@@ -23,7 +25,8 @@
 // The files follow the path of a record: config.go (Config), producer.go
 // (Produce, batching), metadata.go (topic layout), dedupe.go and tail.go
 // (restart de-duplication), round.go (what the next round takes),
-// sender.go (sending rounds), outcome.go (what an answer does to a batch),
+// sender.go (sending rounds), wire.go (produce requests on the wire),
+// outcome.go (what an answer does to a batch),
 // idempotence.go (producer id, sequences), transaction.go (Kafka
 // transactions), batch.go (the v2 record batch), codec.go, errors.go (what
 // fails for good), dial.go (every connection to Kafka).
@@ -52,7 +55,10 @@ type Producer struct {
 	cfg       Config
 	rt        kafka.RoundTripper
 	transport *kafka.Transport // nil when rt was given (tests)
-	addr      net.Addr         // the bootstrap brokers (mu: learnBrokers adds to them)
+	// wires: the produce requests' own connections (wire.go); nil when rt
+	// was given, and produce requests go through rt.
+	wires *wires
+	addr  net.Addr // the bootstrap brokers (mu: learnBrokers adds to them)
 	// The brokers' addresses by id (learnBrokers), the ones not to ask for
 	// metadata until a time (avoidBroker), and the addresses asked now
 	// (bootstrap). Under mu.
@@ -162,6 +168,17 @@ func New(cfg Config, log hclog.Logger) (*Producer, error) {
 // in tests and benchmarks, or, when nil, a kafka-go Transport for
 // cfg.Brokers. cfg is taken as given: config.Default fills every field.
 func NewWithTransport(cfg Config, log hclog.Logger, rt kafka.RoundTripper) (*Producer, error) {
+	var ws *wires
+	if rt == nil {
+		ws = newWires(cfg)
+	}
+	return newProducer(cfg, log, rt, ws)
+}
+
+// newProducer builds a producer that sends produce requests on ws, or
+// through rt when ws is nil, and everything else through rt (a Transport
+// for cfg.Brokers when nil).
+func newProducer(cfg Config, log hclog.Logger, rt kafka.RoundTripper, ws *wires) (*Producer, error) {
 	bal, err := balancer(cfg.Partitioner)
 	if err != nil {
 		return nil, err
@@ -185,7 +202,11 @@ func NewWithTransport(cfg Config, log hclog.Logger, rt kafka.RoundTripper) (*Pro
 		p.transport = newTransport(cfg)
 		p.rt = p.transport
 	}
+	p.wires = ws
 	p.ctx, p.cancel = context.WithCancel(context.Background())
+	if p.wires != nil {
+		context.AfterFunc(p.ctx, p.wires.close) // a request in flight fails at once
+	}
 	go p.run()
 	return p, nil
 }

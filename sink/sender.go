@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -164,17 +165,17 @@ func (p *Producer) sendOnce(todo []*batch) []error {
 	}
 	p.mu.Unlock()
 	if len(groups) == 1 {
-		for _, idx := range groups {
-			p.request(todo, idx, errs)
+		for leader, idx := range groups {
+			p.request(leader, todo, idx, errs)
 		}
 		return errs
 	}
 	var wg sync.WaitGroup
-	for _, idx := range groups {
+	for leader, idx := range groups {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			p.request(todo, idx, errs)
+			p.request(leader, todo, idx, errs)
 		}()
 	}
 	wg.Wait()
@@ -185,11 +186,8 @@ var outPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 
 // request sends the batches todo[idx] (one leader) in one produce request
 // and writes each one's outcome into errs.
-func (p *Producer) request(todo []*batch, idx []int, errs []error) {
-	// A transactional batch travels in a request naming its transactional
-	// id (the broker authorizes WRITE on it).
-	req := &rawproduce.Request{Acks: int16(kafka.RequireAll), Timeout: int32(p.cfg.WriteTimeout / time.Millisecond), TransactionalID: p.cfg.TransactionalID}
-	byTopic := map[string]int{}
+func (p *Producer) request(leader int32, todo []*batch, idx []int, errs []error) {
+	var topics []produceTopic
 	var outs []*bytes.Buffer
 	defer func() {
 		for _, o := range outs {
@@ -211,64 +209,113 @@ func (p *Producer) request(todo []*batch, idx []int, errs []error) {
 			errs[i] = fmt.Errorf("%w: %w", errEncode, err)
 			continue
 		}
-		ti, ok := byTopic[b.part.topic]
-		if !ok {
-			ti = len(req.Topics)
-			byTopic[b.part.topic] = ti
-			req.Topics = append(req.Topics, rawproduce.RequestTopic{Topic: b.part.topic})
+		ti := slices.IndexFunc(topics, func(t produceTopic) bool { return t.name == b.part.topic })
+		if ti < 0 {
+			ti = len(topics)
+			topics = append(topics, produceTopic{name: b.part.topic})
 		}
-		req.Topics[ti].Partitions = append(req.Topics[ti].Partitions, rawproduce.RequestPartition{
-			Partition: b.part.id, RecordSet: protocol.RawRecordSet{Reader: bytes.NewReader(raw)}})
+		topics[ti].parts = append(topics[ti].parts, producePart{id: int32(b.part.id), records: raw})
 		sent = append(sent, i)
 	}
 	if len(sent) == 0 {
 		return
 	}
+	var results []partitionOutcome
+	var err error
+	if p.wires != nil {
+		results, err = p.wireRequest(leader, topics)
+	} else {
+		results, err = p.transportRequest(topics)
+		if err != nil {
+			// kafka-go returns on cancellation or on the request's
+			// timeout while its connection may still be writing the
+			// request: its buffers go to the garbage collector, never
+			// back to a pool.
+			outs = nil
+			for _, i := range sent {
+				todo[i].abandoned = true
+			}
+		}
+	}
+	for _, i := range sent {
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		todo[i].offset, errs[i] = partitionResult(results, todo[i].part)
+	}
+}
+
+// wireRequest sends one produce request on the producer's own connection
+// to the leader (wire.go). The request holds a copy of the batches: once
+// it returns, their buffers are free whatever happened.
+func (p *Producer) wireRequest(leader int32, topics []produceTopic) ([]partitionOutcome, error) {
+	p.mu.Lock()
+	addr := p.brokerAddrs[leader]
+	p.mu.Unlock()
+	if addr == "" {
+		return nil, fmt.Errorf("no address known for broker %d, the leader: %w", leader, kafka.LeaderNotAvailable)
+	}
+	req := outPool.Get().(*bytes.Buffer)
+	defer func() {
+		if req.Cap() <= 4<<20 {
+			outPool.Put(req)
+		}
+	}()
+	appendProduceRequest(req, p.cfg.ClientID, p.cfg.TransactionalID, p.cfg.WriteTimeout, topics)
+	body, err := p.wires.produce(p.ctx, addr, req, nil)
+	if err != nil {
+		return nil, err
+	}
+	return parseProduceAnswer(body, nil)
+}
+
+// transportRequest sends one produce request through the RoundTripper the
+// producer was built with (a fake broker in tests).
+func (p *Producer) transportRequest(topics []produceTopic) ([]partitionOutcome, error) {
+	// A transactional batch travels in a request naming its transactional
+	// id (the broker authorizes WRITE on it).
+	req := &rawproduce.Request{Acks: int16(kafka.RequireAll), Timeout: int32(p.cfg.WriteTimeout / time.Millisecond), TransactionalID: p.cfg.TransactionalID}
+	for _, t := range topics {
+		rt := rawproduce.RequestTopic{Topic: t.name}
+		for _, pt := range t.parts {
+			rt.Partitions = append(rt.Partitions, rawproduce.RequestPartition{Partition: pt.id, RecordSet: protocol.RawRecordSet{Reader: bytes.NewReader(pt.records)}})
+		}
+		req.Topics = append(req.Topics, rt)
+	}
 	ctx, cancel := context.WithTimeout(p.ctx, p.cfg.WriteTimeout)
 	res, err := p.rt.RoundTrip(ctx, p.bootstrap(), req)
 	cancel()
 	if err != nil {
-		// kafka-go returns on cancellation or on the request's timeout
-		// while its connection may still be writing the request: its
-		// buffers go to the garbage collector, never back to a pool.
-		outs = nil
-		for _, i := range sent {
-			todo[i].abandoned = true
+		return nil, err
+	}
+	pr, ok := res.(*produce.Response)
+	if !ok {
+		return nil, fmt.Errorf("unexpected produce response %T", res)
+	}
+	var outs []partitionOutcome
+	for _, t := range pr.Topics {
+		for _, r := range t.Partitions {
+			outs = append(outs, partitionOutcome{topic: t.Topic, partition: r.Partition, code: r.ErrorCode, baseOffset: r.BaseOffset, message: r.ErrorMessage})
 		}
 	}
-	if err == nil {
-		if pr, ok := res.(*produce.Response); ok {
-			for _, i := range sent {
-				todo[i].offset, errs[i] = partitionResult(pr, todo[i].part)
-			}
-			return
-		}
-		err = fmt.Errorf("unexpected produce response %T", res)
-	}
-	for _, i := range sent {
-		errs[i] = err
-	}
+	return outs, nil
 }
 
-// partitionResult is pt's outcome in res: the offset of the batch's first
-// record (-1 when the broker does not say) and the broker's error.
-func partitionResult(res *produce.Response, pt *partition) (int64, error) {
-	for _, t := range res.Topics {
-		if t.Topic != pt.topic {
+// partitionResult is pt's outcome in results: the offset of the batch's
+// first record (-1 when the broker does not say) and the broker's error.
+func partitionResult(results []partitionOutcome, pt *partition) (int64, error) {
+	for _, r := range results {
+		if r.topic != pt.topic || r.partition != int32(pt.id) {
 			continue
 		}
-		for _, r := range t.Partitions {
-			if r.Partition != pt.id {
-				continue
-			}
-			if r.ErrorCode == 0 {
-				return r.BaseOffset, nil
-			}
-			if r.ErrorMessage != "" {
-				return -1, &brokerError{code: kafka.Error(r.ErrorCode), message: r.ErrorMessage}
-			}
-			return -1, kafka.Error(r.ErrorCode)
+		if r.code == 0 {
+			return r.baseOffset, nil
 		}
+		if r.message != "" {
+			return -1, &brokerError{code: kafka.Error(r.code), message: r.message}
+		}
+		return -1, kafka.Error(r.code)
 	}
 	return -1, fmt.Errorf("the produce response has no result for %s/%d", pt.topic, pt.id)
 }

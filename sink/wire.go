@@ -1,0 +1,393 @@
+package sink
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/protocol"
+)
+
+// Produce requests go on the producer's own connections, one per broker,
+// written and read here (issue 36). Through kafka-go's Transport each
+// request was handed to the goroutine of one of its connections and its
+// answer handed back, both encoded by reflection: at a few hundred
+// transactions a second, a fifth of outboxd's CPU. Here the sender that
+// writes a request reads its answer itself, from the same socket, when no
+// earlier request to that broker is still unanswered; when one is, it
+// waits for the earlier one's sender to read that answer and pass it the
+// turn. Requests to one broker are pipelined on one connection: Kafka
+// answers a connection's requests in the order they came, so a
+// partition's batches reach its leader in the order they were sent.
+// Everything else (metadata, tails, transactions, producer ids) still goes
+// through the Transport.
+
+// produceVersion is the version of the produce requests written here:
+// every Kafka since 2.1 takes it (4.0 removed only v0-v2), and it is the
+// last before the flexible encoding.
+const produceVersion = 8
+
+// wires is the producer's produce connections, by broker address.
+type wires struct {
+	cfg  Config
+	dial func(ctx context.Context, network, addr string) (net.Conn, error)
+
+	mu     sync.Mutex
+	conns  map[string]*wire
+	closed bool
+}
+
+func newWires(cfg Config) *wires {
+	return &wires{cfg: cfg, dial: dialer(cfg), conns: map[string]*wire{}}
+}
+
+var errWiresClosed = errors.New("the producer's connections are closed")
+
+// produce sends the produce request req (written by appendProduceRequest)
+// to the broker at addr and returns its answer's body, after the
+// correlation id, in buf's array when it fits.
+func (ws *wires) produce(ctx context.Context, addr string, req *bytes.Buffer, buf []byte) ([]byte, error) {
+	w, err := ws.conn(ctx, addr)
+	if err != nil {
+		return nil, err
+	}
+	return w.roundTrip(req, buf, ws.cfg.WriteTimeout)
+}
+
+// conn is the connection to addr, dialled when there is none or the last
+// one broke.
+func (ws *wires) conn(ctx context.Context, addr string) (*wire, error) {
+	ws.mu.Lock()
+	if ws.closed {
+		ws.mu.Unlock()
+		return nil, errWiresClosed
+	}
+	if w := ws.conns[addr]; w != nil && w.ok() {
+		ws.mu.Unlock()
+		return w, nil
+	}
+	ws.mu.Unlock()
+	w, err := ws.connect(ctx, addr)
+	if err != nil {
+		return nil, err
+	}
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	if ws.closed {
+		w.fail(errWiresClosed)
+		return nil, errWiresClosed
+	}
+	if old := ws.conns[addr]; old != nil && old.ok() {
+		w.fail(errors.New("dialled twice")) // another sender dialled first
+		return old, nil
+	}
+	ws.conns[addr] = w
+	return w, nil
+}
+
+// close closes every connection: requests in flight fail.
+func (ws *wires) close() {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	ws.closed = true
+	for a, w := range ws.conns {
+		w.fail(errWiresClosed)
+		delete(ws.conns, a)
+	}
+}
+
+// wire is one connection to a broker for produce requests.
+type wire struct {
+	c        net.Conn
+	clientID string
+	mu       sync.Mutex
+	corr     int32   // the last correlation id written
+	queue    []*call // written and not yet answered, in order
+	err      error   // once set, the connection is closed and every call fails with it
+}
+
+// call is a request written on a wire whose answer is not read yet.
+type call struct {
+	corr     int32
+	deadline time.Time
+	// turn is signalled when the call's answer is next on the socket, or
+	// the connection failed (nil for the call that was first in line).
+	turn chan struct{}
+}
+
+func (w *wire) ok() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.err == nil
+}
+
+// fail closes the connection with err, once: every call waiting fails.
+func (w *wire) fail(err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.failLocked(err)
+}
+
+func (w *wire) failLocked(err error) {
+	if w.err != nil {
+		return
+	}
+	w.err = err
+	w.c.Close()
+	for _, cl := range w.queue {
+		cl.wake()
+	}
+	w.queue = nil
+}
+
+// wake tells a waiting call to look: its turn came, or the connection
+// failed (it looks at wire.err first). A call may be told twice (its turn,
+// then a failure, before it ran): once is enough.
+func (cl *call) wake() {
+	if cl.turn == nil {
+		return // first in line: it is reading, not waiting
+	}
+	select {
+	case cl.turn <- struct{}{}:
+	default:
+	}
+}
+
+// roundTrip writes req with the next correlation id and returns its
+// answer (in buf's array when it fits), giving up after timeout (the
+// request's own timeout, as the broker is told; kafka-go's Transport gave
+// up the same way).
+func (w *wire) roundTrip(req *bytes.Buffer, buf []byte, timeout time.Duration) ([]byte, error) {
+	cl := &call{deadline: time.Now().Add(timeout)}
+	w.mu.Lock()
+	if w.err != nil {
+		err := w.err
+		w.mu.Unlock()
+		return nil, err
+	}
+	w.corr++
+	cl.corr = w.corr
+	b := req.Bytes()
+	binary.BigEndian.PutUint32(b[0:], uint32(len(b)-4))
+	binary.BigEndian.PutUint32(b[8:], uint32(cl.corr))
+	_ = w.c.SetWriteDeadline(cl.deadline)
+	if _, err := w.c.Write(b); err != nil {
+		w.failLocked(err)
+		w.mu.Unlock()
+		return nil, err
+	}
+	if len(w.queue) > 0 {
+		cl.turn = make(chan struct{}, 1)
+	}
+	w.queue = append(w.queue, cl)
+	w.mu.Unlock()
+	if cl.turn != nil {
+		<-cl.turn
+		w.mu.Lock()
+		err := w.err
+		w.mu.Unlock()
+		if err != nil {
+			return nil, err
+		}
+	}
+	// Only this goroutine reads the socket until it passes the turn on.
+	_ = w.c.SetReadDeadline(cl.deadline)
+	res, err := readAnswer(w.c, cl.corr, buf)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err != nil {
+		w.failLocked(err)
+		return nil, err
+	}
+	if w.err != nil {
+		// Closed while this answer was read: the answer counts, the
+		// calls after it have failed.
+		return res, nil
+	}
+	w.queue = w.queue[1:]
+	if len(w.queue) > 0 {
+		w.queue[0].wake()
+	}
+	return res, nil
+}
+
+// maxAnswerBytes bounds what an answer may claim to be: a produce answer
+// is tens of bytes per partition; a larger size is not a Kafka answer.
+const maxAnswerBytes = 64 << 20
+
+// readAnswer reads one answer from r, which must carry correlation id
+// corr, and returns it without its size and correlation id, in buf's
+// array when it fits.
+func readAnswer(r io.Reader, corr int32, buf []byte) ([]byte, error) {
+	var head [8]byte
+	if _, err := io.ReadFull(r, head[:]); err != nil {
+		return nil, err
+	}
+	size := int32(binary.BigEndian.Uint32(head[0:]))
+	got := int32(binary.BigEndian.Uint32(head[4:]))
+	if size < 4 || size > maxAnswerBytes {
+		return nil, fmt.Errorf("a produce answer of %d bytes: not a Kafka answer", size)
+	}
+	if got != corr {
+		return nil, fmt.Errorf("a produce answer with correlation id %d where %d was next", got, corr)
+	}
+	n := int(size) - 4
+	if cap(buf) < n {
+		buf = make([]byte, n)
+	}
+	buf = buf[:n]
+	if _, err := io.ReadFull(r, buf); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return nil, err
+	}
+	return buf, nil
+}
+
+// produceTopic is one topic of a produce request: its partitions' record
+// sets.
+type produceTopic struct {
+	name  string
+	parts []producePart
+}
+
+type producePart struct {
+	id      int32
+	records []byte // a record set as batch.encode returns it: its size, then the batch
+}
+
+// appendProduceRequest writes a produce request (produceVersion, acks=all)
+// into out, with room for its size and correlation id, which roundTrip
+// fills in.
+func appendProduceRequest(out *bytes.Buffer, clientID, transactionalID string, timeout time.Duration, topics []produceTopic) {
+	var b [8]byte
+	put16 := func(v int16) { binary.BigEndian.PutUint16(b[:2], uint16(v)); out.Write(b[:2]) }
+	put32 := func(v int32) { binary.BigEndian.PutUint32(b[:4], uint32(v)); out.Write(b[:4]) }
+	str := func(s string) { put16(int16(len(s))); out.WriteString(s) }
+	out.Reset()
+	put32(0) // size
+	put16(int16(protocol.Produce))
+	put16(produceVersion)
+	put32(0) // correlation id
+	str(clientID)
+	if transactionalID == "" {
+		put16(-1)
+	} else {
+		str(transactionalID)
+	}
+	put16(int16(kafka.RequireAll))
+	put32(int32(timeout / time.Millisecond))
+	put32(int32(len(topics)))
+	for _, t := range topics {
+		str(t.name)
+		put32(int32(len(t.parts)))
+		for _, pt := range t.parts {
+			put32(pt.id)
+			out.Write(pt.records) // its size first, as batch.encode writes it
+		}
+	}
+}
+
+// partitionOutcome is one partition's result in a produce answer.
+type partitionOutcome struct {
+	topic      string
+	partition  int32
+	code       int16
+	baseOffset int64
+	message    string
+}
+
+// parseProduceAnswer reads a produce answer's body (after the correlation
+// id, produceVersion) into outs.
+func parseProduceAnswer(body []byte, outs []partitionOutcome) ([]partitionOutcome, error) {
+	d := answerDecoder{buf: body}
+	for range d.count() {
+		name := d.str()
+		for range d.count() {
+			o := partitionOutcome{topic: name, partition: d.int32(), code: d.int16(), baseOffset: d.int64()}
+			d.int64() // log append time
+			d.int64() // log start offset
+			// The record errors: the partition's error message says it.
+			for range d.count() {
+				d.int32()
+				d.str()
+			}
+			o.message = d.str()
+			outs = append(outs, o)
+		}
+	}
+	d.int32() // throttle time
+	if d.err != nil {
+		return nil, fmt.Errorf("a produce answer that does not parse: %w", d.err)
+	}
+	return outs, nil
+}
+
+type answerDecoder struct {
+	buf []byte
+	err error
+}
+
+func (d *answerDecoder) take(n int) []byte {
+	if d.err != nil {
+		return nil
+	}
+	if n < 0 || n > len(d.buf) {
+		d.err = fmt.Errorf("%d bytes wanted, %d left", n, len(d.buf))
+		return nil
+	}
+	v := d.buf[:n]
+	d.buf = d.buf[n:]
+	return v
+}
+
+func (d *answerDecoder) int16() int16 {
+	if v := d.take(2); v != nil {
+		return int16(binary.BigEndian.Uint16(v))
+	}
+	return 0
+}
+
+func (d *answerDecoder) int32() int32 {
+	if v := d.take(4); v != nil {
+		return int32(binary.BigEndian.Uint32(v))
+	}
+	return 0
+}
+
+func (d *answerDecoder) int64() int64 {
+	if v := d.take(8); v != nil {
+		return int64(binary.BigEndian.Uint64(v))
+	}
+	return 0
+}
+
+// count is an array's length; a null array (-1) is empty.
+func (d *answerDecoder) count() int {
+	n := d.int32()
+	if n < 0 {
+		return 0
+	}
+	if int(n) > len(d.buf) { // every element takes a byte at least
+		d.err = fmt.Errorf("an array of %d in %d bytes", n, len(d.buf))
+		return 0
+	}
+	return int(n)
+}
+
+// str is a (nullable) string; null reads as "".
+func (d *answerDecoder) str() string {
+	n := d.int16()
+	if n < 0 {
+		return ""
+	}
+	return string(d.take(int(n)))
+}
