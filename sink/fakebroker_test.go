@@ -821,12 +821,17 @@ func testProducer(t *testing.T, b *fakeBroker, cfg Config) *Producer {
 	if err != nil {
 		t.Fatal(err)
 	}
+	closeAtCleanup(t, p)
+	return p
+}
+
+// closeAtCleanup closes p when the test ends, giving up after 2 s.
+func closeAtCleanup(t *testing.T, p *Producer) {
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		_ = p.Close(ctx)
 	})
-	return p
 }
 
 func rec(r *ackRecorder, key, value string) *outboxd.Record {

@@ -2,7 +2,6 @@ package sink
 
 import (
 	"bytes"
-	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -368,11 +367,7 @@ func wireProducer(t *testing.T, wb *wireBroker, cfg Config) *Producer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		_ = p.Close(ctx)
-	})
+	closeAtCleanup(t, p)
 	return p
 }
 
