@@ -317,9 +317,10 @@ func (d *decoder) bytes() []byte {
 // compressed; a broker and a consumer read both alike.
 const minCompressBytes = 1024
 
-// encode returns the finished batch, with its stamp, compressed with codec
-// when not nil and the batch is not under minCompressBytes, in out (reset
-// first) or in the batch's own buffer.
+// encode returns the finished batch, with its stamp: compressed with codec
+// when not nil and the batch is not under minCompressBytes, appended to
+// out (a produce request being written, or a buffer of its own); else in
+// the batch's own buffer.
 func (b *batch) encode(codec compress.Codec, out *bytes.Buffer) ([]byte, error) {
 	if b.abandoned {
 		// A request given up may still be reading the buffer: the header
@@ -330,7 +331,7 @@ func (b *batch) encode(codec compress.Codec, out *bytes.Buffer) ([]byte, error) 
 	attributes := int16(0)
 	if codec != nil && len(raw)-batchHeaderLen >= minCompressBytes {
 		attributes = int16(codec.Code()) // the low three bits
-		out.Reset()
+		start := out.Len()
 		out.Write(raw[:batchHeaderLen])
 		w := codec.NewWriter(out)
 		if _, err := w.Write(raw[batchHeaderLen:]); err != nil {
@@ -340,7 +341,7 @@ func (b *batch) encode(codec compress.Codec, out *bytes.Buffer) ([]byte, error) 
 		if err := w.Close(); err != nil {
 			return nil, fmt.Errorf("compress record batch: %w", err)
 		}
-		raw = out.Bytes()
+		raw = out.Bytes()[start:]
 	}
 	if b.txn {
 		attributes |= 1 << 4 // transactional

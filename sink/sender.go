@@ -187,55 +187,13 @@ var outPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 // request sends the batches todo[idx] (one leader) in one produce request
 // and writes each one's outcome into errs.
 func (p *Producer) request(leader int32, todo []*batch, idx []int, errs []error) {
-	var topics []produceTopic
-	var outs []*bytes.Buffer
-	defer func() {
-		for _, o := range outs {
-			if o.Cap() <= 4<<20 {
-				outPool.Put(o)
-			}
-		}
-	}()
-	sent := idx[:0:0]
-	for _, i := range idx {
-		b := todo[i]
-		var out *bytes.Buffer
-		if p.codec != nil {
-			out = outPool.Get().(*bytes.Buffer)
-			outs = append(outs, out)
-		}
-		raw, err := b.encode(p.codec, out)
-		if err != nil {
-			errs[i] = fmt.Errorf("%w: %w", errEncode, err)
-			continue
-		}
-		ti := slices.IndexFunc(topics, func(t produceTopic) bool { return t.name == b.part.topic })
-		if ti < 0 {
-			ti = len(topics)
-			topics = append(topics, produceTopic{name: b.part.topic})
-		}
-		topics[ti].parts = append(topics[ti].parts, producePart{id: int32(b.part.id), records: raw})
-		sent = append(sent, i)
-	}
-	if len(sent) == 0 {
-		return
-	}
 	var results []partitionOutcome
+	var sent []int
 	var err error
 	if p.wires != nil {
-		results, err = p.wireRequest(leader, topics)
+		sent, results, err = p.wireRequest(leader, todo, idx, errs)
 	} else {
-		results, err = p.transportRequest(topics)
-		if err != nil {
-			// kafka-go returns on cancellation or on the request's
-			// timeout while its connection may still be writing the
-			// request: its buffers go to the garbage collector, never
-			// back to a pool.
-			outs = nil
-			for _, i := range sent {
-				todo[i].abandoned = true
-			}
-		}
+		sent, results, err = p.transportRequest(todo, idx, errs)
 	}
 	for _, i := range sent {
 		if err != nil {
@@ -246,60 +204,137 @@ func (p *Producer) request(leader int32, todo []*batch, idx []int, errs []error)
 	}
 }
 
-// wireRequest sends one produce request on the producer's own connection
-// to the leader (wire.go). The request holds a copy of the batches: once
-// it returns, their buffers are free whatever happened.
-func (p *Producer) wireRequest(leader int32, topics []produceTopic) ([]partitionOutcome, error) {
+// byTopic is idx grouped by the batches' topics, in the order they come.
+func byTopic(todo []*batch, idx []int) [][]int {
+	var groups [][]int
+	for _, i := range idx {
+		g := slices.IndexFunc(groups, func(g []int) bool { return todo[g[0]].part.topic == todo[i].part.topic })
+		if g < 0 {
+			g = len(groups)
+			groups = append(groups, nil)
+		}
+		groups[g] = append(groups[g], i)
+	}
+	return groups
+}
+
+// wireRequest sends the batches todo[idx] in one produce request on the
+// producer's own connection to the leader (wire.go), each batch encoded
+// (compressed) into the request as it is written, and returns the batches
+// sent (an encoding failure is its batch's outcome) and the answer. The
+// request holds a copy of the batches: once it returns, their buffers are
+// free whatever happened.
+func (p *Producer) wireRequest(leader int32, todo []*batch, idx []int, errs []error) ([]int, []partitionOutcome, error) {
 	p.mu.Lock()
 	addr := p.brokerAddrs[leader]
 	p.mu.Unlock()
 	if addr == "" {
-		return nil, fmt.Errorf("no address known for broker %d, the leader: %w", leader, kafka.LeaderNotAvailable)
+		return idx, nil, fmt.Errorf("no address known for broker %d, the leader: %w", leader, kafka.LeaderNotAvailable)
 	}
-	req := outPool.Get().(*bytes.Buffer)
+	buf := outPool.Get().(*bytes.Buffer)
 	defer func() {
-		if req.Cap() <= 4<<20 {
-			outPool.Put(req)
+		if buf.Cap() <= 4<<20 {
+			outPool.Put(buf)
 		}
 	}()
-	appendProduceRequest(req, p.cfg.ClientID, p.cfg.TransactionalID, p.cfg.WriteTimeout, topics)
-	body, err := p.wires.produce(p.ctx, addr, req, nil)
-	if err != nil {
-		return nil, err
+	buf.Reset()
+	req := startProduceRequest(buf, p.cfg.ClientID, p.cfg.TransactionalID, p.cfg.WriteTimeout)
+	sent := idx[:0:0]
+	for _, group := range byTopic(todo, idx) {
+		req.topic(todo[group[0]].part.topic)
+		for _, i := range group {
+			b := todo[i]
+			mark := req.partition(b.part.id)
+			n := buf.Len()
+			raw, err := b.encode(p.codec, buf)
+			if err != nil {
+				req.undo(mark)
+				errs[i] = fmt.Errorf("%w: %w", errEncode, err)
+				continue
+			}
+			if buf.Len() == n {
+				buf.Write(raw) // not compressed: the batch's own buffer
+			}
+			sent = append(sent, i)
+		}
 	}
-	return parseProduceAnswer(body, nil)
+	if len(sent) == 0 {
+		return nil, nil, nil
+	}
+	req.finish()
+	body, err := p.wires.produce(p.ctx, addr, buf, nil)
+	if err != nil {
+		return sent, nil, err
+	}
+	results, err := parseProduceAnswer(body, nil)
+	return sent, results, err
 }
 
-// transportRequest sends one produce request through the RoundTripper the
-// producer was built with (a fake broker in tests).
-func (p *Producer) transportRequest(topics []produceTopic) ([]partitionOutcome, error) {
+// transportRequest sends the batches todo[idx] in one produce request
+// through the RoundTripper the producer was built with (a fake broker in
+// tests), and returns the batches sent and the answer.
+func (p *Producer) transportRequest(todo []*batch, idx []int, errs []error) ([]int, []partitionOutcome, error) {
 	// A transactional batch travels in a request naming its transactional
 	// id (the broker authorizes WRITE on it).
 	req := &rawproduce.Request{Acks: int16(kafka.RequireAll), Timeout: int32(p.cfg.WriteTimeout / time.Millisecond), TransactionalID: p.cfg.TransactionalID}
-	for _, t := range topics {
-		rt := rawproduce.RequestTopic{Topic: t.name}
-		for _, pt := range t.parts {
-			rt.Partitions = append(rt.Partitions, rawproduce.RequestPartition{Partition: pt.id, RecordSet: protocol.RawRecordSet{Reader: bytes.NewReader(pt.records)}})
+	var outs []*bytes.Buffer
+	defer func() {
+		for _, o := range outs {
+			if o.Cap() <= 4<<20 {
+				outPool.Put(o)
+			}
 		}
-		req.Topics = append(req.Topics, rt)
+	}()
+	sent := idx[:0:0]
+	for _, group := range byTopic(todo, idx) {
+		rt := rawproduce.RequestTopic{Topic: todo[group[0]].part.topic}
+		for _, i := range group {
+			b := todo[i]
+			var out *bytes.Buffer
+			if p.codec != nil {
+				out = outPool.Get().(*bytes.Buffer)
+				out.Reset()
+				outs = append(outs, out)
+			}
+			raw, err := b.encode(p.codec, out)
+			if err != nil {
+				errs[i] = fmt.Errorf("%w: %w", errEncode, err)
+				continue
+			}
+			rt.Partitions = append(rt.Partitions, rawproduce.RequestPartition{Partition: b.part.id, RecordSet: protocol.RawRecordSet{Reader: bytes.NewReader(raw)}})
+			sent = append(sent, i)
+		}
+		if len(rt.Partitions) > 0 {
+			req.Topics = append(req.Topics, rt)
+		}
+	}
+	if len(sent) == 0 {
+		return nil, nil, nil
 	}
 	ctx, cancel := context.WithTimeout(p.ctx, p.cfg.WriteTimeout)
 	res, err := p.rt.RoundTrip(ctx, p.bootstrap(), req)
 	cancel()
 	if err != nil {
-		return nil, err
+		// kafka-go returns on cancellation or on the request's timeout
+		// while its connection may still be writing the request: its
+		// buffers go to the garbage collector, never back to a pool.
+		outs = nil
+		for _, i := range sent {
+			todo[i].abandoned = true
+		}
+		return sent, nil, err
 	}
 	pr, ok := res.(*produce.Response)
 	if !ok {
-		return nil, fmt.Errorf("unexpected produce response %T", res)
+		return sent, nil, fmt.Errorf("unexpected produce response %T", res)
 	}
-	var outs []partitionOutcome
+	var results []partitionOutcome
 	for _, t := range pr.Topics {
 		for _, r := range t.Partitions {
-			outs = append(outs, partitionOutcome{topic: t.Topic, partition: r.Partition, code: r.ErrorCode, baseOffset: r.BaseOffset, message: r.ErrorMessage})
+			results = append(results, partitionOutcome{topic: t.Topic, partition: r.Partition, code: r.ErrorCode, baseOffset: r.BaseOffset, message: r.ErrorMessage})
 		}
 	}
-	return outs, nil
+	return sent, results, nil
 }
 
 // partitionResult is pt's outcome in results: the offset of the batch's

@@ -50,7 +50,7 @@ func newWires(cfg Config) *wires {
 
 var errWiresClosed = errors.New("the producer's connections are closed")
 
-// produce sends the produce request req (written by appendProduceRequest)
+// produce sends the produce request req (written by produceRequest)
 // to the broker at addr and returns its answer's body, after the
 // correlation id, in buf's array when it fits.
 func (ws *wires) produce(ctx context.Context, addr string, req *bytes.Buffer, buf []byte) ([]byte, error) {
@@ -252,48 +252,86 @@ func readAnswer(r io.Reader, corr int32, buf []byte) ([]byte, error) {
 	return buf, nil
 }
 
-// produceTopic is one topic of a produce request: its partitions' record
-// sets.
-type produceTopic struct {
-	name  string
-	parts []producePart
+// produceRequest writes a produce request (produceVersion, acks=all) into
+// a buffer as its batches are encoded into it (batch.encode), with room for
+// its size and correlation id, which roundTrip fills in, and its counts
+// filled in by finish.
+type produceRequest struct {
+	buf      *bytes.Buffer
+	topics   int32
+	topicsAt int // where the topic count goes
+	parts    int32
+	partsAt  int // where the current topic's partition count goes; -1: none yet
+	scratch  [4]byte
 }
 
-type producePart struct {
-	id      int32
-	records []byte // a record set as batch.encode returns it: its size, then the batch
-}
-
-// appendProduceRequest writes a produce request (produceVersion, acks=all)
-// into out, with room for its size and correlation id, which roundTrip
-// fills in.
-func appendProduceRequest(out *bytes.Buffer, clientID, transactionalID string, timeout time.Duration, topics []produceTopic) {
-	var b [8]byte
-	put16 := func(v int16) { binary.BigEndian.PutUint16(b[:2], uint16(v)); out.Write(b[:2]) }
-	put32 := func(v int32) { binary.BigEndian.PutUint32(b[:4], uint32(v)); out.Write(b[:4]) }
-	str := func(s string) { put16(int16(len(s))); out.WriteString(s) }
-	out.Reset()
-	put32(0) // size
-	put16(int16(protocol.Produce))
-	put16(produceVersion)
-	put32(0) // correlation id
-	str(clientID)
+func startProduceRequest(buf *bytes.Buffer, clientID, transactionalID string, timeout time.Duration) *produceRequest {
+	r := &produceRequest{buf: buf, partsAt: -1}
+	r.put32(0) // size
+	r.put16(int16(protocol.Produce))
+	r.put16(produceVersion)
+	r.put32(0) // correlation id
+	r.str(clientID)
 	if transactionalID == "" {
-		put16(-1)
+		r.put16(-1)
 	} else {
-		str(transactionalID)
+		r.str(transactionalID)
 	}
-	put16(int16(kafka.RequireAll))
-	put32(int32(timeout / time.Millisecond))
-	put32(int32(len(topics)))
-	for _, t := range topics {
-		str(t.name)
-		put32(int32(len(t.parts)))
-		for _, pt := range t.parts {
-			put32(pt.id)
-			out.Write(pt.records) // its size first, as batch.encode writes it
-		}
+	r.put16(int16(kafka.RequireAll))
+	r.put32(int32(timeout / time.Millisecond))
+	r.topicsAt = buf.Len()
+	r.put32(0)
+	return r
+}
+
+// topic starts the partitions of topic name.
+func (r *produceRequest) topic(name string) {
+	r.endTopic()
+	r.topics++
+	r.str(name)
+	r.partsAt, r.parts = r.buf.Len(), 0
+	r.put32(0)
+}
+
+// partition starts partition id's record set, which the caller writes
+// next (its size first); undo(mark) takes it out again.
+func (r *produceRequest) partition(id int32) (mark int) {
+	mark = r.buf.Len()
+	r.parts++
+	r.put32(id)
+	return mark
+}
+
+func (r *produceRequest) undo(mark int) {
+	r.buf.Truncate(mark)
+	r.parts--
+}
+
+// finish fills in the counts; the request is ready for roundTrip.
+func (r *produceRequest) finish() {
+	r.endTopic()
+	binary.BigEndian.PutUint32(r.buf.Bytes()[r.topicsAt:], uint32(r.topics))
+}
+
+func (r *produceRequest) endTopic() {
+	if r.partsAt >= 0 {
+		binary.BigEndian.PutUint32(r.buf.Bytes()[r.partsAt:], uint32(r.parts))
 	}
+}
+
+func (r *produceRequest) put16(v int16) {
+	binary.BigEndian.PutUint16(r.scratch[:2], uint16(v))
+	r.buf.Write(r.scratch[:2])
+}
+
+func (r *produceRequest) put32(v int32) {
+	binary.BigEndian.PutUint32(r.scratch[:4], uint32(v))
+	r.buf.Write(r.scratch[:4])
+}
+
+func (r *produceRequest) str(s string) {
+	r.put16(int16(len(s)))
+	r.buf.WriteString(s)
 }
 
 // partitionOutcome is one partition's result in a produce answer.

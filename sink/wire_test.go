@@ -21,9 +21,10 @@ import (
 	"github.com/segmentio/kafka-go/protocol/produce"
 )
 
-// TestProduceRequestEncoding: a request written by appendProduceRequest
-// reads back, with kafka-go's own decoder, as the topics, partitions and
-// records it was given, with and without a transactional id.
+// TestProduceRequestEncoding: a request written by produceRequest reads
+// back, with kafka-go's own decoder, as the topics, partitions and records
+// it was given, with and without a transactional id, a partition taken out
+// again (undo) leaving no trace.
 func TestProduceRequestEncoding(t *testing.T) {
 	recs, stamps := encodingCases()
 	base := time.UnixMilli(1789000000000)
@@ -39,13 +40,29 @@ func TestProduceRequestEncoding(t *testing.T) {
 		}
 		return out
 	}
-	topics := []produceTopic{
-		{name: "comandes", parts: []producePart{{id: 0, records: raw(2)}, {id: 3, records: raw(4)}}},
-		{name: "pagaments.àè", parts: []producePart{{id: 1, records: raw(1)}}},
+	type part struct {
+		id      int32
+		records []byte
+	}
+	topics := []struct {
+		name  string
+		parts []part
+	}{
+		{"comandes", []part{{0, raw(2)}, {3, raw(4)}}},
+		{"pagaments.àè", []part{{1, raw(1)}}},
 	}
 	for _, txn := range []string{"", "outboxd-comandes"} {
 		var buf bytes.Buffer
-		appendProduceRequest(&buf, "outboxd", txn, 30*time.Second, topics)
+		req := startProduceRequest(&buf, "outboxd", txn, 30*time.Second)
+		for _, tp := range topics {
+			req.topic(tp.name)
+			req.undo(req.partition(9)) // encoding failed: not sent
+			for _, pt := range tp.parts {
+				req.partition(pt.id)
+				buf.Write(pt.records)
+			}
+		}
+		req.finish()
 		b := buf.Bytes()
 		binary.BigEndian.PutUint32(b[0:], uint32(len(b)-4))
 		binary.BigEndian.PutUint32(b[8:], 77)
@@ -53,20 +70,20 @@ func TestProduceRequestEncoding(t *testing.T) {
 		if err != nil {
 			t.Fatalf("txn %q: %v", txn, err)
 		}
-		req := msg.(*produce.Request)
-		if version != produceVersion || corr != 77 || client != "outboxd" || req.TransactionalID != txn || req.Acks != -1 || req.Timeout != 30000 {
-			t.Fatalf("txn %q: v%d corr %d client %q %+v", txn, version, corr, client, req)
+		got := msg.(*produce.Request)
+		if version != produceVersion || corr != 77 || client != "outboxd" || got.TransactionalID != txn || got.Acks != -1 || got.Timeout != 30000 {
+			t.Fatalf("txn %q: v%d corr %d client %q %+v", txn, version, corr, client, got)
 		}
-		if len(req.Topics) != 2 {
-			t.Fatalf("topics %d", len(req.Topics))
+		if len(got.Topics) != 2 {
+			t.Fatalf("topics %d", len(got.Topics))
 		}
 		for ti, want := range topics {
-			got := req.Topics[ti]
-			if got.Topic != want.name || len(got.Partitions) != len(want.parts) {
-				t.Fatalf("topic %d: %q with %d partitions", ti, got.Topic, len(got.Partitions))
+			gt := got.Topics[ti]
+			if gt.Topic != want.name || len(gt.Partitions) != len(want.parts) {
+				t.Fatalf("topic %d: %q with %d partitions", ti, gt.Topic, len(gt.Partitions))
 			}
 			for pi, wp := range want.parts {
-				gp := got.Partitions[pi]
+				gp := gt.Partitions[pi]
 				if gp.Partition != wp.id {
 					t.Errorf("partition %d: %d", pi, gp.Partition)
 				}
@@ -80,8 +97,14 @@ func TestProduceRequestEncoding(t *testing.T) {
 					if err != nil {
 						break
 					}
+					var k []byte
+					if r.Key != nil {
+						k, _ = io.ReadAll(r.Key)
+					}
+					if string(k) != string(wantRecs[n].Key) {
+						t.Errorf("%s/%d record %d: key %q, want %q", want.name, wp.id, n, k, wantRecs[n].Key)
+					}
 					n++
-					_ = r
 				}
 				if n != len(wantRecs) {
 					t.Errorf("%s/%d: %d records read back, %d written", want.name, wp.id, n, len(wantRecs))
@@ -89,6 +112,13 @@ func TestProduceRequestEncoding(t *testing.T) {
 			}
 		}
 	}
+}
+
+// headerOnly is a produce request with no topic, from client.
+func headerOnly(client string) *bytes.Buffer {
+	var buf bytes.Buffer
+	startProduceRequest(&buf, client, "", time.Second).finish()
+	return &buf
 }
 
 // TestProduceAnswerParsing: an answer written by kafka-go's encoder
@@ -196,9 +226,7 @@ func TestWirePipelines(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			name := fmt.Sprintf("sender-%d", i)
-			var req bytes.Buffer
-			appendProduceRequest(&req, name, "", time.Second, nil)
-			body, err := w.roundTrip(&req, nil, 10*time.Second)
+			body, err := w.roundTrip(headerOnly(name), nil, 10*time.Second)
 			if err != nil {
 				errs <- err
 			} else if string(body) != name {
@@ -228,9 +256,7 @@ func TestWireFailsEveryCall(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			var req bytes.Buffer
-			appendProduceRequest(&req, "x", "", time.Second, nil)
-			_, results[i] = w.roundTrip(&req, nil, 10*time.Second)
+			_, results[i] = w.roundTrip(headerOnly("x"), nil, 10*time.Second)
 		}()
 		time.Sleep(2 * time.Millisecond) // written in order
 	}
@@ -241,10 +267,8 @@ func TestWireFailsEveryCall(t *testing.T) {
 	if w.ok() {
 		t.Fatal("the connection is still taken for good")
 	}
-	var req bytes.Buffer
-	appendProduceRequest(&req, "x", "", time.Second, nil)
 	start := time.Now()
-	if _, err := w.roundTrip(&req, nil, 10*time.Second); err == nil || time.Since(start) > time.Second {
+	if _, err := w.roundTrip(headerOnly("x"), nil, 10*time.Second); err == nil || time.Since(start) > time.Second {
 		t.Fatalf("a request on the broken connection: %v after %s", err, time.Since(start))
 	}
 }
@@ -254,10 +278,8 @@ func TestWireFailsEveryCall(t *testing.T) {
 // did.
 func TestWireTimesOut(t *testing.T) {
 	w := pipeWire(t, 2*time.Second, 1)
-	var req bytes.Buffer
-	appendProduceRequest(&req, "x", "", time.Second, nil)
 	start := time.Now()
-	_, err := w.roundTrip(&req, nil, 200*time.Millisecond)
+	_, err := w.roundTrip(headerOnly("x"), nil, 200*time.Millisecond)
 	if !errors.Is(err, os.ErrDeadlineExceeded) || time.Since(start) > time.Second {
 		t.Fatalf("%v after %s", err, time.Since(start))
 	}
