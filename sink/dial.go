@@ -223,7 +223,7 @@ func (ws *wires) connect(ctx context.Context, addr string) (*wire, error) {
 		return nil, err
 	}
 	_ = c.SetDeadline(time.Time{})
-	w.clientID = ws.cfg.ClientID
+	w.used = time.Now()
 	return w, nil
 }
 
@@ -240,9 +240,13 @@ func (w *wire) setUp(ctx context.Context, addr, clientID string, mech sasl.Mecha
 		return fmt.Errorf("API versions from the broker at %s: %w", addr, kafka.Error(av.ErrorCode))
 	}
 	takes := false
+	authVersion := int16(1) // SaslAuthenticate: v1 from Kafka 2.2, v0 before
 	for _, k := range av.ApiKeys {
-		if k.ApiKey == int16(protocol.Produce) {
+		switch protocol.ApiKey(k.ApiKey) {
+		case protocol.Produce:
 			takes = k.MinVersion <= produceVersion && produceVersion <= k.MaxVersion
+		case protocol.SaslAuthenticate:
+			authVersion = min(authVersion, k.MaxVersion)
 		}
 	}
 	if !takes {
@@ -266,7 +270,7 @@ func (w *wire) setUp(ctx context.Context, addr, clientID string, mech sasl.Mecha
 		return err
 	}
 	for done := false; !done; {
-		m, err := protocol.RoundTrip(w.c, 1, next(), clientID, &saslauthenticate.Request{AuthBytes: state})
+		m, err := protocol.RoundTrip(w.c, authVersion, next(), clientID, &saslauthenticate.Request{AuthBytes: state})
 		if err != nil {
 			return err
 		}

@@ -24,8 +24,8 @@ import (
 // earlier request to that broker is still unanswered; when one is, it
 // waits for the earlier one's sender to read that answer and pass it the
 // turn. Requests to one broker are pipelined on one connection: Kafka
-// answers a connection's requests in the order they came, so a
-// partition's batches reach its leader in the order they were sent.
+// answers a connection's requests in the order they came (and takes them
+// up one at a time, as it does the Java producer's).
 // Everything else (metadata, tails, transactions, producer ids) still goes
 // through the Transport.
 
@@ -61,19 +61,39 @@ func (ws *wires) produce(ctx context.Context, addr string, req *bytes.Buffer, bu
 	return w.roundTrip(req, buf, ws.cfg.WriteTimeout)
 }
 
-// conn is the connection to addr, dialled when there is none or the last
-// one broke.
+// wireIdle is how long a produce connection may go unused and still be
+// used again; one idle longer is closed (when the producer next sends to
+// any broker, without a timer of its own). Brokers close connections idle
+// for connections.max.idle.ms (10 minutes by default), and a request
+// written into a connection the broker closed fails; kafka-go's Transport
+// closed its connections idle for 30 s too.
+const wireIdle = 30 * time.Second
+
+var errWireIdle = errors.New("the connection to the broker was idle")
+
+// conn is the connection to addr, dialled when there is none, the last
+// one broke, or it was idle too long (connections to brokers no longer
+// used are closed on the way).
 func (ws *wires) conn(ctx context.Context, addr string) (*wire, error) {
+	now := time.Now()
 	ws.mu.Lock()
 	if ws.closed {
 		ws.mu.Unlock()
 		return nil, errWiresClosed
 	}
-	if w := ws.conns[addr]; w != nil && w.ok() {
-		ws.mu.Unlock()
-		return w, nil
+	var found *wire
+	for a, w := range ws.conns {
+		if !w.usable(now) {
+			w.fail(errWireIdle)
+			delete(ws.conns, a)
+		} else if a == addr {
+			found = w
+		}
 	}
 	ws.mu.Unlock()
+	if found != nil {
+		return found, nil
+	}
 	w, err := ws.connect(ctx, addr)
 	if err != nil {
 		return nil, err
@@ -84,7 +104,7 @@ func (ws *wires) conn(ctx context.Context, addr string) (*wire, error) {
 		w.fail(errWiresClosed)
 		return nil, errWiresClosed
 	}
-	if old := ws.conns[addr]; old != nil && old.ok() {
+	if old := ws.conns[addr]; old != nil && old.usable(now) {
 		w.fail(errors.New("dialled twice")) // another sender dialled first
 		return old, nil
 	}
@@ -105,27 +125,39 @@ func (ws *wires) close() {
 
 // wire is one connection to a broker for produce requests.
 type wire struct {
-	c        net.Conn
-	clientID string
-	mu       sync.Mutex
-	corr     int32   // the last correlation id written
-	queue    []*call // written and not yet answered, in order
-	err      error   // once set, the connection is closed and every call fails with it
+	c net.Conn
+	// wmu orders the writes: a request's call joins the queue and the
+	// request is written under it, so the queue is in the order of the
+	// writes. mu guards the rest, and is never held across a write or a
+	// read.
+	wmu   sync.Mutex
+	mu    sync.Mutex
+	corr  int32     // the last correlation id given
+	queue []*call   // written (or being written) and not yet answered, in order
+	used  time.Time // when the last request was written
+	err   error     // once set, the connection is closed and every call fails with it
 }
 
 // call is a request written on a wire whose answer is not read yet.
 type call struct {
-	corr     int32
-	deadline time.Time
+	corr int32
 	// turn is signalled when the call's answer is next on the socket, or
 	// the connection failed (nil for the call that was first in line).
 	turn chan struct{}
 }
 
-func (w *wire) ok() bool {
+// usable reports whether the connection may take a request at now: not
+// failed, and busy or used within wireIdle.
+func (w *wire) usable(now time.Time) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.err == nil
+	return w.err == nil && (len(w.queue) > 0 || now.Sub(w.used) < wireIdle)
+}
+
+func (w *wire) failed() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.err
 }
 
 // fail closes the connection with err, once: every call waiting fails.
@@ -161,44 +193,46 @@ func (cl *call) wake() {
 }
 
 // roundTrip writes req with the next correlation id and returns its
-// answer (in buf's array when it fits), giving up after timeout (the
-// request's own timeout, as the broker is told; kafka-go's Transport gave
-// up the same way).
+// answer (in buf's array when it fits), giving up after timeout: from the
+// write, or, behind earlier requests, from the answer before it (a broker
+// takes a connection's requests one at a time, and counts the request's
+// timeout from when it takes it up); kafka-go's Transport gave up after
+// the request's timeout too.
 func (w *wire) roundTrip(req *bytes.Buffer, buf []byte, timeout time.Duration) ([]byte, error) {
-	cl := &call{deadline: time.Now().Add(timeout)}
+	w.wmu.Lock()
 	w.mu.Lock()
 	if w.err != nil {
 		err := w.err
 		w.mu.Unlock()
+		w.wmu.Unlock()
 		return nil, err
 	}
 	w.corr++
-	cl.corr = w.corr
-	b := req.Bytes()
-	binary.BigEndian.PutUint32(b[0:], uint32(len(b)-4))
-	binary.BigEndian.PutUint32(b[8:], uint32(cl.corr))
-	_ = w.c.SetWriteDeadline(cl.deadline)
-	if _, err := w.c.Write(b); err != nil {
-		w.failLocked(err)
-		w.mu.Unlock()
-		return nil, err
-	}
+	cl := &call{corr: w.corr}
 	if len(w.queue) > 0 {
 		cl.turn = make(chan struct{}, 1)
 	}
 	w.queue = append(w.queue, cl)
+	w.used = time.Now()
 	w.mu.Unlock()
+	b := req.Bytes()
+	binary.BigEndian.PutUint32(b[0:], uint32(len(b)-4))
+	binary.BigEndian.PutUint32(b[8:], uint32(cl.corr))
+	_ = w.c.SetWriteDeadline(w.used.Add(timeout))
+	_, err := w.c.Write(b)
+	w.wmu.Unlock()
+	if err != nil {
+		w.fail(err)
+		return nil, err
+	}
 	if cl.turn != nil {
 		<-cl.turn
-		w.mu.Lock()
-		err := w.err
-		w.mu.Unlock()
-		if err != nil {
+		if err := w.failed(); err != nil {
 			return nil, err
 		}
 	}
 	// Only this goroutine reads the socket until it passes the turn on.
-	_ = w.c.SetReadDeadline(cl.deadline)
+	_ = w.c.SetReadDeadline(time.Now().Add(timeout))
 	res, err := readAnswer(w.c, cl.corr, buf)
 	w.mu.Lock()
 	defer w.mu.Unlock()

@@ -2,6 +2,7 @@ package sink
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -239,8 +240,8 @@ func TestWirePipelines(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
-	if !w.ok() || len(w.queue) != 0 {
-		t.Errorf("after every answer: ok %t, %d calls left", w.ok(), len(w.queue))
+	if w.failed() != nil || len(w.queue) != 0 {
+		t.Errorf("after every answer: %v, %d calls left", w.failed(), len(w.queue))
 	}
 }
 
@@ -264,7 +265,7 @@ func TestWireFailsEveryCall(t *testing.T) {
 	if results[0] != nil || results[1] == nil || results[2] == nil {
 		t.Fatalf("outcomes %v: want the first answered, the others failed", results)
 	}
-	if w.ok() {
+	if w.failed() == nil {
 		t.Fatal("the connection is still taken for good")
 	}
 	start := time.Now()
@@ -283,7 +284,7 @@ func TestWireTimesOut(t *testing.T) {
 	if !errors.Is(err, os.ErrDeadlineExceeded) || time.Since(start) > time.Second {
 		t.Fatalf("%v after %s", err, time.Since(start))
 	}
-	if w.ok() {
+	if w.failed() == nil {
 		t.Fatal("a connection whose answer is overdue is kept")
 	}
 }
@@ -451,5 +452,31 @@ func TestWireRetriesOnItsConnection(t *testing.T) {
 	defer wb.mu.Unlock()
 	if wb.requests < 2 || wb.offset != 30 {
 		t.Fatalf("%d produce requests, %d records written: want the refused one sent again", wb.requests, wb.offset)
+	}
+}
+
+// TestWireIdleIsClosed: a connection unused for wireIdle is not used
+// again (the broker may have closed it) but closed, with any other idle
+// one, when the producer next sends; one in use or used lately is kept.
+func TestWireIdleIsClosed(t *testing.T) {
+	now := time.Now()
+	fresh := pipeWire(t, 0, 0)
+	idle := pipeWire(t, 0, 0)
+	other := pipeWire(t, 0, 0)
+	busy := pipeWire(t, 0, 0)
+	fresh.used = now.Add(-wireIdle / 2)
+	idle.used, other.used, busy.used = now.Add(-wireIdle), now.Add(-2*wireIdle), now.Add(-2*wireIdle)
+	busy.queue = []*call{{corr: 1}} // an answer awaited: not idle
+	ws := &wires{conns: map[string]*wire{"a:1": fresh, "b:1": idle, "c:1": other, "d:1": busy}}
+	if w, err := ws.conn(context.Background(), "a:1"); w != fresh || err != nil {
+		t.Fatalf("a connection used lately: %v, %v", w, err)
+	}
+	for name, w := range map[string]*wire{"idle": idle, "other": other} {
+		if !errors.Is(w.failed(), errWireIdle) {
+			t.Errorf("%s connection: %v, want closed as idle", name, w.failed())
+		}
+	}
+	if fresh.failed() != nil || busy.failed() != nil || len(ws.conns) != 2 {
+		t.Errorf("kept: fresh %v, busy %v, %d connections", fresh.failed(), busy.failed(), len(ws.conns))
 	}
 }
