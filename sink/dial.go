@@ -276,10 +276,7 @@ func (w *wire) setUp(ctx context.Context, addr, clientID string, mech sasl.Mecha
 		}
 		r := m.(*saslauthenticate.Response)
 		if r.ErrorCode != 0 {
-			if r.ErrorMessage != "" {
-				return &brokerError{code: kafka.Error(r.ErrorCode), message: r.ErrorMessage}
-			}
-			return kafka.Error(r.ErrorCode)
+			return codeError(r.ErrorCode, r.ErrorMessage)
 		}
 		if done, state, err = sess.Next(ctx, r.AuthBytes); err != nil {
 			return err

@@ -160,6 +160,15 @@ type brokerError struct {
 
 func (e *brokerError) Error() string { return e.code.Error() + ": " + e.message }
 
+// codeError is the error a broker answered with code and, when it gave
+// one, message.
+func codeError(code int16, message string) error {
+	if message != "" {
+		return &brokerError{code: kafka.Error(code), message: message}
+	}
+	return kafka.Error(code)
+}
+
 func (e *brokerError) Unwrap() error { return e.code }
 
 // codeName is err's Kafka error code as the protocol names it, with the

@@ -262,11 +262,11 @@ func (p *Producer) wireRequest(leader int32, todo []*batch, idx []int, errs []er
 		return nil, nil, nil
 	}
 	req.finish()
-	body, err := p.wires.produce(p.ctx, addr, buf, nil)
+	body, err := p.wires.produce(p.ctx, addr, buf)
 	if err != nil {
 		return sent, nil, err
 	}
-	results, err := parseProduceAnswer(body, nil)
+	results, err := parseProduceAnswer(body)
 	return sent, results, err
 }
 
@@ -341,16 +341,13 @@ func (p *Producer) transportRequest(todo []*batch, idx []int, errs []error) ([]i
 // first record (-1 when the broker does not say) and the broker's error.
 func partitionResult(results []partitionOutcome, pt *partition) (int64, error) {
 	for _, r := range results {
-		if r.topic != pt.topic || r.partition != int32(pt.id) {
+		if r.topic != pt.topic || r.partition != pt.id {
 			continue
 		}
 		if r.code == 0 {
 			return r.baseOffset, nil
 		}
-		if r.message != "" {
-			return -1, &brokerError{code: kafka.Error(r.code), message: r.message}
-		}
-		return -1, kafka.Error(r.code)
+		return -1, codeError(r.code, r.message)
 	}
 	return -1, fmt.Errorf("the produce response has no result for %s/%d", pt.topic, pt.id)
 }

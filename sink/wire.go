@@ -52,13 +52,13 @@ var errWiresClosed = errors.New("the producer's connections are closed")
 
 // produce sends the produce request req (written by produceRequest)
 // to the broker at addr and returns its answer's body, after the
-// correlation id, in buf's array when it fits.
-func (ws *wires) produce(ctx context.Context, addr string, req *bytes.Buffer, buf []byte) ([]byte, error) {
+// correlation id.
+func (ws *wires) produce(ctx context.Context, addr string, req *bytes.Buffer) ([]byte, error) {
 	w, err := ws.conn(ctx, addr)
 	if err != nil {
 		return nil, err
 	}
-	return w.roundTrip(req, buf, ws.cfg.WriteTimeout)
+	return w.roundTrip(req, ws.cfg.WriteTimeout)
 }
 
 // wireIdle is how long a produce connection may go unused and still be
@@ -193,12 +193,12 @@ func (cl *call) wake() {
 }
 
 // roundTrip writes req with the next correlation id and returns its
-// answer (in buf's array when it fits), giving up after timeout: from the
-// write, or, behind earlier requests, from the answer before it (a broker
-// takes a connection's requests one at a time, and counts the request's
-// timeout from when it takes it up); kafka-go's Transport gave up after
-// the request's timeout too.
-func (w *wire) roundTrip(req *bytes.Buffer, buf []byte, timeout time.Duration) ([]byte, error) {
+// answer, giving up after timeout: from the write, or, behind earlier
+// requests, from the answer before it (a broker takes a connection's
+// requests one at a time, and counts the request's timeout from when it
+// takes it up); kafka-go's Transport gave up after the request's timeout
+// too.
+func (w *wire) roundTrip(req *bytes.Buffer, timeout time.Duration) ([]byte, error) {
 	w.wmu.Lock()
 	w.mu.Lock()
 	if w.err != nil {
@@ -233,7 +233,7 @@ func (w *wire) roundTrip(req *bytes.Buffer, buf []byte, timeout time.Duration) (
 	}
 	// Only this goroutine reads the socket until it passes the turn on.
 	_ = w.c.SetReadDeadline(time.Now().Add(timeout))
-	res, err := readAnswer(w.c, cl.corr, buf)
+	res, err := readAnswer(w.c, cl.corr)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if err != nil {
@@ -257,9 +257,8 @@ func (w *wire) roundTrip(req *bytes.Buffer, buf []byte, timeout time.Duration) (
 const maxAnswerBytes = 64 << 20
 
 // readAnswer reads one answer from r, which must carry correlation id
-// corr, and returns it without its size and correlation id, in buf's
-// array when it fits.
-func readAnswer(r io.Reader, corr int32, buf []byte) ([]byte, error) {
+// corr, and returns it without its size and correlation id.
+func readAnswer(r io.Reader, corr int32) ([]byte, error) {
 	var head [8]byte
 	if _, err := io.ReadFull(r, head[:]); err != nil {
 		return nil, err
@@ -272,11 +271,7 @@ func readAnswer(r io.Reader, corr int32, buf []byte) ([]byte, error) {
 	if got != corr {
 		return nil, fmt.Errorf("a produce answer with correlation id %d where %d was next", got, corr)
 	}
-	n := int(size) - 4
-	if cap(buf) < n {
-		buf = make([]byte, n)
-	}
-	buf = buf[:n]
+	buf := make([]byte, size-4)
 	if _, err := io.ReadFull(r, buf); err != nil {
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF
@@ -378,8 +373,9 @@ type partitionOutcome struct {
 }
 
 // parseProduceAnswer reads a produce answer's body (after the correlation
-// id, produceVersion) into outs.
-func parseProduceAnswer(body []byte, outs []partitionOutcome) ([]partitionOutcome, error) {
+// id, produceVersion): each partition's outcome.
+func parseProduceAnswer(body []byte) ([]partitionOutcome, error) {
+	var outs []partitionOutcome
 	d := answerDecoder{buf: body}
 	for range d.count() {
 		name := d.str()

@@ -138,11 +138,11 @@ func TestProduceAnswerParsing(t *testing.T) {
 	if err := protocol.WriteResponse(&buf, produceVersion, 9, res); err != nil {
 		t.Fatal(err)
 	}
-	body, err := readAnswer(&buf, 9, nil)
+	body, err := readAnswer(&buf, 9)
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := parseProduceAnswer(body, nil)
+	got, err := parseProduceAnswer(body)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,12 +154,12 @@ func TestProduceAnswerParsing(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Fatalf("got %+v, want %+v", got, want)
 	}
-	if _, err := parseProduceAnswer(body[:len(body)-6], nil); err == nil {
+	if _, err := parseProduceAnswer(body[:len(body)-6]); err == nil {
 		t.Error("a truncated answer parsed")
 	}
 	buf.Reset()
 	_ = protocol.WriteResponse(&buf, produceVersion, 10, res)
-	if _, err := readAnswer(&buf, 9, nil); err == nil {
+	if _, err := readAnswer(&buf, 9); err == nil {
 		t.Error("an answer with another correlation id was taken")
 	}
 }
@@ -227,7 +227,7 @@ func TestWirePipelines(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			name := fmt.Sprintf("sender-%d", i)
-			body, err := w.roundTrip(headerOnly(name), nil, 10*time.Second)
+			body, err := w.roundTrip(headerOnly(name), 10*time.Second)
 			if err != nil {
 				errs <- err
 			} else if string(body) != name {
@@ -257,7 +257,7 @@ func TestWireFailsEveryCall(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, results[i] = w.roundTrip(headerOnly("x"), nil, 10*time.Second)
+			_, results[i] = w.roundTrip(headerOnly("x"), 10*time.Second)
 		}()
 		time.Sleep(2 * time.Millisecond) // written in order
 	}
@@ -269,7 +269,7 @@ func TestWireFailsEveryCall(t *testing.T) {
 		t.Fatal("the connection is still taken for good")
 	}
 	start := time.Now()
-	if _, err := w.roundTrip(headerOnly("x"), nil, 10*time.Second); err == nil || time.Since(start) > time.Second {
+	if _, err := w.roundTrip(headerOnly("x"), 10*time.Second); err == nil || time.Since(start) > time.Second {
 		t.Fatalf("a request on the broken connection: %v after %s", err, time.Since(start))
 	}
 }
@@ -280,7 +280,7 @@ func TestWireFailsEveryCall(t *testing.T) {
 func TestWireTimesOut(t *testing.T) {
 	w := pipeWire(t, 2*time.Second, 1)
 	start := time.Now()
-	_, err := w.roundTrip(headerOnly("x"), nil, 200*time.Millisecond)
+	_, err := w.roundTrip(headerOnly("x"), 200*time.Millisecond)
 	if !errors.Is(err, os.ErrDeadlineExceeded) || time.Since(start) > time.Second {
 		t.Fatalf("%v after %s", err, time.Since(start))
 	}
