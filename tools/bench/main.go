@@ -77,14 +77,16 @@ type options struct {
 	// the profiled extra cell's length (0: none).
 	steadyRates                          []int
 	steadyDur, steadyIdle, steadyProfile time.Duration
+	steadyFloor                          string
 
 	kafka, pipeline testenv.Section // kafkaYAML and pipeYAML, parsed
 }
 
 func main() {
-	if len(os.Args) > 1 && os.Args[1] == "relay" {
-		if err := relayMain(os.Args[2:]); err != nil {
-			fmt.Fprintln(os.Stderr, "relay:", err)
+	if len(os.Args) > 1 && (os.Args[1] == "relay" || os.Args[1] == "floor") {
+		child := map[string]func([]string) error{"relay": relayMain, "floor": floorMain}[os.Args[1]]
+		if err := child(os.Args[2:]); err != nil {
+			fmt.Fprintf(os.Stderr, "%s: %v\n", os.Args[1], err)
 			os.Exit(1)
 		}
 		return
@@ -112,6 +114,7 @@ func main() {
 	flag.StringVar(&steadyRates, "steady", "200,2000", `steady-phase rates, events/s, in transactions of 1-10 rows: outboxd's CPU per event, latency, idle CPU and a CPU profile ("" skips the phase)`)
 	flag.DurationVar(&o.steadyDur, "steady-duration", 20*time.Second, "how long the writer runs at each steady rate")
 	flag.DurationVar(&o.steadyIdle, "steady-idle", 30*time.Second, "how long outboxd's idle CPU is measured (keepalives only; 0 skips)")
+	flag.StringVar(&o.steadyFloor, "steady-floor", "", `run the Go floor beside outboxd in the steady phase and report its CPU per event: "produce" (reads the stream and produces each transaction, waiting for each answer: outboxd's two wake-ups per transaction) or "read" (reads only, as pg_recvlogical into /dev/null); "" runs none`)
 	flag.DurationVar(&o.steadyProfile, "steady-profile", 15*time.Second, "length of outboxd's CPU profile, taken in an extra cell at the highest steady rate (0 skips)")
 	parseCost := costFlags(&o.cost)
 	flag.Parse()

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/outboxd/outboxd/testenv"
 )
 
@@ -33,16 +35,20 @@ type steadyCell struct {
 	lat      []float64 // ms, sorted
 	cpu      float64   // outboxd, seconds
 	wall     float64   // seconds from the cell's start until every row arrived
+	floorCPU float64   // the Go floor beside it (-steady-floor), seconds
 }
 
 func (c steadyCell) q(p float64) float64 { return cellResult{lat: c.lat}.q(p) }
 
 // usPerEvent is outboxd's CPU per event in µs.
-func (c steadyCell) usPerEvent() float64 {
+func (c steadyCell) usPerEvent() float64 { return c.perEvent(c.cpu) }
+
+// perEvent is cpu seconds per event of the cell, in µs.
+func (c steadyCell) perEvent(cpu float64) float64 {
 	if c.written == 0 {
 		return 0
 	}
-	return c.cpu / float64(c.written) * 1e6
+	return cpu / float64(c.written) * 1e6
 }
 
 // steadyRun is the steady phase's results.
@@ -78,6 +84,15 @@ func (b *bench) steady(ctx context.Context) (*steadyRun, error) {
 	}
 	defer d.Close()
 	self := newCPUWatch(d.PID())
+	var fw *cpuWatch
+	if b.o.steadyFloor != "" {
+		p, err := b.startFloor(ctx, db, dsn, name)
+		if err != nil {
+			return nil, fmt.Errorf("the Go floor: %w", err)
+		}
+		defer p.Kill()
+		fw = newCPUWatch(p.Pid)
+	}
 
 	// Warm up (connections, metadata, the broker's JIT): cell 0.
 	if _, err := writeSized(ctx, conns, 500, steadyTxn, 0, 2*time.Second); err != nil {
@@ -96,7 +111,8 @@ func (b *bench) steady(ctx context.Context) (*steadyRun, error) {
 	}
 	cellOf := func(cell, rate int, dur time.Duration) (steadyCell, error) {
 		self.sample()
-		c0, t0 := self.cur, time.Now()
+		fw.sample()
+		c0, f0, t0 := self.cur, fw.used(), time.Now()
 		n, err := writeSized(ctx, conns, rate, steadyTxn, cell, dur)
 		if err != nil {
 			return steadyCell{}, err
@@ -109,8 +125,9 @@ func (b *bench) steady(ctx context.Context) (*steadyRun, error) {
 			time.Sleep(20 * time.Millisecond)
 		}
 		self.sample()
+		fw.sample()
 		c := steadyCell{rate: rate, written: n, achieved: float64(n) / dur.Seconds(), lat: cons.take(cell),
-			cpu: self.cur - c0, wall: time.Since(t0).Seconds()}
+			cpu: self.cur - c0, wall: time.Since(t0).Seconds(), floorCPU: fw.used() - f0}
 		return c, nil
 	}
 	cell := 0
@@ -123,6 +140,9 @@ func (b *bench) steady(ctx context.Context) (*steadyRun, error) {
 		}
 		logf(b.log, "steady: %6d events/s: wrote %d (%.0f/s), outboxd %.1f µs/event, p50 %.1f ms, p99 %.1f ms, max %.1f ms",
 			rate, c.written, c.achieved, c.usPerEvent(), c.q(0.5), c.q(0.99), c.q(1))
+		if fw != nil {
+			logf(b.log, "steady: %6d events/s: the Go floor (%s) beside it %.1f µs/event", rate, b.o.steadyFloor, c.perEvent(c.floorCPU))
+		}
 		run.cells = append(run.cells, c)
 		time.Sleep(time.Second)
 	}
@@ -145,6 +165,32 @@ func (b *bench) steady(ctx context.Context) (*steadyRun, error) {
 		return nil, fmt.Errorf("outboxd exit: %w", err)
 	}
 	return run, nil
+}
+
+// startFloor starts the Go floor (`bench floor`, floor.go) on a slot of its
+// own in the steady phase's database, reading its publication, and, for
+// -steady-floor produce, writing to a topic of its own.
+func (b *bench) startFloor(ctx context.Context, db *pgx.Conn, dsn, name string) (*os.Process, error) {
+	slot := name + "_floor"
+	if _, err := db.Exec(ctx, "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", slot); err != nil {
+		return nil, err
+	}
+	args := []string{"floor", "-dsn", dsn,
+		"-slot", slot, "-publication", name}
+	if b.o.steadyFloor == "produce" {
+		if err := b.env.CreateTopic(slot, 1); err != nil {
+			return nil, err
+		}
+		args = append(args, "-brokers", strings.Split(b.env.KafkaBrokers, ",")[0], "-topic", slot)
+	}
+	cmd := exec.Command(b.self, args...)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	b.child(cmd.Process)
+	go func() { _ = cmd.Wait() }()
+	return cmd.Process, nil
 }
 
 // fetchProfile saves secs of outboxd's CPU profile at path.
@@ -190,11 +236,23 @@ func pprofTop(path string) string {
 func (r *report) writeSteady(b *strings.Builder, check func(bool, string, ...any)) (string, error) {
 	s := r.steady
 	fmt.Fprintf(b, "\n3. Steady state: outboxd's CPU (utime + stime of its process) per event, transactions of 1-10 rows, %s per rate, one run\n", r.o.steadyDur)
-	fmt.Fprintf(b, "%7s %9s %8s | %10s %10s | %8s %8s %8s\n", "rate", "achieved", "events", "outboxd", "outboxd", "p50", "p99", "max")
-	fmt.Fprintf(b, "%7s %9s %8s | %10s %10s | %8s %8s %8s\n", "ev/s", "ev/s", "", "µs/event", "% of core", "ms", "ms", "ms")
+	fmt.Fprintf(b, "%7s %9s %8s | %10s %10s | %8s %8s %8s", "rate", "achieved", "events", "outboxd", "outboxd", "p50", "p99", "max")
+	floor := r.o.steadyFloor != ""
+	if floor {
+		fmt.Fprintf(b, " | %10s", "Go floor")
+	}
+	fmt.Fprintf(b, "\n%7s %9s %8s | %10s %10s | %8s %8s %8s", "ev/s", "ev/s", "", "µs/event", "% of core", "ms", "ms", "ms")
+	if floor {
+		fmt.Fprintf(b, " | %10s", "µs/event")
+	}
+	fmt.Fprintln(b)
 	for _, c := range s.cells {
-		fmt.Fprintf(b, "%7d %9.0f %8d | %10.1f %10.2f | %8.1f %8.1f %8.1f\n", c.rate, c.achieved, c.written, c.usPerEvent(),
+		fmt.Fprintf(b, "%7d %9.0f %8d | %10.1f %10.2f | %8.1f %8.1f %8.1f", c.rate, c.achieved, c.written, c.usPerEvent(),
 			c.cpu/c.wall*100, c.q(0.5), c.q(0.99), c.q(1))
+		if floor {
+			fmt.Fprintf(b, " | %10.1f", c.perEvent(c.floorCPU))
+		}
+		fmt.Fprintln(b)
 		switch c.rate {
 		case 2000:
 			check(c.usPerEvent() <= 15, "steady CPU ≤ 15 µs/event at 2,000 events/s (issue 36): %.1f µs", c.usPerEvent())
