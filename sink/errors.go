@@ -160,6 +160,8 @@ type brokerError struct {
 
 func (e *brokerError) Error() string { return e.code.Error() + ": " + e.message }
 
+func (e *brokerError) Unwrap() error { return e.code }
+
 // codeError is the error a broker answered with code and, when it gave
 // one, message.
 func codeError(code int16, message string) error {
@@ -168,8 +170,6 @@ func codeError(code int16, message string) error {
 	}
 	return kafka.Error(code)
 }
-
-func (e *brokerError) Unwrap() error { return e.code }
 
 // codeName is err's Kafka error code as the protocol names it, with the
 // broker's message when it gave one.
