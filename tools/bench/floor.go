@@ -5,9 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"net"
-	"os/signal"
 	"runtime"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -29,13 +27,13 @@ import (
 // One goroutine on one processor reads a pgoutput stream from its own slot
 // with pglogrepl, on a connection made as outboxd makes its own
 // (postgres.Connect: its read buffer, a socket that does not wake the
-// runtime's monitor), and so is its Kafka connection (quietconn). With -brokers it writes each transaction's
-// inserted tuples, concatenated, to one partition of a topic with
-// kafka-go's Conn (acks=all, no compression, no envelope, no key) and
-// waits for the answer before it reads on; without it, it discards them,
-// as pg_recvlogical into /dev/null does. It confirms what it read every
+// runtime's monitor); its Kafka connection is quiet too (quietconn). With
+// -brokers it writes each transaction's inserted tuples, concatenated, to
+// one partition of a topic with kafka-go's Conn (acks=all, no compression,
+// no envelope, no key) and waits for the answer before it reads on;
+// without it, it discards them, as pg_recvlogical into /dev/null does. It confirms what it read every
 // 10 s. It is a measuring instrument, not a relay: nothing reads its topic.
-func floorMain(args []string) error {
+func floorMain(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("floor", flag.ExitOnError)
 	dsn := fs.String("dsn", "", "the database's connection string (the connection is made a walsender)")
 	slot := fs.String("slot", "", "logical slot (pgoutput), created before")
@@ -46,13 +44,7 @@ func floorMain(args []string) error {
 		return err
 	}
 	runtime.GOMAXPROCS(1)
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	err := floor(ctx, *dsn, *slot, *pub, *brokers, *topic)
-	if ctx.Err() != nil {
-		return nil
-	}
-	return err
+	return floor(ctx, *dsn, *slot, *pub, *brokers, *topic)
 }
 
 func floor(ctx context.Context, dsn, slot, pub, brokers, topic string) error {

@@ -82,14 +82,35 @@ type options struct {
 	kafka, pipeline testenv.Section // kafkaYAML and pipeYAML, parsed
 }
 
+// children are the programs the bench runs as child processes of its own
+// binary (`bench relay ...`, `bench floor ...`), so that their CPU and
+// memory are their own.
+var children = map[string]func(ctx context.Context, args []string) error{
+	"relay": relayMain,
+	"floor": floorMain,
+}
+
+// runChild runs a child until it ends or the bench stops it (SIGTERM,
+// SIGINT), which is not an error.
+func runChild(child func(context.Context, []string) error, args []string) error {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	err := child(ctx, args)
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
 func main() {
-	if len(os.Args) > 1 && (os.Args[1] == "relay" || os.Args[1] == "floor") {
-		child := map[string]func([]string) error{"relay": relayMain, "floor": floorMain}[os.Args[1]]
-		if err := child(os.Args[2:]); err != nil {
-			fmt.Fprintf(os.Stderr, "%s: %v\n", os.Args[1], err)
-			os.Exit(1)
+	if len(os.Args) > 1 {
+		if child, ok := children[os.Args[1]]; ok {
+			if err := runChild(child, os.Args[2:]); err != nil {
+				fmt.Fprintf(os.Stderr, "%s: %v\n", os.Args[1], err)
+				os.Exit(1)
+			}
+			return
 		}
-		return
 	}
 	var o options
 	var rates, txns, steadyRates string

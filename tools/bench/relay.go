@@ -6,8 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/outboxd/outboxd/testenv"
 )
@@ -16,7 +14,7 @@ import (
 // (`bench relay ...`) so its CPU and memory are its own. After each pass it
 // prints the total published so far on stdout, for the bench. It uses
 // murmur2, as outboxd's default does, so both spread keys alike.
-func relayMain(args []string) error {
+func relayMain(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("relay", flag.ExitOnError)
 	dsn := fs.String("dsn", "", "PostgreSQL DSN")
 	brokers := fs.String("brokers", "", "Kafka brokers")
@@ -24,8 +22,6 @@ func relayMain(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
 	r, err := testenv.NewRelay(ctx, *dsn, *brokers, *topic, nil)
 	if err != nil {
 		return err
@@ -36,8 +32,5 @@ func relayMain(args []string) error {
 		fmt.Fprintln(out, total)
 		_ = out.Flush()
 	})
-	if ctx.Err() != nil {
-		return nil
-	}
 	return err
 }
